@@ -1,0 +1,16 @@
+"""specjax: exact speculative decoding in JAX/Flax."""
+
+from specjax.accounting import expected_tokens_per_pass
+from specjax.accounting import operations_increase
+from specjax.accounting import optimal_gamma
+from specjax.accounting import walltime_improvement
+from specjax.coupling import acceptance_probability
+from specjax.coupling import coupling_sample
+from specjax.coupling import residual
+from specjax.coupling import tv_distance
+from specjax.sampling import GREEDY
+from specjax.sampling import SamplingConfig
+from specjax.sampling import probabilities
+from specjax.sampling import sample
+
+__version__ = "0.1.0"

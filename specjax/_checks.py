@@ -1,0 +1,76 @@
+"""Input checks shared by the public API.
+
+Every public function calls these before anything is traced, so a caller who
+passes the wrong thing gets a Python error naming the argument and the fix,
+never an XLA stack trace or a NaN. The checks read only static information
+(shapes, dtypes, Python scalars), so they also work on tracers.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(x: Any) -> bool:
+  """True when `x` holds values we can read on the host (not a tracer)."""
+  return not isinstance(x, jax.core.Tracer)
+
+
+def check_int(name: str, value: Any, *, low: int | None = None,
+              high: int | None = None) -> int:
+  """Returns `value` as int, raising if it is not an integer in [low, high]."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (numbers.Integral, np.integer)):
+    raise TypeError(f"{name} must be a Python int, got {value!r} "
+                    f"({type(value).__name__}).")
+  value = int(value)
+  if low is not None and value < low:
+    raise ValueError(f"{name} must be >= {low}, got {value}.")
+  if high is not None and value > high:
+    raise ValueError(f"{name} must be <= {high}, got {value}.")
+  return value
+
+
+def check_float(name: str, value: Any) -> float:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, (numbers.Real, np.floating, np.integer)):
+    raise TypeError(f"{name} must be a real number, got {value!r}.")
+  value = float(value)
+  if not np.isfinite(value):
+    raise ValueError(f"{name} must be finite, got {value}.")
+  return value
+
+
+def check_array(name: str, x: Any, *, min_rank: int = 0,
+                rank: int | None = None, kind: str | None = None):
+  """Checks rank and dtype kind ('f' float, 'i' integer) of an array-like."""
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    x = np.asarray(x)
+  if rank is not None and x.ndim != rank:
+    raise ValueError(f"{name} must have rank {rank}, got shape {tuple(x.shape)}.")
+  if x.ndim < min_rank:
+    raise ValueError(f"{name} must have rank >= {min_rank}, got shape "
+                     f"{tuple(x.shape)}.")
+  if kind == "f" and not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"{name} must be a float array, got dtype {x.dtype}.")
+  if kind == "i" and not jnp.issubdtype(x.dtype, jnp.integer):
+    raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}. "
+                    "Cast it with .astype(jnp.int32).")
+  return x
+
+
+def as_key(name: str, key: Any) -> jax.Array:
+  """Accepts a typed key (jax.random.key) or a raw uint32 key (PRNGKey)."""
+  if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return key
+  arr = key if hasattr(key, "dtype") else np.asarray(key)
+  if arr.dtype == jnp.uint32 and arr.ndim >= 1 and arr.shape[-1] == 2:
+    return jax.random.wrap_key_data(arr)
+  raise TypeError(f"{name} must be a JAX PRNG key (jax.random.key(seed) or "
+                  f"jax.random.PRNGKey(seed)), got {type(key).__name__} with "
+                  f"dtype {getattr(arr, 'dtype', None)}.")

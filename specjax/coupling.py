@@ -1,0 +1,127 @@
+"""The maximal coupling at the heart of speculative sampling.
+
+Given a target distribution p and a draft distribution q over the same
+vocabulary, and a draft token x ~ q, `coupling_sample` keeps x with
+probability min(1, p(x)/q(x)) and otherwise emits one draw from the residual
+(p - q)+ / sum (p - q)+. The emitted token is distributed exactly as p, and
+x is kept with probability sum_x min(p(x), q(x)) = 1 - TV(p, q), the largest
+any exact rule can achieve (seed 000, "Speculative Decoding Is a Maximal
+Coupling").
+
+All functions are pure `jnp`, batched over any leading axes, and jit-able.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from specjax import _checks
+from specjax import sampling
+
+
+def _check_pair(p_xV, q_xV):
+  p_xV = _checks.check_array("p", p_xV, min_rank=1, kind="f")
+  q_xV = _checks.check_array("q", q_xV, min_rank=1, kind="f")
+  if p_xV.shape[-1] != q_xV.shape[-1]:
+    raise ValueError(
+        f"p and q must share the vocabulary axis (last): p has {p_xV.shape[-1]}"
+        f" tokens, q has {q_xV.shape[-1]}. Target and draft must use the same "
+        "tokenizer.")
+  try:
+    jnp.broadcast_shapes(p_xV.shape, q_xV.shape)
+  except ValueError:
+    raise ValueError(f"p {tuple(p_xV.shape)} and q {tuple(q_xV.shape)} do not "
+                     "broadcast against each other.") from None
+  dtype = jnp.result_type(p_xV.dtype, q_xV.dtype)
+  return jnp.asarray(p_xV, dtype), jnp.asarray(q_xV, dtype)
+
+
+def residual(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
+  """The residual distribution (p - q)+ / sum (p - q)+, shape `[..., V]`.
+
+  Where p == q (zero residual mass) no rejection can happen; the row returned
+  there is p itself, so the result is always a distribution, never NaN.
+  """
+  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  return _residual(p_xV, q_xV)
+
+
+def _residual(p_xV, q_xV):
+  excess_xV = jnp.maximum(p_xV - q_xV, 0)
+  mass_x1 = jnp.sum(excess_xV, axis=-1, keepdims=True)
+  safe_mass_x1 = jnp.where(mass_x1 > 0, mass_x1, 1)
+  return jnp.where(mass_x1 > 0, excess_xV / safe_mass_x1,
+                   jnp.broadcast_to(p_xV, excess_xV.shape))
+
+
+def acceptance_probability(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
+  """sum_x min(p(x), q(x)) = 1 - TV(p, q): the chance a draft token is kept."""
+  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  return jnp.sum(jnp.minimum(p_xV, q_xV), axis=-1)
+
+
+def tv_distance(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
+  """Total variation distance 0.5 * sum_x |p(x) - q(x)|, shape `[...]`."""
+  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  return 0.5 * jnp.sum(jnp.abs(p_xV - q_xV), axis=-1)
+
+
+def _gather(probs_xV, token_x):
+  if probs_xV.ndim == 1:
+    return probs_xV[token_x]
+  return jnp.take_along_axis(probs_xV, token_x[..., None], axis=-1)[..., 0]
+
+
+def coupling_sample(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,
+                    draft_token_x: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """One speculative accept/reject step, batched.
+
+  Args:
+    key: a PRNG key, either one key (split over the batch) or an array of keys
+      of shape `[...]` (one per element; the decode loop passes keys folded per
+      row so that a row's randomness does not depend on the batch).
+    p_xV: target probabilities `[..., V]`, or `[V]` shared by the whole batch.
+    q_xV: draft probabilities, same shape rules as p.
+    draft_token_x: int `[...]`, the token the caller drew from q.
+
+  Returns:
+    token: int32 `[...]`, distributed exactly as p (up to float rounding).
+    accepted: bool `[...]`, whether the draft token was kept; its probability
+      is sum min(p, q).
+
+  Edge cases: if q(x) = 0 the draft is kept iff p(x) > 0; if the residual has
+  zero mass (p == q) a rejection can only come from rounding and is resolved
+  by drawing from p; zero entries of p are never emitted.
+  """
+  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  draft_token_x = _checks.check_array("draft_token", draft_token_x, kind="i")
+  batch = tuple(draft_token_x.shape)
+  for name, probs in (("p", p_xV), ("q", q_xV)):
+    if probs.ndim != 1 and tuple(probs.shape[:-1]) != batch:
+      raise ValueError(
+          f"{name} has shape {tuple(probs.shape)}; it must be [V] or "
+          f"draft_token.shape + [V] = {batch + (probs.shape[-1],)}.")
+  key = _checks.as_key("key", key)
+  if key.shape == ():
+    u_x2 = jax.random.uniform(key, batch + (2,), dtype=p_xV.dtype)
+  elif tuple(key.shape) == batch:
+    flat = key.reshape(-1)
+    u_x2 = jax.vmap(lambda k: jax.random.uniform(k, (2,), dtype=p_xV.dtype))(
+        flat).reshape(batch + (2,))
+  else:
+    raise ValueError(f"key must be a single key or have the batch shape {batch}"
+                     f", got key shape {tuple(key.shape)}.")
+  return _coupling(u_x2[..., 0], u_x2[..., 1], p_xV, q_xV,
+                   draft_token_x.astype(jnp.int32))
+
+
+def _coupling(u_accept_x, u_residual_x, p_xV, q_xV, draft_token_x):
+  """coupling_sample on pre-drawn uniforms (the decode loop's entry point)."""
+  p_x = _gather(p_xV, draft_token_x)
+  q_x = _gather(q_xV, draft_token_x)
+  # u < p/q without dividing: exact for q = 0 and for one-hot (greedy) rows.
+  accepted_x = u_accept_x * q_x < p_x
+  fallback_x = sampling.sample_from_probs(u_residual_x, _residual(p_xV, q_xV))
+  token_x = jnp.where(accepted_x, draft_token_x, fallback_x)
+  return token_x.astype(jnp.int32), accepted_x
