@@ -1,0 +1,261 @@
+"""Whole generations as ONE compiled program: `speculative_generate`, `generate`.
+
+A generation is a single `jax.jit` around a `lax.while_loop` over rounds. Each
+round, every active row: drafts gamma tokens (`_draft_step` under `lax.scan`),
+has the target judge them in one pass (`_verify_step`), and commits its own
+number of tokens. Rows are ragged: each keeps its own length, finished rows
+(EOS or budget) are masked and never change, and both caches are rolled back
+by resetting their per-row lengths.
+
+`generate` is the same loop with gamma = 0: the target's "bonus" token is the
+autoregressive sample, so baseline and speculative runs share every piece.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax import sampling as sampling_lib
+from specjax.decode import state as state_lib
+from specjax.decode import steps
+from specjax.decode import validation
+
+# Prompts are padded to a power of two >= this, so prompts of similar length
+# share one compiled program.
+MIN_PROMPT_BUCKET = 16
+
+# Fold-in tags that keep each random draw of a round independent.
+_VERIFY_PURPOSE_OFFSET = 1 << 20
+
+
+def prompt_bucket(length: int) -> int:
+  """The padded prompt width used for a longest prompt of `length` tokens."""
+  return max(MIN_PROMPT_BUCKET, 1 << (int(length) - 1).bit_length())
+
+
+def _fold_rows(keys_B, data):
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, data)
+
+
+def _prefill(model, prompts_BxP, cache_len, lengths_B):
+  cache = model.init_cache(prompts_BxP.shape[0], cache_len)
+  _, cache = model(prompts_BxP, cache)
+  return cache.replace(lengths=lengths_B)
+
+
+def _propose(draft, state, gamma, keys_B, sampling):
+  """gamma draft tokens per row, and the q each was drawn from."""
+  n_B = state.lengths
+  # The draft may lag one token behind (it never saw x_gamma when all drafts
+  # were kept), so it always re-reads a two-token window ending at the last
+  # committed token; `select` picks the logits of that last token.
+  start_B = jnp.maximum(n_B - 2, 0)
+  window_Bx2 = jnp.take_along_axis(
+      state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
+  cache = state.draft_cache.replace(lengths=start_B)
+  x_B, q_BxV, cache = steps._draft_step(draft, cache, window_Bx2,
+                                        _fold_rows(keys_B, 0), sampling,
+                                        select_B=n_B - 1 - start_B)
+  cache = cache.replace(lengths=n_B)
+
+  def one_more(carry, i):
+    cache, token_B = carry
+    token_B, q_BxV, cache = steps._draft_step(
+        draft, cache, token_B[:, None], _fold_rows(keys_B, i), sampling)
+    return (cache, token_B), (token_B, q_BxV)
+
+  (cache, _), (xs_GxB, qs_GxBxV) = jax.lax.scan(one_more, (cache, x_B),
+                                                jnp.arange(1, gamma))
+  drafts_BxG = jnp.concatenate([x_B[:, None], xs_GxB.T], axis=1)
+  q_BxGxV = jnp.concatenate([q_BxV[:, None], qs_GxBxV.transpose(1, 0, 2)],
+                            axis=1)
+  return drafts_BxG, q_BxGxV, cache
+
+
+def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id):
+  """One speculative round for every row (gamma = 0: one autoregressive step)."""
+  n_B = state.lengths
+  batch = n_B.shape[0]
+  active_B = ~state.done
+  keys_B = _fold_rows(state.row_keys, state.round)
+  if gamma:
+    drafts_BxG, q_BxGxV, draft_cache = _propose(draft, state, gamma, keys_B,
+                                                sampling)
+  else:
+    drafts_BxG = jnp.zeros((batch, 0), jnp.int32)
+    q_BxGxV = jnp.zeros((batch, 0, target.vocab_size), jnp.float32)
+    draft_cache = state.draft_cache
+  last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
+  out = steps._verify_step(target, state.target_cache, last_B, drafts_BxG,
+                           q_BxGxV, _fold_rows(keys_B, _VERIFY_PURPOSE_OFFSET),
+                           sampling)
+
+  # Commit: accepted prefix + one, cut at the budget and just after an EOS.
+  positions_G1 = jnp.arange(gamma + 1)
+  budget_B = max_new_tokens - (n_B - state.prompt_lengths)
+  emit_B = jnp.minimum(out.num_emitted, budget_B)
+  hit_eos_B = jnp.zeros_like(active_B)
+  if eos_id is not None:
+    is_eos_BxG1 = (out.tokens == eos_id) & (positions_G1 < emit_B[:, None])
+    hit_eos_B = jnp.any(is_eos_BxG1, axis=1)
+    emit_B = jnp.where(hit_eos_B, jnp.argmax(is_eos_BxG1, axis=1) + 1, emit_B)
+  emit_B = jnp.where(active_B, emit_B, 0)
+  buffer_len = state.tokens.shape[1]
+  write_BxG1 = jnp.where(positions_G1 < emit_B[:, None],
+                         n_B[:, None] + positions_G1, buffer_len)  # dropped
+  tokens = state.tokens.at[jnp.arange(batch)[:, None], write_BxG1].set(
+      out.tokens, mode="drop")
+  new_n_B = n_B + emit_B
+  done_B = (state.done | (hit_eos_B & active_B)
+            | (new_n_B - state.prompt_lengths >= max_new_tokens))
+
+  s = state.stats
+  a_B = active_B.astype(jnp.int32)
+  stats = s.replace(
+      rounds=s.rounds + a_B,
+      target_calls=s.target_calls + a_B,
+      draft_calls=s.draft_calls + gamma * a_B,
+      proposed=s.proposed + gamma * a_B,
+      verified=s.verified + out.num_verified * a_B,
+      accepted=s.accepted + out.num_accepted * a_B,
+      overlap_sum=s.overlap_sum + jnp.where(active_B, out.overlap, 0.0),
+      accept_hist=s.accept_hist.at[jnp.arange(batch), out.num_accepted].add(
+          a_B))
+  return state.replace(
+      tokens=tokens, lengths=new_n_B, done=done_B, round=state.round + 1,
+      target_cache=out.cache.replace(lengths=new_n_B - 1),
+      draft_cache=draft_cache, stats=stats)
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=("gamma", "max_new_tokens", "sampling", "eos_id", "pad_id"))
+def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
+              gamma, max_new_tokens, sampling, eos_id, pad_id):
+  batch, width = prompts_BxP.shape
+  # Room for the prompt, the budget, and the gamma + 1 tokens a final round
+  # scores past the last committed one.
+  buffer_len = width + max_new_tokens + gamma + 1
+  tokens_BxS = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(
+      prompts_BxP)
+  state = state_lib.DecodeState(
+      tokens=tokens_BxS, lengths=prompt_lengths_B,
+      prompt_lengths=prompt_lengths_B,
+      done=jnp.zeros((batch,), bool), round=jnp.zeros((), jnp.int32),
+      row_keys=row_keys_B,
+      target_cache=_prefill(target, prompts_BxP, buffer_len,
+                            prompt_lengths_B - 1),
+      draft_cache=(None if draft is None else _prefill(
+          draft, prompts_BxP, buffer_len,
+          jnp.maximum(prompt_lengths_B - 2, 0))),
+      stats=state_lib.RowStats.zeros(batch, gamma))
+  body = functools.partial(_round, target=target, draft=draft, gamma=gamma,
+                           max_new_tokens=max_new_tokens, sampling=sampling,
+                           eos_id=eos_id)
+  # Every active row commits >= 1 token a round, so max_new_tokens rounds
+  # always suffice; the loop usually exits much earlier.
+  state = jax.lax.while_loop(
+      lambda s: (s.round < max_new_tokens) & jnp.any(~s.done), body, state)
+  generated_B = state.generated
+  cols_N = jnp.arange(max_new_tokens)
+  out_BxN = jnp.take_along_axis(
+      state.tokens, state.prompt_lengths[:, None] + cols_N[None, :], axis=1)
+  out_BxN = jnp.where(cols_N < generated_B[:, None], out_BxN, pad_id)
+  return state_lib.GenerationResult(tokens=out_BxN, lengths=generated_B,
+                                    stats=state.stats)
+
+
+def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
+             lookahead, sampling, eos_id, pad_id, models):
+  """Host-side validation and bucketing shared by both entry points."""
+  prompts_np, lengths_np = validation.check_prompts(prompts, prompt_lengths)
+  max_new_tokens = _checks.check_int("max_new_tokens", max_new_tokens, low=1)
+  vocab = target.vocab_size
+  validation.check_sampling(sampling, vocab)
+  if eos_id is not None:
+    eos_id = _checks.check_int("eos_id", eos_id, low=0, high=vocab - 1)
+  pad_id = _checks.check_int("pad_id", pad_id)
+  validation.check_token_range(prompts_np, lengths_np, vocab)
+  longest = int(lengths_np.max())
+  needed = longest + max_new_tokens + lookahead
+  for name, model in models:
+    limit = getattr(model, "max_positions", None)
+    if limit is not None and needed > limit:
+      raise ValueError(
+          f"max_new_tokens={max_new_tokens} does not fit the {name}'s context: "
+          f"the longest prompt ({longest}) + max_new_tokens + lookahead "
+          f"({lookahead}) needs {needed} positions, but {name}.max_positions "
+          f"is {limit}. Shorten the prompt or lower max_new_tokens.")
+  width = prompt_bucket(longest)
+  padded = np.zeros((prompts_np.shape[0], width), np.int32)
+  keep = min(width, prompts_np.shape[1])
+  padded[:, :keep] = prompts_np[:, :keep]
+  padded[np.arange(width)[None, :] >= lengths_np[:, None]] = 0
+  keys = validation.row_keys("key", key, prompts_np.shape[0])
+  return (jnp.asarray(padded), jnp.asarray(lengths_np), keys, max_new_tokens,
+          eos_id, pad_id)
+
+
+def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
+                         gamma: int, max_new_tokens: int,
+                         sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+                         eos_id: int | None = None, pad_id: int = 0
+                         ) -> state_lib.GenerationResult:
+  """Samples continuations from `target`, speculating with `draft`.
+
+  The output is distributed exactly as `generate(target, ...)` with the same
+  `sampling` (token for token equal when greedy); the draft changes only the
+  speed.
+
+  Args:
+    target, draft: `CausalLM` pytrees with the same vocabulary.
+    prompts: int `[B, P]`, right-padded; prompt_lengths: int `[B]` in [1, P].
+    key: one PRNG key (row b uses fold_in(key, b)) or keys `[B]`, one per row;
+      a row's output depends only on its prompt and its key.
+    gamma: draft tokens proposed per round (>= 1).
+    max_new_tokens: generation budget per row (>= 1).
+    sampling: the transform applied to target and draft logits alike.
+    eos_id: a row stops after emitting this token (it is included).
+    pad_id: fills `tokens` past each row's length.
+
+  Returns:
+    `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`.
+  """
+  validation.check_model("target", target)
+  validation.check_model("draft", draft)
+  if draft.vocab_size != target.vocab_size:
+    raise ValueError(f"draft.vocab_size ({draft.vocab_size}) != "
+                     f"target.vocab_size ({target.vocab_size}); speculative "
+                     "decoding needs one shared vocabulary.")
+  gamma = _checks.check_int("gamma", gamma, low=1)
+  prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
+      target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
+      lookahead=gamma, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
+      models=(("target", target), ("draft", draft)))
+  return _generate(target, draft, prompts, lengths, keys, gamma=gamma,
+                   max_new_tokens=max_new_tokens, sampling=sampling,
+                   eos_id=eos_id, pad_id=pad_id)
+
+
+def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
+             sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+             eos_id: int | None = None, pad_id: int = 0
+             ) -> state_lib.GenerationResult:
+  """Autoregressive sampling from `model`: the baseline, one token per pass.
+
+  Same arguments and result as `speculative_generate`, without a draft.
+  """
+  validation.check_model("model", model)
+  prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
+      model, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
+      lookahead=0, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
+      models=(("model", model),))
+  return _generate(model, None, prompts, lengths, keys, gamma=0,
+                   max_new_tokens=max_new_tokens, sampling=sampling,
+                   eos_id=eos_id, pad_id=pad_id)

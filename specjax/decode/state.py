@@ -1,0 +1,102 @@
+"""Typed pytrees carried by the decode loop and returned to the caller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@flax.struct.dataclass(kw_only=True)
+class RowStats:
+  """Per-row counters accumulated over rounds; every field is `[B]` or `[B, G+1]`.
+
+  A *verified* draft position is one the target actually judged: positions up
+  to and including the first rejection. Drafts after a rejection are thrown
+  away unjudged, so they count as proposed but not verified.
+  """
+  rounds: jax.Array          # int32 [B]: rounds in which the row was active
+  target_calls: jax.Array    # int32 [B]: target forward passes after prefill
+  draft_calls: jax.Array     # int32 [B]: draft forward passes after prefill
+  proposed: jax.Array        # int32 [B]: draft tokens proposed (gamma per round)
+  verified: jax.Array        # int32 [B]: draft tokens judged by the target
+  accepted: jax.Array        # int32 [B]: draft tokens kept
+  overlap_sum: jax.Array     # float32 [B]: sum over verified of sum_x min(p, q)
+  accept_hist: jax.Array     # int32 [B, G+1]: rounds that kept n drafts
+
+  @classmethod
+  def zeros(cls, batch_size: int, gamma: int) -> "RowStats":
+    z = jnp.zeros((batch_size,), jnp.int32)
+    return cls(rounds=z, target_calls=z, draft_calls=z, proposed=z,
+               verified=z, accepted=z,
+               overlap_sum=jnp.zeros((batch_size,), jnp.float32),
+               accept_hist=jnp.zeros((batch_size, gamma + 1), jnp.int32))
+
+
+@flax.struct.dataclass(kw_only=True)
+class DecodeState:
+  """The while_loop carry. Token buffer holds prompt + generated text per row.
+
+  Invariant between rounds, for row b with `n = lengths[b]` committed tokens:
+  the target cache holds positions `< n - 1` (the last committed token is fed
+  at the start of the next round), and `tokens[b, :n]` is the text so far.
+  """
+  tokens: jax.Array          # int32 [B, S]: prompt then generated tokens
+  lengths: jax.Array         # int32 [B]: committed tokens (prompt included)
+  prompt_lengths: jax.Array  # int32 [B]
+  done: jax.Array            # bool [B]: EOS emitted or budget reached
+  round: jax.Array           # int32 []: loop counter
+  row_keys: jax.Array        # key [B]: one PRNG stream per row
+  target_cache: Any
+  draft_cache: Any
+  stats: RowStats
+
+  @property
+  def generated(self) -> jax.Array:
+    return self.lengths - self.prompt_lengths
+
+
+@flax.struct.dataclass(kw_only=True)
+class GenerationResult:
+  """What `generate` and `speculative_generate` return.
+
+  tokens: int32 `[B, max_new_tokens]`, generated tokens, right-padded with
+    `pad_id` past `lengths` (the EOS token, when hit, is included).
+  lengths: int32 `[B]`, generated tokens per row.
+  stats: `RowStats` per row; `summary()` aggregates them.
+  """
+  tokens: jax.Array
+  lengths: jax.Array
+  stats: RowStats
+
+  def summary(self) -> dict[str, Any]:
+    """Aggregated statistics as Python floats (one host transfer).
+
+    alpha_hat: accepted / verified drafts, the measured per-token acceptance;
+      statistically it matches one_minus_tv.
+    one_minus_tv: mean over verified positions of sum_x min(p(x), q(x)).
+    tokens_per_target_call: generated tokens / target passes (block
+      efficiency); compare with expected_tokens_per_pass(alpha_hat, gamma).
+    """
+    s = jax.tree.map(np.asarray, self.stats)
+    generated = int(np.asarray(self.lengths).sum())
+    target_calls = int(s.target_calls.sum())
+    verified = int(s.verified.sum())
+    hist = s.accept_hist.sum(axis=0)
+    return {
+        "rows": int(s.rounds.shape[0]),
+        "generated_tokens": generated,
+        "rounds": int(s.rounds.sum()),
+        "target_calls": target_calls,
+        "draft_calls": int(s.draft_calls.sum()),
+        "proposed": int(s.proposed.sum()),
+        "verified": verified,
+        "accepted": int(s.accepted.sum()),
+        "alpha_hat": (float(s.accepted.sum()) / verified) if verified else float("nan"),
+        "one_minus_tv": (float(s.overlap_sum.sum()) / verified) if verified else float("nan"),
+        "tokens_per_target_call": generated / target_calls if target_calls else float("nan"),
+        "accept_hist": hist.tolist(),
+    }

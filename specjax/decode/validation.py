@@ -1,0 +1,79 @@
+"""Argument checks for the decode API, run on the host before any tracing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax import sampling as sampling_lib
+
+
+def check_model(name: str, model: Any) -> None:
+  for attr in ("vocab_size", "init_cache"):
+    if not hasattr(model, attr):
+      raise TypeError(
+          f"{name} must implement the specjax.models.CausalLM protocol "
+          f"(vocab_size, max_positions, init_cache, __call__); "
+          f"{type(model).__name__} has no {attr!r}.")
+  if not callable(model):
+    raise TypeError(f"{name} must be callable as {name}(tokens, cache).")
+
+
+def check_sampling(sampling: Any, vocab_size: int) -> None:
+  if not isinstance(sampling, sampling_lib.SamplingConfig):
+    raise TypeError("sampling must be a specjax.SamplingConfig, e.g. "
+                    "SamplingConfig(temperature=0.7, top_k=50), got "
+                    f"{type(sampling).__name__}.")
+  sampling.check_vocab(vocab_size)
+
+
+def row_keys(name: str, key: Any, batch_size: int) -> jax.Array:
+  """One key per row: `fold_in(key, row)` for a single key, or keys `[B]`.
+
+  Folding in the row index (not splitting by batch size) is what makes a
+  row's randomness independent of the batch it sits in.
+  """
+  key = _checks.as_key(name, key)
+  if key.shape == ():
+    return jax.vmap(lambda r: jax.random.fold_in(key, r))(
+        jnp.arange(batch_size))
+  if key.shape != (batch_size,):
+    raise ValueError(f"{name} must be one PRNG key or {batch_size} keys (one "
+                     f"per row), got key shape {tuple(key.shape)}.")
+  return key
+
+
+def check_prompts(prompts: Any, prompt_lengths: Any):
+  """Returns host copies (int32 numpy) of prompts `[B, P]` and lengths `[B]`."""
+  prompts = _checks.check_array("prompts", prompts, rank=2, kind="i")
+  prompt_lengths = _checks.check_array("prompt_lengths", prompt_lengths,
+                                       rank=1, kind="i")
+  if not _checks.is_concrete(prompts) or not _checks.is_concrete(prompt_lengths):
+    raise TypeError("prompts and prompt_lengths must be concrete arrays: call "
+                    "generate/speculative_generate outside jax.jit (it is "
+                    "compiled internally).")
+  b, p = prompts.shape
+  if b == 0 or p == 0:
+    raise ValueError(f"prompts must be non-empty [B, P], got shape {(b, p)}.")
+  if prompt_lengths.shape[0] != b:
+    raise ValueError(f"prompt_lengths has {prompt_lengths.shape[0]} rows but "
+                     f"prompts has {b}; give one length per prompt row.")
+  lengths = np.asarray(prompt_lengths).astype(np.int64)
+  if lengths.min() < 1 or lengths.max() > p:
+    raise ValueError(f"prompt_lengths must be in [1, {p}] (the padded prompt "
+                     f"width), got min {lengths.min()} max {lengths.max()}.")
+  return np.asarray(prompts).astype(np.int32), lengths.astype(np.int32)
+
+
+def check_token_range(prompts: np.ndarray, lengths: np.ndarray,
+                      vocab_size: int) -> None:
+  mask = np.arange(prompts.shape[1])[None, :] < lengths[:, None]
+  bad = mask & ((prompts < 0) | (prompts >= vocab_size))
+  if bad.any():
+    r, c = np.argwhere(bad)[0]
+    raise ValueError(f"prompts[{r}, {c}] = {prompts[r, c]} is outside the "
+                     f"vocabulary [0, {vocab_size}).")
