@@ -1,0 +1,185 @@
+"""Tests for specjax.lab, the exact rejection-sampling oracle (seed 004)."""
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from specjax import coupling
+from specjax import lab
+from specjax.lab import exact as lab_exact
+
+TOL = 1e-12
+
+# (certainty, draft_match, seed): typical, uniform rows, near one-hot rows with
+# exact zeros, unrelated draft, draft == target.
+SETTINGS = [(1.5, 0.8, 0), (0.0, 0.3, 1), (1000.0, 0.5, 2), (3.0, 0.0, 3),
+            (2.0, 1.0, 4)]
+
+
+@pytest.mark.parametrize("certainty,draft_match,seed", SETTINGS)
+@pytest.mark.parametrize("gamma", [1, 2, 3, 4])
+def test_exact_rule_has_zero_tv(certainty, draft_match, seed, gamma):
+  pair = lab.make_markov_pair(certainty, draft_match, seed)
+  for seq_len in (1, 2, 3, 4):
+    assert lab.exact_tv(pair, gamma, seq_len) <= TOL
+
+
+@pytest.mark.parametrize("rule", lab.RULES)
+@pytest.mark.parametrize("gamma,seq_len", [(1, 3), (3, 2), (2, 5), (4, 4)])
+def test_distributions_normalise(rule, gamma, seq_len):
+  pair = lab.make_markov_pair(seed=7)
+  spec = lab.speculative_distribution(pair, gamma, seq_len, rule)
+  assert spec.shape == (lab.VOCAB_SIZE,) * seq_len
+  assert spec.dtype == np.float64
+  assert np.all(spec >= 0)
+  assert abs(spec.sum() - 1) <= TOL
+  assert abs(lab.target_distribution(pair, seq_len).sum() - 1) <= TOL
+  for block in lab.round_distribution(pair, gamma, rule):
+    assert block.shape[0] == lab.VOCAB_SIZE + 1
+  masses = sum(b.reshape(b.shape[0], -1).sum(-1)
+               for b in lab.round_distribution(pair, gamma, rule))
+  np.testing.assert_allclose(masses, 1.0, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("rule", lab.RULES)
+def test_two_enumerations_agree(rule):
+  pair = lab.make_markov_pair(2.0, 0.6, 5)
+  for gamma, seq_len in ((1, 4), (2, 3), (3, 5), (4, 2)):
+    np.testing.assert_allclose(
+        lab.speculative_distribution(pair, gamma, seq_len, rule),
+        lab_exact._hidden_state_distribution(pair, gamma, seq_len, rule),
+        atol=TOL, rtol=0)
+
+
+def test_negative_controls_fail_the_same_check():
+  pair = lab.make_markov_pair()
+  for gamma, seq_len in ((1, 1), (2, 3), (4, 4)):
+    assert lab.exact_tv(pair, gamma, seq_len) <= TOL
+    wrong = lab.exact_tv(pair, gamma, seq_len, "wrong_fallback")
+    accept = lab.exact_tv(pair, gamma, seq_len, "always_accept")
+    assert wrong > 1e-3, wrong
+    assert accept > 1e-3, accept
+  # Identical models leave nothing to detect: every rule is exact there.
+  same = lab.make_markov_pair(draft_match=1.0)
+  for rule in lab.RULES:
+    assert lab.exact_tv(same, 3, 3, rule) <= TOL
+
+
+def test_coupling_table_seed_000_example():
+  table = lab.coupling_table(np.array([0.5, 0.3, 0.2]),
+                             np.array([0.3, 0.1, 0.6]))
+  np.testing.assert_allclose(table.output, [0.5, 0.3, 0.2], atol=TOL)
+  np.testing.assert_allclose(table.reject_mass, 0.4, atol=TOL)
+  np.testing.assert_allclose(table.rejected / 0.4, [0.5, 0.5, 0.0], atol=TOL)
+  np.testing.assert_allclose(table.alpha, 0.6, atol=TOL)
+  wrong = lab.coupling_table(np.array([0.5, 0.3, 0.2]),
+                             np.array([0.3, 0.1, 0.6]), "wrong_fallback")
+  assert lab.tv(wrong.output, [0.5, 0.3, 0.2]) > 0.05
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_alpha_is_one_minus_tv_and_residual_mass(seed):
+  rng = np.random.default_rng(seed)
+  p_xV = rng.dirichlet(np.full(8, 0.5), size=16)
+  q_xV = rng.dirichlet(np.full(8, 0.5), size=16)
+  q_xV[0] = p_xV[0]  # zero residual mass
+  q_xV[1, :4] = 0  # draft proposes half the vocabulary only
+  q_xV[1] /= q_xV[1].sum()
+  table = lab.coupling_table(p_xV, q_xV)
+  tv_x = 0.5 * np.abs(p_xV - q_xV).sum(-1)
+  np.testing.assert_allclose(table.alpha, 1 - tv_x, atol=TOL, rtol=0)
+  np.testing.assert_allclose(table.reject_mass,
+                             np.maximum(p_xV - q_xV, 0).sum(-1), atol=TOL,
+                             rtol=0)
+  np.testing.assert_allclose(table.output, p_xV, atol=TOL, rtol=0)
+
+
+def test_round_first_acceptance_is_alpha():
+  pair = lab.make_markov_pair(3.0, 0.5, 11)
+  first = lab.round_distribution(pair, 3)[0]
+  np.testing.assert_allclose(1 - first.reshape(first.shape[0], -1).sum(-1),
+                             lab.acceptance_rates(pair), atol=TOL, rtol=0)
+
+
+def test_jax_coupling_sample_matches_lab_table():
+  """specjax.coupling_sample against the lab; the wrong table must fail."""
+  p_V = np.array([0.05, 0.3, 0.1, 0.2, 0.0, 0.15, 0.1, 0.1], np.float32)
+  q_V = np.array([0.2, 0.1, 0.3, 0.05, 0.1, 0.05, 0.2, 0.0], np.float32)
+  n = 200_000
+  k_draft, k_couple = jax.random.split(jax.random.key(0))
+  logits_V = np.where(q_V > 0, np.log(np.maximum(q_V, 1e-30)), -np.inf)
+  draft = jax.random.categorical(k_draft, logits_V, shape=(n,))
+  token, accepted = jax.jit(coupling.coupling_sample)(k_couple, p_V, q_V,
+                                                     draft)
+  counts = np.bincount(np.asarray(token), minlength=8)
+  table = lab.coupling_table(p_V, q_V)
+  support = table.output > 0
+  assert counts[~support].sum() == 0
+  pvalue = stats.chisquare(counts[support],
+                           n * table.output[support] / table.output[
+                               support].sum()).pvalue
+  assert pvalue > 1e-4, pvalue
+  wrong = lab.coupling_table(p_V, q_V, "wrong_fallback").output
+  assert stats.chisquare(counts[support], n * wrong[support] / wrong[
+      support].sum()).pvalue < 1e-6
+  alpha_hat = float(np.mean(np.asarray(accepted)))
+  assert abs(alpha_hat - float(table.alpha)) < 5 * np.sqrt(0.25 / n)
+
+
+def test_trace_is_seeded_and_balanced():
+  pair = lab.make_markov_pair()
+  a = lab.run_trace(pair, 5, 0.1, 96, seed=3)
+  b = lab.run_trace(pair, 5, 0.1, 96, seed=3)
+  c = lab.run_trace(pair, 5, 0.1, 96, seed=4)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert (a.target_calls, a.draft_calls, a.accepted) == (
+      b.target_calls, b.draft_calls, b.accepted)
+  assert not np.array_equal(a.tokens, c.tokens)
+  assert a.tokens.shape == (96,)
+  assert a.draft_calls == 5 * a.target_calls
+  emitted = round(a.tokens_per_target_call * a.target_calls)
+  assert emitted == a.accepted + a.target_calls >= 96
+  assert a.toy_speedup == pytest.approx(96 / (a.target_calls
+                                              + 0.1 * a.draft_calls))
+  assert np.isfinite(a.estimated_speedup) and a.estimated_speedup > 1
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 7, 50])
+def test_trace_length_is_exact(num_tokens):
+  pair = lab.make_markov_pair(1000.0, 0.0, 1)  # frequent rejections
+  for gamma in (1, 3):
+    assert len(lab.run_trace(pair, gamma, 0.5, num_tokens).tokens) == (
+        num_tokens)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: lab.make_markov_pair(certainty=-1.0), "certainty"),
+    (lambda: lab.make_markov_pair(draft_match=2.0), "draft_match"),
+    (lambda: lab.make_markov_pair(seed=-1), "seed"),
+    (lambda: lab.speculative_distribution(lab.make_markov_pair(), 0, 2),
+     "gamma"),
+    (lambda: lab.speculative_distribution(lab.make_markov_pair(), 2, 0),
+     "seq_len"),
+    (lambda: lab.speculative_distribution(lab.make_markov_pair(), 2, 2, "x"),
+     "rule"),
+    (lambda: lab.speculative_distribution("pair", 2, 2), "pair"),
+    (lambda: lab.run_trace(lab.make_markov_pair(), 2, -1.0), "draft_cost"),
+    (lambda: lab.coupling_table(np.ones(3) / 3, np.ones(4) / 4), "vocabulary"),
+    (lambda: lab.MarkovPair(np.ones(8), np.eye(8), np.ones(8) / 8, np.eye(8)),
+     "target_init_V"),
+])
+def test_invalid_inputs_name_the_argument(call, match):
+  with pytest.raises((TypeError, ValueError), match=match):
+    call()
+
+
+def test_audit_passes():
+  from experiments import lab_audit  # pylint: disable=g-import-not-at-top
+  result = lab_audit.run_audit()
+  failed = [c for c in result.checks if not c.passed]
+  assert not failed, failed
+  assert len(result.checks) >= 20
+  assert result.num_settings >= 1000
+  assert result.worst_tv <= TOL
+  assert result.wrong_fallback_tv > 1e-3
