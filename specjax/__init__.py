@@ -8,6 +8,13 @@ from specjax.coupling import acceptance_probability
 from specjax.coupling import coupling_sample
 from specjax.coupling import residual
 from specjax.coupling import tv_distance
+from specjax.decode import GenerationResult
+from specjax.decode import RowStats
+from specjax.decode import VerifyOutput
+from specjax.decode import draft_step
+from specjax.decode import generate
+from specjax.decode import speculative_generate
+from specjax.decode import verify_step
 from specjax.sampling import GREEDY
 from specjax.sampling import SamplingConfig
 from specjax.sampling import probabilities

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax import coupling
 from specjax import sampling as sampling_lib
 from specjax.decode import state as state_lib
 from specjax.decode import steps
@@ -43,7 +44,12 @@ def _fold_rows(keys_B, data):
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, data)
 
 
-def _prefill(model, prompts_BxP, cache_len, lengths_B):
+def _prefill(model, prompts_BxP, buffer_len, lengths_B):
+  # Validation guarantees every committed or scored position is below
+  # max_positions, so a cache capped there loses nothing; prompt padding past
+  # it is dropped.
+  limit = getattr(model, "max_positions", None)
+  cache_len = buffer_len if limit is None else min(buffer_len, limit)
   cache = model.init_cache(prompts_BxP.shape[0], cache_len)
   _, cache = model(prompts_BxP, cache)
   return cache.replace(lengths=lengths_B)
@@ -78,7 +84,8 @@ def _propose(draft, state, gamma, keys_B, sampling):
   return drafts_BxG, q_BxGxV, cache
 
 
-def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id):
+def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
+           coupling_rule):
   """One speculative round for every row (gamma = 0: one autoregressive step)."""
   n_B = state.lengths
   batch = n_B.shape[0]
@@ -94,7 +101,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id):
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
   out = steps._verify_step(target, state.target_cache, last_B, drafts_BxG,
                            q_BxGxV, _fold_rows(keys_B, _VERIFY_PURPOSE_OFFSET),
-                           sampling)
+                           sampling, coupling_rule)
 
   # Commit: accepted prefix + one, cut at the budget and just after an EOS.
   positions_G1 = jnp.arange(gamma + 1)
@@ -135,9 +142,14 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id):
 
 @functools.partial(
     jax.jit,
-    static_argnames=("gamma", "max_new_tokens", "sampling", "eos_id", "pad_id"))
+    static_argnames=("gamma", "max_new_tokens", "sampling", "eos_id", "pad_id",
+                     "coupling_rule"))
 def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
-              gamma, max_new_tokens, sampling, eos_id, pad_id):
+              gamma, max_new_tokens, sampling, eos_id, pad_id,
+              coupling_rule=coupling._coupling):
+  """The compiled generation. `coupling_rule(u_accept, u_residual, p, q, x)`
+  is static so that tests can swap in deliberately wrong rules (negative
+  controls) and watch the exactness test reject them."""
   batch, width = prompts_BxP.shape
   # Room for the prompt, the budget, and the gamma + 1 tokens a final round
   # scores past the last committed one.
@@ -157,7 +169,7 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
       stats=state_lib.RowStats.zeros(batch, gamma))
   body = functools.partial(_round, target=target, draft=draft, gamma=gamma,
                            max_new_tokens=max_new_tokens, sampling=sampling,
-                           eos_id=eos_id)
+                           eos_id=eos_id, coupling_rule=coupling_rule)
   # Every active row commits >= 1 token a round, so max_new_tokens rounds
   # always suffice; the loop usually exits much earlier.
   state = jax.lax.while_loop(
@@ -183,7 +195,8 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
   pad_id = _checks.check_int("pad_id", pad_id)
   validation.check_token_range(prompts_np, lengths_np, vocab)
   longest = int(lengths_np.max())
-  needed = longest + max_new_tokens + lookahead
+  # The last scored position is (longest - 1) + (max_new_tokens - 1) + lookahead.
+  needed = longest + max_new_tokens + lookahead - 1
   for name, model in models:
     limit = getattr(model, "max_positions", None)
     if limit is not None and needed > limit:

@@ -65,7 +65,8 @@ def _draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
   return token_B, q_BxV, cache
 
 
-def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling):
+def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
+                 coupling_rule=coupling._coupling):
   gamma = drafts_BxG.shape[1]
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
   logits_BxG1xV, cache = target(tokens_BxG1, cache)
@@ -82,7 +83,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling):
   p_BxGxV = p_BxG1xV[:, :gamma]
   # Every position gets its own coupling draw; only those up to the first
   # rejection are used, which is what judging left to right would produce.
-  coupled_BxG, accepted_BxG = coupling._coupling(
+  coupled_BxG, accepted_BxG = coupling_rule(
       u_BxN[:, :gamma], u_BxN[:, gamma:2 * gamma], p_BxGxV, q_BxGxV,
       drafts_BxG)
   num_accepted_B = jnp.sum(jnp.cumprod(accepted_BxG.astype(jnp.int32), axis=1),
