@@ -86,8 +86,9 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   coupled_BxG, accepted_BxG = coupling_rule(
       u_BxN[:, :gamma], u_BxN[:, gamma:2 * gamma], p_BxGxV, q_BxGxV,
       drafts_BxG)
-  num_accepted_B = jnp.sum(jnp.cumprod(accepted_BxG.astype(jnp.int32), axis=1),
-                           axis=1)
+  # Length of the accepted prefix: index of the first rejection, else G.
+  num_accepted_B = jnp.where(jnp.all(accepted_BxG, axis=1), gamma,
+                             jnp.argmax(~accepted_BxG, axis=1)).astype(jnp.int32)
   positions_G1 = jnp.arange(gamma + 1)
   rejected_token_B = jnp.take_along_axis(
       coupled_BxG, jnp.minimum(num_accepted_B, gamma - 1)[:, None], axis=1)[:, 0]
