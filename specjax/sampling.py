@@ -20,12 +20,15 @@ import jax.numpy as jnp
 from specjax import _checks
 
 
+MIN_TEMPERATURE = 1e-4
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """How logits become a next-token distribution. Hashable: a static jit arg.
 
   Attributes:
-    temperature: >= 0. 0 is greedy decoding (one-hot argmax).
+    temperature: 0 (greedy decoding: one-hot argmax) or >= MIN_TEMPERATURE.
     top_k: keep the k most likely tokens; 0 disables. Tokens tied with the
       k-th largest logit are kept too, so the rule is deterministic.
     top_p: nucleus sampling: keep the smallest set of most likely tokens whose
@@ -39,6 +42,11 @@ class SamplingConfig:
     t = _checks.check_float("temperature", self.temperature)
     if t < 0:
       raise ValueError(f"temperature must be >= 0 (0 = greedy), got {t}.")
+    if 0 < t < MIN_TEMPERATURE:
+      # Below this, float32 logits / t overflow (and XLA flushes denormal
+      # temperatures to 0); such a temperature is greedy in all but name.
+      raise ValueError(f"temperature {t:g} is below {MIN_TEMPERATURE:g}; use "
+                       "temperature=0 for greedy decoding.")
     k = _checks.check_int("top_k", self.top_k, low=0)
     p = _checks.check_float("top_p", self.top_p)
     if not 0.0 < p <= 1.0:
@@ -77,6 +85,9 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   if config.greedy:
     best = jnp.argmax(logits_xV, axis=-1)  # first max: lowest id wins ties
     return jax.nn.one_hot(best, logits_xV.shape[-1], dtype=jnp.float32)
+  # Shift before dividing: a tiny temperature then sends non-maximal logits
+  # to -inf instead of overflowing every logit to inf (NaN after softmax).
+  logits_xV = logits_xV - jnp.max(logits_xV, axis=-1, keepdims=True)
   logits_xV = logits_xV / config.temperature
   if config.top_k:
     kth = jax.lax.top_k(logits_xV, config.top_k)[0][..., -1:]
@@ -103,7 +114,12 @@ def sample_from_probs(uniform_x: jax.Array, probs_xV: jax.Array) -> jax.Array:
   normalised: the total mass is read off the CDF. Tokens of zero mass are
   never returned; a row of zero total mass returns token 0 (callers guard).
   """
-  cdf_xV = jnp.cumsum(probs_xV, axis=-1)
+  # XLA's cumsum adds in blocks, so it is not monotone to the last ulp and can
+  # step up at a zero-mass token; holding the CDF flat there (cummax of the
+  # sums at positive tokens) makes such tokens unreachable.
+  cdf_xV = jax.lax.cummax(
+      jnp.where(probs_xV > 0, jnp.cumsum(probs_xV, axis=-1), 0),
+      axis=probs_xV.ndim - 1)
   total_x = cdf_xV[..., -1]
   target_x = uniform_x.astype(cdf_xV.dtype) * total_x
   if cdf_xV.ndim == 1:

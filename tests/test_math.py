@@ -118,11 +118,6 @@ def test_masked_tokens_are_never_emitted(config):
                                 np.asarray(draft)[np.asarray(acc)])
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="BUG in specjax.sampling.sample_from_probs: XLA:CPU computes "
-    "jnp.cumsum in 16-wide blocks, so the CDF can step up (by an ulp) at a "
-    "token of probability 0, and a uniform landing in that step returns it.")
 def test_sample_from_probs_never_returns_zero_mass_tokens_at_cdf_rounding():
   rng = np.random.default_rng(0)
   probs = rng.random(512).astype(np.float32)
@@ -504,3 +499,12 @@ def test_coupling_rejects_bad_inputs():
     specjax.coupling_sample(key, jnp.ones((3, 3)) / 3, q, draft)
   with pytest.raises(ValueError, match="key"):
     specjax.coupling_sample(jax.random.split(key, 3), p, q, draft)
+
+
+def test_tiny_positive_temperature_is_rejected_not_nan():
+  with pytest.raises(ValueError, match="temperature=0"):
+    sampling.SamplingConfig(temperature=1e-39)
+  probs = sampling.probabilities(jnp.array([1.0, 3.0, 2.0]),
+                                 sampling.SamplingConfig(
+                                     temperature=sampling.MIN_TEMPERATURE))
+  np.testing.assert_allclose(probs, [0.0, 1.0, 0.0])
