@@ -1,0 +1,178 @@
+"""experiments/figures.py on a small synthetic sweep.
+
+The rows are generated from the accounting formulas plus noise, in the schema
+experiments/sweep.py writes, so these tests pin the reader, the file set, the
+Table 3 numbers and the best-gamma choice without running any model.
+"""
+
+import json
+import os
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from experiments import figures
+from specjax import accounting
+
+# (name, kind, params, alpha at T=0, alpha at T=1, c). Acceptance counts are
+# exact multiples so the pooled alpha of every (draft, T) is known exactly.
+DRAFTS = (
+    ("unigram", "unigram", 256, 0.10, 0.12, 0.01),
+    ("bigram", "bigram", 65536, 0.21, 0.19, 0.01),
+    ("prompt-lookup", "prompt_lookup", 0, 0.30, 0.25, 0.005),
+    ("draft-0.1m", "transformer", 100_000, 0.61, 0.55, 0.05),
+    ("distilled-0.1m", "distilled", 100_000, 0.74, 0.66, 0.05),
+)
+GAMMAS = (1, 2, 3, 4)
+TARGET = "target-5m"
+
+
+def _row(name, kind, params, temperature, gamma, alpha, c, rng):
+  verified = 1000 * gamma
+  accepted = int(round(alpha * verified))
+  a = accepted / verified
+  r = 1.0 + 0.1 * gamma
+  tokens = float(accounting.expected_tokens_per_pass(a, gamma))
+  predicted = float(accounting.walltime_improvement(a, gamma, c, r))
+  speedup = predicted * (1 + rng.normal(0, 0.03))
+  return {
+      "draft": name, "draft_kind": kind, "draft_params": params,
+      "target": TARGET, "target_params": 5_000_000,
+      "temperature": temperature, "gamma": gamma, "rows": 8,
+      "alpha_hat": a, "alpha_se": float(np.sqrt(a * (1 - a) / verified)),
+      "one_minus_tv": float(np.clip(a + rng.normal(0, 0.01), 0, 1)),
+      "verified": verified, "accepted": accepted,
+      "tokens_per_target_call": tokens + rng.normal(0, 0.02),
+      "tokens_per_target_call_se": 0.02,
+      "predicted_tokens_per_target_call": tokens,
+      "c": c, "r": r, "ar_tokens_per_s": 100.0,
+      "spec_tokens_per_s": 100.0 * speedup, "speedup": speedup,
+      "speedup_se": 0.03 * predicted if kind != "unigram" else None,
+      "predicted_speedup": predicted, "efficiency": speedup / predicted,
+      "accept_hist": [1] * (gamma + 1),
+  }
+
+
+def _constructed(temperature, gamma, speedup):
+  """A draft whose measured speedups are set by hand (best gamma known)."""
+  row = _row("handmade", "transformer", 10_000, temperature, gamma, 0.5, 0.05,
+             np.random.default_rng(0))
+  row.update(speedup=speedup, efficiency=speedup / row["predicted_speedup"])
+  return row
+
+
+HANDMADE = {0.0: (1.10, 1.50, 1.30, 0.90),  # best gamma 2
+            1.0: (0.80, 0.70, 0.60, 0.50)}  # loses everywhere; best gamma 1
+
+
+def _write_sweep(path):
+  rng = np.random.default_rng(0)
+  rows = []
+  for name, kind, params, a0, a1, c in DRAFTS:
+    for t, a in ((0.0, a0), (1.0, a1)):
+      rows += [_row(name, kind, params, t, g, a, c, rng) for g in GAMMAS]
+  for t, speeds in HANDMADE.items():
+    rows += [_constructed(t, g, s) for g, s in zip(GAMMAS, speeds)]
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, figures.SWEEP_FILE), "w") as f:
+    for r in rows:
+      f.write(json.dumps(r) + "\n")
+  with open(os.path.join(path, figures.METADATA_FILE), "w") as f:
+    json.dump({"device": "cpu:TFRT_CPU_0", "git_commit": "0123456789abcdef01",
+               "seed": 0, "jax_version": "0.4.35",
+               "config": {"target": TARGET}}, f)
+  return rows
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp("sweep"))
+  _write_sweep(d)
+  return d, figures.make_all(d)
+
+
+def test_make_all_writes_every_file(made):
+  d, paths = made
+  expected = [os.path.join(d, f"{n}.{e}") for n in figures.FIGURE_NAMES
+              for e in ("png", "pdf")]
+  expected += [os.path.join(d, "table3.md"), os.path.join(d, "summary.txt")]
+  assert sorted(paths) == sorted(expected)
+  for p in expected:
+    assert os.path.getsize(p) > 0, p
+  for p in expected:
+    if p.endswith(".png"):
+      image = matplotlib.image.imread(p)
+      assert image.shape[0] > 100 and image.shape[1] > 100, p
+      assert np.ptp(image) > 0, f"{p} is blank"
+
+
+def test_table3_rows(made):
+  d, _ = made
+  text = open(os.path.join(d, "table3.md")).read()
+  assert ("| GPT-like (97M) [paper] | .03 / .03 | .05 / .05 | .88 / .89 "
+          "(GPT-like 6M) |") in text
+  # The best Transformer draft (plain or distilled) by mean alpha is named.
+  assert ("| target-5m (5M) [ours] | .10 / .12 | .21 / .19 | .74 / .66 "
+          "(distilled-0.1m) |") in text
+  # Provenance from metadata.json.
+  assert "cpu:TFRT_CPU_0" in text and "0123456789" in text
+
+
+def test_table3_missing_cells():
+  rows = [r for r in _write_sweep_rows() if r["draft_kind"] != "bigram"
+          and not (r["draft"] == "unigram" and r["temperature"] == 1.0)]
+  text = figures.table3_markdown(rows, {})
+  assert "| target-5m (5M) [ours] | .10 / – | – | .74 / .66" in text
+
+
+def _write_sweep_rows():
+  rng = np.random.default_rng(1)
+  return [_row(n, k, p, t, g, a, c, rng)
+          for n, k, p, a0, a1, c in DRAFTS
+          for t, a in ((0.0, a0), (1.0, a1)) for g in GAMMAS]
+
+
+def _summary_line(summary, draft, temperature):
+  for line in summary.splitlines():
+    parts = line.split()
+    if parts[:2] == [draft, f"{temperature:g}"]:
+      return parts
+  raise AssertionError(f"no summary line for {draft} T={temperature}")
+
+
+def test_summary_best_gamma(made):
+  d, _ = made
+  summary = open(os.path.join(d, "summary.txt")).read()
+  parts = _summary_line(summary, "handmade", 0.0)
+  assert parts[2] == "2" and parts[5] == "1.50"
+  assert _summary_line(summary, "handmade", 1.0)[2] == "1"
+  assert "LOSES" in summary and "handmade at T=1" in summary
+  best = figures.best_cells(figures.load_results(d)[0])
+  assert best[("handmade", 0.0)]["gamma"] == 2
+
+
+def test_summary_all_win():
+  rows = [r for r in _write_sweep_rows() if r["draft"] == "distilled-0.1m"]
+  for r in rows:
+    r["speedup"] = 1.2
+  assert "Speculation wins" in figures.summary_table(rows)
+
+
+def test_load_results_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="sweep.jsonl"):
+    figures.load_results(str(tmp_path))
+  path = tmp_path / figures.SWEEP_FILE
+  path.write_text('{"draft": "unigram"\n')
+  with pytest.raises(ValueError, match=r"sweep\.jsonl:1: not valid JSON"):
+    figures.load_results(str(tmp_path))
+  path.write_text(json.dumps({"draft": "unigram"}) + "\n")
+  with pytest.raises(ValueError, match=r"sweep\.jsonl:1: missing key"):
+    figures.load_results(str(tmp_path))
+  path.write_text("\n")
+  with pytest.raises(ValueError, match=r"sweep\.jsonl: empty"):
+    figures.load_results(str(tmp_path))
+  row = json.dumps(_write_sweep_rows()[0])
+  path.write_text(row + "\n" + row + "\n")
+  with pytest.raises(ValueError, match=r"sweep\.jsonl:2: .* repeats line 1"):
+    figures.load_results(str(tmp_path))
