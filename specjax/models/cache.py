@@ -1,0 +1,102 @@
+"""The Transformer's key/value cache: static-shape arrays plus `lengths[B]`.
+
+Layout: `k` and `v` are tuples with one array per layer, each
+`[batch, kv_heads, max_len, head_dim]` (logical axis names in `AXES`), and
+`lengths` is int32 `[batch]`, the number of valid positions of each row.
+Rows are ragged: row b's next token goes to position `lengths[b]`.
+
+* Writing scatters each row's new keys/values at its own positions with
+  `mode='drop'`, so a write at a position >= max_len is silently dropped (the
+  decode loop guarantees committed positions fit; a speculative lookahead
+  that runs off the end must not crash or wrap around).
+* Rolling back is `cache.replace(lengths=new_lengths)`: entries at positions
+  >= lengths are stale, masked out by `attention_mask`, and overwritten by the
+  next write. Nothing is zeroed.
+
+Why not one `[layers, B, max_len, kv_heads, head_dim]` array (the layout the
+design first asked for)? Measured decode steps inside a jitted loop on CPU
+(see `specjax/models/transformer.py` for the table): reading one layer out of
+a stacked array is a `slice`, a copy of the layer every step, and
+`max_len` before `kv_heads` forces a transpose copy before the attention
+matmuls. Per-layer `[B, K, S, H]` arrays need neither copy: decode steps
+are 12-17% faster for the 85M model and 1.5-2.2x for a 3M draft.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+# Logical axis names of each per-layer `k[l]` / `v[l]`, for sharding rules
+# (batch -> 'data', kv_heads -> 'model').
+AXES = ("batch", "kv_heads", "length", "head_dim")
+
+
+@struct.dataclass(kw_only=True)
+class KVCache:
+  """Keys and values of every layer for `batch` rows of up to `max_len` tokens.
+
+  Attributes:
+    k: tuple of `num_layers` arrays `[B, kv_heads, max_len, head_dim]`: keys
+      (RoPE already applied for Llama-style models), compute dtype.
+    v: same shapes and dtype as `k`: values.
+    lengths: int32 `[B]`: positions `< lengths[b]` of row b are valid.
+    max_len: static int, the capacity in positions.
+  """
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  lengths: jax.Array
+  max_len: int = struct.field(pytree_node=False)
+
+  @classmethod
+  def create(cls, *, num_layers: int, batch_size: int, max_len: int,
+             num_kv_heads: int, head_dim: int,
+             dtype=jnp.float32) -> KVCache:
+    """An empty cache: zeros everywhere and all `lengths` 0."""
+    shape = (batch_size, num_kv_heads, max_len, head_dim)
+    zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
+    return cls(k=zeros(), v=zeros(), max_len=max_len,
+               lengths=jnp.zeros((batch_size,), jnp.int32))
+
+  @property
+  def num_layers(self) -> int:
+    return len(self.k)
+
+  @property
+  def batch_size(self) -> int:
+    return self.lengths.shape[0]
+
+  def positions(self, num_tokens: int) -> jax.Array:
+    """int32 `[B, num_tokens]`: where the next `num_tokens` tokens of each row go."""
+    return self.lengths[:, None] + jnp.arange(num_tokens, dtype=jnp.int32)
+
+  def write(self, layer: int, k_BxTxKxH: jax.Array, v_BxTxKxH: jax.Array,
+            positions_BxT: jax.Array) -> KVCache:
+    """Stores layer `layer`'s new keys/values at each row's own positions.
+
+    Positions outside `[0, max_len)` are dropped, not clamped. `lengths` is
+    not changed (the model advances it once, after all layers). Inside a
+    jitted loop that carries the cache the update is in place.
+    """
+    num_kv_heads = k_BxTxKxH.shape[2]
+    batch_Bx1x1 = jnp.arange(self.batch_size, dtype=jnp.int32)[:, None, None]
+    head_1xKx1 = jnp.arange(num_kv_heads, dtype=jnp.int32)[None, :, None]
+    idx = (batch_Bx1x1, head_1xKx1, positions_BxT[:, None, :])
+
+    def put(layers, new_BxTxKxH):
+      new_BxKxTxH = new_BxTxKxH.transpose(0, 2, 1, 3).astype(layers[layer].dtype)
+      updated = layers[layer].at[idx].set(new_BxKxTxH, mode="drop")
+      return layers[:layer] + (updated,) + layers[layer + 1:]
+
+    return self.replace(k=put(self.k, k_BxTxKxH), v=put(self.v, v_BxTxKxH))
+
+  def attention_mask(self, positions_BxT: jax.Array) -> jax.Array:
+    """bool `[B, T, max_len]`: the query at position p sees cache slots <= p.
+
+    Slots in `[lengths, p]` were written by the current call before
+    attention, so no stale entry is ever visible. A query always sees at least
+    its own slot (or, past the end, every slot), so no row is fully masked.
+    """
+    slots_S = jnp.arange(self.max_len, dtype=jnp.int32)
+    return slots_S[None, None, :] <= positions_BxT[:, :, None]

@@ -1,0 +1,470 @@
+"""A decoder-only Transformer in two flavours, as a `CausalLM` pytree.
+
+* 'gpt2': learned positions, LayerNorm, GELU (tanh), biases, tied embeddings.
+* 'llama': RoPE (rotate-half convention, as in Hugging Face), RMSNorm, SwiGLU,
+  grouped-query attention, no biases, untied LM head.
+
+Both are pre-norm stacks of `num_layers` blocks held as a Python list of
+per-layer modules (unrolled under jit), with a cache of per-layer
+`[B, kv_heads, max_len, head_dim]` arrays (cache.py). Both choices were
+measured: XLA CPU (2 cores shared with other jobs, so the minimum of 25 runs
+is quoted; medians rank the same), float32, batch 1, max_len = max_positions
+= 512 (so byte-85m has 85,648,128 parameters here), decode steps inside one
+jitted `fori_loop` that carries the cache as the decode loop does; ms/step:
+
+  layers  cache                    byte-85m T=1   T=5    byte-3m T=1   T=5
+  list    one [L,B,S,K,H] array         14.2     17.7           0.86   1.47
+  list    L x [B,S,K,H]                 12.8     16.5           0.53   1.20
+  list    one [L,B,K,S,H] array         12.6     16.0           0.74   1.36
+  list    L x [B,K,S,H]  (used)         11.8     15.5           0.39   0.95
+  scan    one [L,B,S,K,H] array         18.5     25.6           1.30   2.06
+
+The scan over stacked layers is the slowest; cache.py says why stacked
+layouts cost more.
+
+Usage: `TransformerLM` is a `flax.struct.PyTreeNode`; its config and nnx
+GraphDef are static (hashable) fields and the nnx State is its pytree leaves,
+so it is passed to `jax.jit` as an ordinary argument and a model with other
+weights but the same config does not retrace. Inside, `__call__` rebuilds the
+nnx module with `nnx.merge`, which costs nothing at run time. For training,
+`model.module()` returns the nnx `Transformer` (whose `__call__` is the
+full-sequence causal forward) and `TransformerLM.from_module` wraps it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from flax import struct
+
+from specjax import _checks
+from specjax.models.cache import KVCache
+
+FLAVOURS = ("gpt2", "llama")
+
+# Finite, so a softmax over an all-masked row is uniform instead of NaN, and
+# small enough in magnitude that subtracting the row max cannot overflow.
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+  """Hyper-parameters; frozen and hashable (a static jit argument).
+
+  Attributes:
+    vocab_size: number of tokens V.
+    d_model: residual width D.
+    num_layers: number of blocks L.
+    num_heads: query heads N.
+    num_kv_heads: key/value heads K (N % K == 0); None means N (no GQA).
+    head_dim: H per head; None means D // N.
+    mlp_dim: hidden width F of the MLP; None means 4 D for 'gpt2' and
+      8 D / 3 rounded up to a multiple of 64 for 'llama' (SwiGLU has three
+      matrices, so this keeps the parameter count of a 4 D GELU MLP).
+    max_positions: longest sequence the model attends over (size of the
+      learned position table for 'gpt2').
+    flavour: 'gpt2' or 'llama' (see the module docstring).
+    rope_theta: RoPE base ('llama' only).
+    norm_eps: epsilon of LayerNorm / RMSNorm.
+    tie_embeddings: whether the LM head is the transposed token embedding;
+      None means True for 'gpt2' and False for 'llama'.
+    dtype: compute dtype name ('float32' default; 'bfloat16' is several
+      times slower on XLA CPU). Parameters are always float32 and logits are
+      returned as float32.
+  """
+  vocab_size: int
+  d_model: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int | None = None
+  head_dim: int | None = None
+  mlp_dim: int | None = None
+  max_positions: int = 1024
+  flavour: str = "gpt2"
+  rope_theta: float = 10_000.0
+  norm_eps: float = 1e-5
+  tie_embeddings: bool | None = None
+  dtype: str = "float32"
+
+  def __post_init__(self):
+    # Derived fields are filled in here, so every consumer sees final values
+    # and two configs that mean the same model compare (and hash) equal.
+    set_ = lambda name, value: object.__setattr__(self, name, value)
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads",
+                 "max_positions"):
+      _checks.check_int(f"TransformerConfig.{name}", getattr(self, name), low=1)
+    if self.flavour not in FLAVOURS:
+      raise ValueError(f"TransformerConfig.flavour must be one of {FLAVOURS}, "
+                       f"got {self.flavour!r}.")
+    if self.num_kv_heads is None:
+      set_("num_kv_heads", self.num_heads)
+    _checks.check_int("TransformerConfig.num_kv_heads", self.num_kv_heads, low=1)
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"TransformerConfig.num_heads ({self.num_heads}) must be a multiple "
+          f"of num_kv_heads ({self.num_kv_heads}).")
+    if self.head_dim is None:
+      if self.d_model % self.num_heads:
+        raise ValueError(
+            f"TransformerConfig.d_model ({self.d_model}) is not divisible by "
+            f"num_heads ({self.num_heads}); pass head_dim explicitly.")
+      set_("head_dim", self.d_model // self.num_heads)
+    _checks.check_int("TransformerConfig.head_dim", self.head_dim, low=1)
+    if self.flavour == "llama" and self.head_dim % 2:
+      raise ValueError("TransformerConfig.head_dim must be even for RoPE, got "
+                       f"{self.head_dim}.")
+    if self.mlp_dim is None:
+      mlp_dim = 4 * self.d_model
+      if self.flavour == "llama":
+        mlp_dim = -(-8 * self.d_model // 3 // 64) * 64
+      set_("mlp_dim", mlp_dim)
+    _checks.check_int("TransformerConfig.mlp_dim", self.mlp_dim, low=1)
+    if self.tie_embeddings is None:
+      set_("tie_embeddings", self.flavour == "gpt2")
+    set_("rope_theta", _checks.check_float("TransformerConfig.rope_theta",
+                                           self.rope_theta))
+    set_("norm_eps", _checks.check_float("TransformerConfig.norm_eps",
+                                         self.norm_eps))
+    try:
+      dtype = np.dtype(jnp.dtype(self.dtype)).name
+    except TypeError:
+      raise ValueError(f"TransformerConfig.dtype {self.dtype!r} is not a dtype."
+                       ) from None
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise ValueError(f"TransformerConfig.dtype must be floating, got {dtype}.")
+    set_("dtype", dtype)
+
+  @classmethod
+  def preset(cls, name: str, **overrides) -> TransformerConfig:
+    """A named configuration from `PRESETS`, with fields overridden."""
+    if name not in PRESETS:
+      raise ValueError(f"Unknown preset {name!r}; choose from {sorted(PRESETS)}.")
+    return cls(**{**PRESETS[name], **overrides})
+
+
+# Byte-level vocabulary: 256 bytes + 3 specials (bos, eos, pad).
+PRESETS: dict[str, dict[str, Any]] = {
+    # The GPT-2 small architecture (124M with the GPT-2 BPE vocabulary).
+    "gpt2-124m": dict(vocab_size=50257, d_model=768, num_layers=12,
+                      num_heads=12, max_positions=1024, flavour="gpt2"),
+    # The same trunk over bytes: 86,041,344 parameters. The default target.
+    "byte-85m": dict(vocab_size=259, d_model=768, num_layers=12, num_heads=12,
+                     max_positions=1024, flavour="gpt2"),
+    # Llama-style with GQA (12 query / 4 kv heads): 86,531,328 parameters.
+    "byte-85m-llama": dict(vocab_size=259, d_model=768, num_layers=12,
+                           num_heads=12, num_kv_heads=4, mlp_dim=2432,
+                           max_positions=1024, flavour="llama"),
+    # Draft-sized: 3,488,000 and 3,084,032 parameters.
+    "byte-3m": dict(vocab_size=259, d_model=256, num_layers=4, num_heads=4,
+                    max_positions=1024, flavour="gpt2"),
+    "byte-3m-llama": dict(vocab_size=259, d_model=256, num_layers=4,
+                          num_heads=4, num_kv_heads=2, max_positions=1024,
+                          flavour="llama"),
+}
+
+
+def _linear(config: TransformerConfig, d_in: int, d_out: int,
+            rngs: nnx.Rngs, *, std: float = 0.02) -> nnx.Linear:
+  return nnx.Linear(d_in, d_out, use_bias=config.flavour == "gpt2",
+                    dtype=config.dtype, param_dtype=jnp.float32,
+                    kernel_init=nnx.initializers.normal(std), rngs=rngs)
+
+
+def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
+  if config.flavour == "gpt2":
+    return nnx.LayerNorm(config.d_model, epsilon=config.norm_eps,
+                         dtype=config.dtype, rngs=rngs)
+  return nnx.RMSNorm(config.d_model, epsilon=config.norm_eps,
+                     dtype=config.dtype, rngs=rngs)
+
+
+def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
+          theta: float) -> jax.Array:
+  """Rotary embedding, rotate-half convention (Hugging Face Llama)."""
+  half = x_BxTxNxH.shape[-1] // 2
+  freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  angle_BxTx1xh = (positions_BxT.astype(jnp.float32)[:, :, None, None]
+                   * freq_h)
+  sin, cos = jnp.sin(angle_BxTx1xh), jnp.cos(angle_BxTx1xh)
+  x1, x2 = jnp.split(x_BxTxNxH.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_BxTxNxH.dtype)
+
+
+def _attend(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS):
+  """Softmax attention with grouped-query heads; float32 scores.
+
+  Keys/values are `[B, K, S, H]` (the cache layout), so both matmuls batch
+  over (B, K) without transposing the cache.
+  """
+  b, t, n, h = q_BxTxNxH.shape
+  kv = k_BxKxSxH.shape[1]
+  # Query head n = k * G + g uses kv head k (Hugging Face `repeat_kv` order).
+  q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, kv, n // kv, h)
+  s_BxKxGxTxS = jnp.einsum("btkgh,bksh->bkgts", q_BxTxKxGxH, k_BxKxSxH,
+                           preferred_element_type=jnp.float32) / math.sqrt(h)
+  s_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], s_BxKxGxTxS, _MASK_VALUE)
+  p_BxKxGxTxS = jax.nn.softmax(s_BxKxGxTxS, axis=-1).astype(v_BxKxSxH.dtype)
+  o_BxTxKxGxH = jnp.einsum("bkgts,bksh->btkgh", p_BxKxGxTxS, v_BxKxSxH)
+  return o_BxTxKxGxH.reshape(b, t, n * h)
+
+
+class Attention(nnx.Module):
+  """Multi-head (grouped-query when num_kv_heads < num_heads) attention."""
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    self.config = config
+    c = config
+    # GPT-2's scaled init of the residual-stream projections.
+    out_std = 0.02 / math.sqrt(2 * c.num_layers)
+    self.query = _linear(c, c.d_model, c.num_heads * c.head_dim, rngs)
+    self.key = _linear(c, c.d_model, c.num_kv_heads * c.head_dim, rngs)
+    self.value = _linear(c, c.d_model, c.num_kv_heads * c.head_dim, rngs)
+    self.out = _linear(c, c.num_heads * c.head_dim, c.d_model, rngs,
+                       std=out_std)
+
+  def __call__(self, x_BxTxD, positions_BxT, cache: KVCache | None, layer):
+    c = self.config
+    b, t, _ = x_BxTxD.shape
+    q_BxTxNxH = self.query(x_BxTxD).reshape(b, t, c.num_heads, c.head_dim)
+    k_BxTxKxH = self.key(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
+    v_BxTxKxH = self.value(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
+    if c.flavour == "llama":
+      q_BxTxNxH = _rope(q_BxTxNxH, positions_BxT, c.rope_theta)
+      k_BxTxKxH = _rope(k_BxTxKxH, positions_BxT, c.rope_theta)
+    if cache is None:
+      # Full-sequence causal attention (training, reference).
+      mask_BxTxT = positions_BxT[:, None, :] <= positions_BxT[:, :, None]
+      o_BxTxNH = _attend(q_BxTxNxH, k_BxTxKxH.transpose(0, 2, 1, 3),
+                         v_BxTxKxH.transpose(0, 2, 1, 3), mask_BxTxT)
+    else:
+      # Write first so each new token sees itself and earlier new tokens.
+      cache = cache.write(layer, k_BxTxKxH, v_BxTxKxH, positions_BxT)
+      o_BxTxNH = _attend(q_BxTxNxH, cache.k[layer], cache.v[layer],
+                         cache.attention_mask(positions_BxT))
+    return self.out(o_BxTxNH), cache
+
+
+class Mlp(nnx.Module):
+  """GELU MLP ('gpt2') or SwiGLU ('llama')."""
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    c = config
+    self.flavour = c.flavour
+    out_std = 0.02 / math.sqrt(2 * c.num_layers)
+    self.up = _linear(c, c.d_model, c.mlp_dim, rngs)
+    if c.flavour == "llama":
+      self.gate = _linear(c, c.d_model, c.mlp_dim, rngs)
+    self.down = _linear(c, c.mlp_dim, c.d_model, rngs, std=out_std)
+
+  def __call__(self, x_BxTxD):
+    if self.flavour == "llama":
+      h_BxTxF = jax.nn.silu(self.gate(x_BxTxD)) * self.up(x_BxTxD)
+    else:
+      h_BxTxF = jax.nn.gelu(self.up(x_BxTxD), approximate=True)
+    return self.down(h_BxTxF)
+
+
+class Block(nnx.Module):
+  """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    self.attn_norm = _norm(config, rngs)
+    self.attn = Attention(config, rngs)
+    self.mlp_norm = _norm(config, rngs)
+    self.mlp = Mlp(config, rngs)
+
+  def __call__(self, x_BxTxD, positions_BxT, cache, layer):
+    h_BxTxD, cache = self.attn(self.attn_norm(x_BxTxD), positions_BxT, cache,
+                               layer)
+    x_BxTxD = x_BxTxD + h_BxTxD
+    return x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD)), cache
+
+
+class Transformer(nnx.Module):
+  """The nnx module. `__call__` is the full-sequence causal forward."""
+
+  def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
+    c = config
+    self.config = config
+    self.embed = nnx.Embed(c.vocab_size, c.d_model, dtype=c.dtype,
+                           embedding_init=nnx.initializers.normal(0.02),
+                           rngs=rngs)
+    if c.flavour == "gpt2":
+      self.pos_embed = nnx.Embed(c.max_positions, c.d_model, dtype=c.dtype,
+                                 embedding_init=nnx.initializers.normal(0.01),
+                                 rngs=rngs)
+    self.blocks = nnx.List([Block(c, rngs) for _ in range(c.num_layers)])
+    self.final_norm = _norm(c, rngs)
+    if not c.tie_embeddings:
+      self.lm_head = nnx.Linear(c.d_model, c.vocab_size, use_bias=False,
+                                dtype=c.dtype,
+                                kernel_init=nnx.initializers.normal(0.02),
+                                rngs=rngs)
+
+  def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+    """float32 `[B, T, V]` logits of causal attention over positions 0..T-1."""
+    b, t = tokens_BxT.shape
+    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    logits_BxTxV, _ = self.forward(tokens_BxT, positions_BxT, None)
+    return logits_BxTxV
+
+  def decode(self, tokens_BxT: jax.Array,
+             cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """Cached forward; see `TransformerLM.__call__`."""
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    logits_BxTxV, cache = self.forward(tokens_BxT, positions_BxT, cache)
+    return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
+
+  def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None):
+    x_BxTxD = self.embed(tokens_BxT)
+    if self.config.flavour == "gpt2":
+      # Clamped: a padded prefill may score positions past the table (their
+      # cache writes are dropped); an out-of-range take would give NaN.
+      table_positions_BxT = jnp.minimum(positions_BxT,
+                                        self.config.max_positions - 1)
+      x_BxTxD = x_BxTxD + self.pos_embed(table_positions_BxT)
+    for layer, block in enumerate(self.blocks):
+      x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer)
+    x_BxTxD = self.final_norm(x_BxTxD)
+    if self.config.tie_embeddings:
+      logits_BxTxV = self.embed.attend(x_BxTxD)
+    else:
+      logits_BxTxV = self.lm_head(x_BxTxD)
+    return logits_BxTxV.astype(jnp.float32), cache
+
+
+class TransformerLM(struct.PyTreeNode):
+  """A `Transformer` as a `CausalLM` pytree: static config + graphdef, State leaves.
+
+  Build with `TransformerLM.create(config, seed)`. Pass it to `jax.jit` as an
+  ordinary argument; models sharing a config share one compilation.
+  """
+  config: TransformerConfig = struct.field(pytree_node=False)
+  graphdef: nnx.GraphDef = struct.field(pytree_node=False)
+  state: nnx.State
+
+  one_hot_q: ClassVar[bool] = False
+
+  @classmethod
+  def create(cls, config: TransformerConfig,
+             rngs: int | jax.Array | nnx.Rngs = 0) -> TransformerLM:
+    """Freshly initialised weights from a seed, a PRNG key or `nnx.Rngs`."""
+    if not isinstance(config, TransformerConfig):
+      raise TypeError(f"config must be a TransformerConfig, got "
+                      f"{type(config).__name__}.")
+    if not isinstance(rngs, nnx.Rngs):
+      if isinstance(rngs, (int, np.integer)) and not isinstance(rngs, bool):
+        rngs = nnx.Rngs(int(rngs))
+      else:
+        rngs = nnx.Rngs(_checks.as_key("rngs", rngs))
+    return cls.from_module(Transformer(config, rngs))
+
+  @classmethod
+  def from_module(cls, module: Transformer) -> TransformerLM:
+    """Wraps an nnx `Transformer` (e.g. after training); shares its arrays."""
+    if not isinstance(module, Transformer):
+      raise TypeError(f"module must be a specjax Transformer, got "
+                      f"{type(module).__name__}.")
+    graphdef, state = nnx.split(module)
+    return cls(config=module.config, graphdef=graphdef, state=state)
+
+  def module(self) -> Transformer:
+    """The nnx module with these weights (for training: `nnx.split` it)."""
+    return nnx.merge(self.graphdef, self.state)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def max_positions(self) -> int:
+    return self.config.max_positions
+
+  def param_count(self) -> int:
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state))
+
+  def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+    """An empty `KVCache` (see cache.py for the layout) in the compute dtype."""
+    batch_size = _checks.check_int("batch_size", batch_size, low=1)
+    max_len = _checks.check_int("max_len", max_len, low=1,
+                                high=self.config.max_positions)
+    c = self.config
+    return KVCache.create(num_layers=c.num_layers, batch_size=batch_size,
+                          max_len=max_len, num_kv_heads=c.num_kv_heads,
+                          head_dim=c.head_dim, dtype=c.dtype)
+
+  def __call__(self, tokens_BxT: jax.Array,
+               cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """Scores T >= 1 new tokens per row against the cache.
+
+    Args:
+      tokens_BxT: int `[B, T]` token ids.
+      cache: a `KVCache` from `init_cache` with batch B.
+
+    Returns:
+      `(logits_BxTxV, cache)`: float32 logits, where token t of row b sits at
+      position `cache.lengths[b] + t` and attends to the row's positions
+      `<= cache.lengths[b] + t`; and the cache with the new keys/values
+      written and `lengths` advanced by T. Writes at positions >= max_len are
+      dropped; use `check_inputs` (outside jit) to rule that out.
+    """
+    self._check_static(tokens_BxT, cache)
+    return self.module().decode(tokens_BxT, cache)
+
+  def logits(self, tokens_BxT: jax.Array) -> jax.Array:
+    """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""
+    tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
+    if tokens_BxT.shape[1] > self.config.max_positions:
+      raise ValueError(f"tokens_BxT has {tokens_BxT.shape[1]} positions; the "
+                       f"model has max_positions={self.config.max_positions}.")
+    return self.module()(tokens_BxT)
+
+  def check_inputs(self, tokens_BxT: Any, cache: KVCache) -> None:
+    """Raises ValueError/TypeError naming the argument if a call would misbehave.
+
+    Beyond the static checks `__call__` does itself, this reads the concrete
+    `cache.lengths` (so call it outside jit) and requires every row's
+    `lengths[b] + T` to fit both `cache.max_len` and `max_positions`.
+    """
+    self._check_static(tokens_BxT, cache)
+    if not _checks.is_concrete(cache.lengths):
+      raise ValueError("check_inputs needs concrete cache.lengths; call it "
+                       "outside jit.")
+    t = np.shape(tokens_BxT)[1]
+    lengths_B = np.asarray(cache.lengths)
+    if lengths_B.min() < 0:
+      raise ValueError(f"cache.lengths must be >= 0, got {lengths_B}.")
+    limit = min(cache.max_len, self.config.max_positions)
+    if lengths_B.max() + t > limit:
+      b = int(lengths_B.argmax())
+      raise ValueError(
+          f"tokens_BxT: row {b} holds {lengths_B[b]} positions and T={t} more "
+          f"would exceed {limit} (cache.max_len={cache.max_len}, "
+          f"max_positions={self.config.max_positions}).")
+
+  def _check_static(self, tokens_BxT, cache):
+    tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
+    if tokens_BxT.shape[1] < 1:
+      raise ValueError("tokens_BxT must hold at least one token per row (T >= "
+                       f"1), got shape {tuple(tokens_BxT.shape)}.")
+    if not isinstance(cache, KVCache):
+      raise TypeError(f"cache must be a KVCache (from init_cache), got "
+                      f"{type(cache).__name__}.")
+    c = self.config
+    want = (tokens_BxT.shape[0], c.num_kv_heads, cache.max_len, c.head_dim)
+    got = [tuple(x.shape) for x in cache.k + cache.v]
+    if (len(cache.k) != c.num_layers or any(g != want for g in got)
+        or tuple(cache.lengths.shape) != want[:1]):
+      raise ValueError(
+          f"cache does not fit tokens_BxT {tuple(tokens_BxT.shape)} and this "
+          f"model: expected {c.num_layers} layers of k/v {want} and lengths "
+          f"({want[0]},), got {len(cache.k)} layers of k/v "
+          f"{sorted(set(got))}, lengths {tuple(cache.lengths.shape)}. The "
+          "batch sizes of tokens_BxT and the cache must match.")

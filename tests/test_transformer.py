@@ -1,0 +1,281 @@
+"""TransformerLM: cached incremental logits equal the full causal forward."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from specjax.models import CausalLM
+from specjax.models import KVCache
+from specjax.models import TransformerConfig
+from specjax.models import TransformerLM
+from specjax.models import transformer as transformer_lib
+
+V = 13
+TOL = dict(atol=1e-5, rtol=1e-5)
+# Tests share shapes (batch 2, 12-token sequences, 16-slot caches, chunks of
+# 1 or 3 tokens) so that the jitted functions below compile only a few times.
+B, N, S = 2, 12, 16
+CONFIGS = {
+    "gpt2": TransformerConfig(vocab_size=V, d_model=32, num_layers=2,
+                              num_heads=4, max_positions=32, flavour="gpt2"),
+    # Grouped-query: 4 query heads share 2 kv heads.
+    "llama": TransformerConfig(vocab_size=V, d_model=32, num_layers=2,
+                               num_heads=4, num_kv_heads=2, mlp_dim=48,
+                               max_positions=32, flavour="llama"),
+}
+
+
+def _model(flavour, seed=0):
+  """A model whose logits are O(1), so a 1e-5 tolerance means something.
+
+  The default init (std 0.02) makes logits ~1e-2; every weight is redrawn
+  at unit scale per fan-in instead.
+  """
+  model = TransformerLM.create(CONFIGS[flavour], seed)
+  leaves, treedef = jax.tree.flatten(model.state)
+  keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
+  leaves = [jax.random.normal(k, x.shape) / np.sqrt(x.shape[0] if x.ndim == 2
+                                                    else 1.0)
+            for k, x in zip(keys, leaves)]
+  return model.replace(state=jax.tree.unflatten(treedef, leaves))
+
+
+def _tokens(seed, shape):
+  return jax.random.randint(jax.random.key(seed), shape, 0, V, jnp.int32)
+
+
+# Module level, so compilations are shared between tests (one per shape).
+_step = jax.jit(lambda model, tokens_BxT, cache: model(tokens_BxT, cache))
+_full = jax.jit(lambda model, tokens_BxT: model.logits(tokens_BxT))
+
+
+def _run_chunks(model, tokens_BxN, cache, sizes):
+  logits = []
+  start = 0
+  for t in sizes:
+    out, cache = _step(model, tokens_BxN[:, start:start + t], cache)
+    logits.append(out)
+    start += t
+  return jnp.concatenate(logits, axis=1), cache
+
+
+@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+def test_token_by_token_and_chunks_equal_full_forward(flavour):
+  model = _model(flavour)
+  tokens_BxN = _tokens(1, (B, N))
+  ref_BxNxV = _full(model, tokens_BxN)
+  assert ref_BxNxV.dtype == jnp.float32
+  assert float(jnp.std(ref_BxNxV)) > 0.3  # the tolerance is meaningful
+  for sizes in ([1] * N, [3, 1, 1, 3, 3, 1]):
+    got, cache = _run_chunks(model, tokens_BxN, model.init_cache(B, S), sizes)
+    np.testing.assert_allclose(got, ref_BxNxV, **TOL)
+    np.testing.assert_array_equal(cache.lengths, [N, N])
+
+
+@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+def test_rollback_then_continue_equals_full_forward(flavour):
+  model = _model(flavour)
+  tokens_BxN = _tokens(2, (B, N))
+  ref_BxNxV = _full(model, tokens_BxN)
+  _, cache = _run_chunks(model, tokens_BxN, model.init_cache(B, S), [3, 3])
+  # Speculative tokens that get rejected: garbage written at positions 6..11.
+  garbage_BxN = (tokens_BxN + 5) % V
+  _, cache = _run_chunks(model, garbage_BxN[:, 6:], cache, [3, 3])
+  np.testing.assert_array_equal(cache.lengths, [12, 12])
+  cache = cache.replace(lengths=jnp.array([6, 6], jnp.int32))
+  got, cache = _run_chunks(model, tokens_BxN[:, 6:], cache, [3, 1, 1, 1])
+  np.testing.assert_allclose(got, ref_BxNxV[:, 6:], **TOL)
+
+
+@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+def test_ragged_rows_like_the_decode_loop(flavour):
+  """Each round scores 3 tokens per row and keeps a different number per row."""
+  model = _model(flavour)
+  t = 3
+  seq_BxN = _tokens(3, (B, N))
+  ref_BxNxV = _full(model, seq_BxN)
+  _, cache = _step(model, seq_BxN[:, :t], model.init_cache(B, S))
+  cache = cache.replace(lengths=jnp.array([0, 2], jnp.int32))
+  rng = np.random.default_rng(0)
+  for _ in range(3):  # lengths stay <= 2 + 3 * 2, so indices stay < N
+    lengths_B = np.asarray(cache.lengths)
+    idx_BxT = lengths_B[:, None] + np.arange(t)
+    tokens_BxT = jnp.take_along_axis(seq_BxN, jnp.asarray(idx_BxT), axis=1)
+    logits_BxTxV, cache = _step(model, tokens_BxT, cache)
+    want_BxTxV = jnp.take_along_axis(ref_BxNxV, jnp.asarray(idx_BxT)[..., None],
+                                     axis=1)
+    np.testing.assert_allclose(logits_BxTxV, want_BxTxV, **TOL)
+    np.testing.assert_array_equal(cache.lengths, lengths_B + t)
+    keep_B = rng.integers(1, t + 1, size=B)
+    cache = cache.replace(lengths=jnp.asarray(lengths_B + keep_B, jnp.int32))
+
+
+def test_grouped_query_equals_multi_head_with_repeated_kv():
+  """kv head k serves query heads k*G .. k*G+G-1 (Hugging Face order)."""
+  gqa = _model("llama")
+  c = gqa.config
+  mha = TransformerLM.create(
+      TransformerConfig(**{**vars(c), "num_kv_heads": c.num_heads}), 0)
+  module, group = gqa.module(), c.num_heads // c.num_kv_heads
+  mha_module = mha.module()
+  nnx.update(mha_module, nnx.state(module))  # everything but k/v shapes
+  for gqa_block, mha_block in zip(module.blocks, mha_module.blocks):
+    for name in ("key", "value"):
+      kernel = getattr(gqa_block.attn, name).kernel[...]
+      kernel = kernel.reshape(c.d_model, c.num_kv_heads, 1, c.head_dim)
+      kernel = jnp.broadcast_to(
+          kernel, (c.d_model, c.num_kv_heads, group, c.head_dim))
+      getattr(mha_block.attn, name).kernel = nnx.Param(
+          kernel.reshape(c.d_model, -1))
+  mha = TransformerLM.from_module(mha_module)
+  tokens_BxN = _tokens(4, (B, N))
+  np.testing.assert_allclose(_full(mha, tokens_BxN), _full(gqa, tokens_BxN),
+                             **TOL)
+  got, _ = _run_chunks(gqa, tokens_BxN, gqa.init_cache(B, S), [3] * 4)
+  np.testing.assert_allclose(got, _full(mha, tokens_BxN), **TOL)
+
+
+def test_writes_beyond_max_len_are_dropped():
+  model = _model("gpt2")
+  tokens_BxN = _tokens(5, (B, N))
+  ref_BxNxV = _full(model, tokens_BxN)
+  _, cache = _step(model, tokens_BxN[:, :3], model.init_cache(B, 5))
+  k_before = np.asarray(cache.k[0])
+  logits, cache = _step(model, tokens_BxN[:, 3:6], cache)  # positions 3..5
+  np.testing.assert_array_equal(cache.lengths, [6, 6])
+  assert np.isfinite(np.asarray(logits)).all()
+  # Positions that fit are exact; position 5 did not wrap around onto 0..2.
+  np.testing.assert_allclose(logits[:, :2], ref_BxNxV[:, 3:5], **TOL)
+  np.testing.assert_array_equal(cache.k[0][:, :, :3], k_before[:, :, :3])
+
+
+@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+def test_empty_cache_and_stale_entries_make_no_nan(flavour):
+  model = _model(flavour)
+  tokens_BxN = _tokens(6, (B, N))
+  fresh, _ = _step(model, tokens_BxN[:, :1], model.init_cache(B, S))
+  # Rolled back to empty, with huge stale values everywhere.
+  stale = model.init_cache(B, S)
+  stale = stale.replace(k=jax.tree.map(lambda x: x + 1e30, stale.k),
+                        v=jax.tree.map(lambda x: x - 1e30, stale.v))
+  got, _ = _step(model, tokens_BxN[:, :1], stale)
+  assert np.isfinite(np.asarray(got)).all()
+  np.testing.assert_allclose(got, fresh, **TOL)
+  np.testing.assert_allclose(fresh[:, 0], _full(model, tokens_BxN)[:, 0], **TOL)
+  # A fully masked attention row is uniform, not NaN.
+  q = jnp.ones((1, 1, 4, 8))
+  kv = jnp.ones((1, 2, 5, 8))
+  out = transformer_lib._attend(q, kv, kv, jnp.zeros((1, 1, 5), bool))
+  assert np.isfinite(np.asarray(out)).all()
+
+
+def test_prefill_past_max_positions_is_finite():
+  """A padded prefill may run past the position table; no NaN comes out."""
+  model = _model("gpt2")
+  tokens_Bx40 = _tokens(9, (B, 40))  # max_positions is 32
+  logits, cache = _step(model, tokens_Bx40, model.init_cache(B, 32))
+  assert np.isfinite(np.asarray(logits)).all()
+  np.testing.assert_allclose(logits[:, :N], _full(model, tokens_Bx40[:, :N]),
+                             **TOL)
+
+
+def test_jit_does_not_retrace_for_new_weights():
+  traces = []
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def step(model, tokens_BxT, cache):
+    traces.append(1)
+    return model(tokens_BxT, cache)
+
+  tokens_BxN = _tokens(7, (B, N))
+  a, b = _model("llama", seed=0), _model("llama", seed=1)
+  out_a, _ = step(a, tokens_BxN[:, :3], a.init_cache(B, S))
+  out_b, _ = step(b, tokens_BxN[:, :3], b.init_cache(B, S))
+  assert len(traces) == 1
+  assert not np.allclose(out_a, out_b)
+  np.testing.assert_allclose(out_b, _full(b, tokens_BxN)[:, :3], **TOL)
+
+
+def test_protocol_module_roundtrip_and_param_count():
+  model = _model("gpt2")
+  assert isinstance(model, CausalLM)
+  assert model.vocab_size == V and model.max_positions == 32
+  assert model.one_hot_q is False
+  c = model.config
+  d, f = c.d_model, c.mlp_dim
+  per_layer = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 2 * 2 * d
+  assert model.param_count() == (V * d + c.max_positions * d + c.num_layers
+                                 * per_layer + 2 * d)
+  module = model.module()
+  assert isinstance(module, transformer_lib.Transformer)
+  tokens_BxN = _tokens(8, (B, N))
+  again = TransformerLM.from_module(module)
+  np.testing.assert_array_equal(_full(again, tokens_BxN),
+                                _full(model, tokens_BxN))
+  # The model is a differentiable pytree (training goes through it).
+  grads = jax.jit(jax.grad(lambda m: m.logits(tokens_BxN).mean()))(model)
+  assert jax.tree.structure(grads) == jax.tree.structure(model)
+  assert all(np.abs(g).sum() > 0 for g in jax.tree.leaves(grads))
+
+
+def test_config_presets_and_derived_fields():
+  c = TransformerConfig.preset("byte-85m")
+  assert (c.head_dim, c.mlp_dim, c.num_kv_heads, c.tie_embeddings) == (
+      64, 3072, 12, True)
+  assert hash(c) == hash(TransformerConfig.preset("byte-85m"))
+  llama = TransformerConfig.preset("byte-85m-llama")
+  assert not llama.tie_embeddings and llama.num_kv_heads == 4
+  with pytest.raises(ValueError, match="num_kv_heads"):
+    TransformerConfig(vocab_size=V, d_model=32, num_layers=1, num_heads=4,
+                      num_kv_heads=3)
+  with pytest.raises(ValueError, match="flavour"):
+    TransformerConfig(vocab_size=V, d_model=32, num_layers=1, num_heads=4,
+                      flavour="gpt3")
+  with pytest.raises(ValueError, match="Unknown preset"):
+    TransformerConfig.preset("nope")
+
+
+def test_input_validation_names_the_argument():
+  model = _model("gpt2")
+  cache = model.init_cache(2, 8)
+  with pytest.raises(TypeError, match="tokens_BxT"):
+    model(jnp.zeros((2, 3), jnp.float32), cache)
+  with pytest.raises(ValueError, match="tokens_BxT"):
+    model(jnp.zeros((3,), jnp.int32), cache)
+  with pytest.raises(ValueError, match="tokens_BxT"):
+    model(jnp.zeros((2, 0), jnp.int32), cache)
+  with pytest.raises(ValueError, match="batch sizes"):
+    model(jnp.zeros((3, 1), jnp.int32), cache)
+  with pytest.raises(TypeError, match="cache"):
+    model(jnp.zeros((2, 1), jnp.int32), {"lengths": cache.lengths})
+  with pytest.raises(ValueError, match="max_len"):
+    model.init_cache(1, 33)
+  with pytest.raises(ValueError, match="max_positions"):
+    model.logits(jnp.zeros((1, 33), jnp.int32))
+  # Lengths are data, so only the caller-side helper can check they fit.
+  model.check_inputs(jnp.zeros((2, 3), jnp.int32),
+                     cache.replace(lengths=jnp.array([5, 0], jnp.int32)))
+  with pytest.raises(ValueError, match="tokens_BxT: row 0"):
+    model.check_inputs(jnp.zeros((2, 3), jnp.int32),
+                       cache.replace(lengths=jnp.array([6, 0], jnp.int32)))
+
+
+def test_kv_cache_layout():
+  model = _model("llama")
+  cache = model.init_cache(3, 8)
+  assert isinstance(cache, KVCache)
+  c = model.config
+  assert cache.num_layers == len(cache.v) == c.num_layers
+  assert cache.max_len == 8 and cache.batch_size == 3
+  for x in cache.k + cache.v:
+    assert x.shape == (3, c.num_kv_heads, 8, c.head_dim)
+    assert x.dtype == jnp.float32
+  assert cache.lengths.dtype == jnp.int32
+  np.testing.assert_array_equal(cache.lengths, [0, 0, 0])
+  positions_BxT = jnp.array([[1, 2], [0, 1], [7, 8]], jnp.int32)
+  mask_BxTxS = cache.attention_mask(positions_BxT)
+  np.testing.assert_array_equal(mask_BxTxS.sum(-1), [[2, 3], [1, 2], [8, 8]])
