@@ -15,6 +15,12 @@ from specjax.decode import draft_step
 from specjax.decode import generate
 from specjax.decode import speculative_generate
 from specjax.decode import verify_step
+from specjax.models import CausalLM
+from specjax.models import KVCache
+from specjax.models import TransformerConfig
+from specjax.models import TransformerLM
+from specjax.models.ngram import NGramLM
+from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.sampling import GREEDY
 from specjax.sampling import SamplingConfig
 from specjax.sampling import probabilities

@@ -1,0 +1,254 @@
+"""The compiled decode loop: greedy equality, ragged batches, one program, errors."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax.decode import loop
+from specjax.models import TransformerConfig, TransformerLM
+from specjax.models.ngram import NGramLM
+from specjax.models.prompt_lookup import PromptLookupDraft
+
+V = 16
+
+
+def _config(**kw):
+  base = dict(vocab_size=V, d_model=32, num_layers=2, num_heads=4,
+              max_positions=96, flavour="gpt2")
+  return TransformerConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def target():
+  return TransformerLM.create(_config(), 0)
+
+
+@pytest.fixture(scope="module")
+def good_draft(target):
+  """The target with lightly perturbed weights: high but imperfect agreement."""
+  leaves, treedef = jax.tree.flatten(target.state)
+  keys = jax.random.split(jax.random.key(7), len(leaves))
+  noisy = [x + 0.02 * jax.random.normal(k, x.shape, x.dtype)
+           for x, k in zip(leaves, keys)]
+  return target.replace(state=jax.tree.unflatten(treedef, noisy))
+
+
+@pytest.fixture(scope="module")
+def bad_draft():
+  """An unrelated Llama-flavoured model: a terrible but valid draft."""
+  return TransformerLM.create(
+      _config(flavour="llama", num_kv_heads=2, d_model=16, num_layers=1), 3)
+
+
+def _prompts(batch, seed=0, max_len=12):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, max_len + 1, size=batch).astype(np.int32)
+  prompts = rng.integers(0, V, size=(batch, max_len)).astype(np.int32)
+  return prompts, lengths
+
+
+@pytest.mark.parametrize("gamma, batch", [(1, 8), (3, 1), (3, 8), (8, 8)])
+@pytest.mark.parametrize("draft_name", ["good_draft", "bad_draft"])
+def test_greedy_speculative_equals_autoregressive(request, target, gamma, batch,
+                                                  draft_name):
+  draft = request.getfixturevalue(draft_name)
+  for seed in range(2):
+    prompts, lengths = _prompts(batch, seed=seed + 10 * batch)
+    key = jax.random.key(seed)
+    ref = sj.generate(target, prompts, lengths, key, max_new_tokens=20,
+                      sampling=sj.GREEDY)
+    out = sj.speculative_generate(target, draft, prompts, lengths, key,
+                                  gamma=gamma, max_new_tokens=20,
+                                  sampling=sj.GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    summary = out.summary()
+    if draft_name == "good_draft":
+      assert summary["alpha_hat"] > 0.5, summary
+
+
+def test_every_draft_kind_keeps_greedy_output(target):
+  corpus = np.random.default_rng(1).integers(0, V, size=3000)
+  drafts = [NGramLM.fit(corpus, V, order=1), NGramLM.fit(corpus, V, order=2),
+            PromptLookupDraft(V, max_ngram=3),
+            PromptLookupDraft(V, fallback=NGramLM.fit(corpus, V, order=2))]
+  prompts, lengths = _prompts(8, seed=21)
+  key = jax.random.key(0)
+  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=20,
+                    sampling=sj.GREEDY)
+  for draft in drafts:
+    out = sj.speculative_generate(target, draft, prompts, lengths, key,
+                                  gamma=3, max_new_tokens=20,
+                                  sampling=sj.GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def test_self_draft_accepts_everything(target):
+  prompts, lengths = _prompts(4)
+  out = sj.speculative_generate(target, target, prompts, lengths,
+                                jax.random.key(0), gamma=4, max_new_tokens=25,
+                                sampling=sj.SamplingConfig(temperature=1.0))
+  s = out.summary()
+  assert s["alpha_hat"] == 1.0 and s["one_minus_tv"] == pytest.approx(1.0)
+  # 25 tokens in rounds of 5: exactly 5 target calls per row.
+  assert s["target_calls"] == 4 * 5
+  assert s["tokens_per_target_call"] == pytest.approx(5.0)
+
+
+@pytest.mark.parametrize("sampling", [sj.GREEDY, sj.SamplingConfig(0.8, top_k=5)])
+def test_row_output_does_not_depend_on_batch(target, good_draft, sampling):
+  prompts, lengths = _prompts(8, seed=3)
+  keys = jax.random.split(jax.random.key(11), 8)
+  batched = sj.speculative_generate(target, good_draft, prompts, lengths, keys,
+                                    gamma=3, max_new_tokens=16,
+                                    sampling=sampling)
+  for b in (0, 5):
+    alone = sj.speculative_generate(target, good_draft, prompts[b:b + 1],
+                                    lengths[b:b + 1], keys[b:b + 1], gamma=3,
+                                    max_new_tokens=16, sampling=sampling)
+    np.testing.assert_array_equal(alone.tokens[0], batched.tokens[b])
+
+
+def test_eos_stops_row_and_rows_stay_ragged(target, good_draft):
+  prompts, lengths = _prompts(8, seed=4)
+  free = sj.speculative_generate(target, good_draft, prompts, lengths,
+                                 jax.random.key(2), gamma=3, max_new_tokens=24,
+                                 sampling=sj.SamplingConfig())
+  eos = int(np.asarray(free.tokens)[0, 5])  # a token row 0 emits at step 5
+  out = sj.speculative_generate(target, good_draft, prompts, lengths,
+                                jax.random.key(2), gamma=3, max_new_tokens=24,
+                                sampling=sj.SamplingConfig(), eos_id=eos,
+                                pad_id=-1)
+  tokens, n = np.asarray(out.tokens), np.asarray(out.lengths)
+  assert n[0] <= 6
+  for b in range(8):
+    row = tokens[b, :n[b]]
+    hits = np.flatnonzero(row == eos)
+    # Stops right after the first EOS, or runs to the budget without one.
+    assert (hits.size and hits[0] == n[b] - 1) or (not hits.size and n[b] == 24)
+    assert (tokens[b, n[b]:] == -1).all()
+    # Everything before the stop agrees with the run that had no EOS.
+    np.testing.assert_array_equal(row, np.asarray(free.tokens)[b, :n[b]])
+  assert len(set(n.tolist())) > 1, "expected ragged lengths"
+
+
+def test_stats_are_consistent(target, good_draft):
+  prompts, lengths = _prompts(8, seed=5)
+  gamma = 4
+  out = sj.speculative_generate(target, good_draft, prompts, lengths,
+                                jax.random.key(1), gamma=gamma,
+                                max_new_tokens=30, sampling=sj.SamplingConfig())
+  st = jax.tree.map(np.asarray, out.stats)
+  np.testing.assert_array_equal(st.accept_hist.sum(1), st.rounds)
+  np.testing.assert_array_equal(st.draft_calls, gamma * st.rounds)
+  np.testing.assert_array_equal(st.target_calls, st.rounds)
+  np.testing.assert_array_equal(
+      st.accepted, (st.accept_hist * np.arange(gamma + 1)).sum(1))
+  assert (st.verified <= st.proposed).all() and (st.accepted <= st.verified).all()
+  # Each round emits accepted + 1 tokens, except a final round cut by the budget.
+  assert ((st.accepted + st.rounds >= np.asarray(out.lengths))).all()
+  assert (np.asarray(out.lengths) == 30).all()
+
+
+def test_one_compilation_per_padded_shape(target, good_draft):
+  traces = []
+  original = loop._round
+
+  def counting_round(*args, **kwargs):
+    traces.append(1)
+    return original(*args, **kwargs)
+
+  loop._round = counting_round
+  try:
+    kwargs = dict(gamma=2, max_new_tokens=7, sampling=sj.SamplingConfig(0.9))
+    for seed, width in [(0, 5), (1, 9), (2, 14)]:  # all in the 16 bucket
+      prompts, lengths = _prompts(3, seed=seed, max_len=width)
+      sj.speculative_generate(target, good_draft, prompts, lengths,
+                              jax.random.key(seed), **kwargs)
+    assert len(traces) == 1
+    # A new model with the same structure reuses the program too.
+    other = TransformerLM.create(_config(), 42)
+    sj.speculative_generate(other, good_draft, prompts, lengths,
+                            jax.random.key(0), **kwargs)
+    assert len(traces) == 1
+  finally:
+    loop._round = original
+
+
+def test_draft_and_verify_steps_are_public_and_exact_for_self_draft(target):
+  prompts = jnp.asarray(_prompts(2, max_len=6)[0])
+  cache = target.init_cache(2, 16)
+  keys = jax.random.split(jax.random.key(0), 2)
+  token, q, cache2 = sj.draft_step(target, cache, prompts, keys,
+                                   sj.SamplingConfig())
+  chex.assert_shape(q, (2, V))
+  chex.assert_shape(token, (2,))
+  np.testing.assert_array_equal(cache2.lengths, [6, 6])
+  out = sj.verify_step(target, cache.replace(lengths=jnp.array([5, 5])),
+                       prompts[:, -1], token[:, None], q[:, None],
+                       keys, sj.SamplingConfig())
+  np.testing.assert_array_equal(out.num_accepted, [1, 1])  # p == q
+  np.testing.assert_array_equal(out.tokens[:, 0], token)
+
+
+# ---- Bad input: a clear Python error before tracing, naming the argument.
+
+def _call(target, draft, **overrides):
+  prompts, lengths = _prompts(2, max_len=6)
+  kwargs = dict(prompts=prompts, prompt_lengths=lengths, key=jax.random.key(0),
+                gamma=2, max_new_tokens=8, sampling=sj.SamplingConfig())
+  kwargs.update(overrides)
+  return sj.speculative_generate(target, draft, **kwargs)
+
+
+@pytest.mark.parametrize("overrides, error, match", [
+    (dict(prompts=np.zeros((2, 200), np.int32),
+          prompt_lengths=np.array([200, 3], np.int32)), ValueError,
+     "max_positions"),
+    (dict(prompt_lengths=np.array([0, 3], np.int32)), ValueError,
+     "prompt_lengths"),
+    (dict(prompt_lengths=np.array([7, 3], np.int32)), ValueError,
+     "prompt_lengths"),
+    (dict(prompt_lengths=np.array([3, 3, 3], np.int32)), ValueError,
+     "prompt_lengths"),
+    (dict(prompt_lengths=np.array([[3, 3]], np.int32)), ValueError,
+     "prompt_lengths"),
+    (dict(prompts=np.zeros((2, 6), np.float32)), TypeError, "prompts"),
+    (dict(gamma=0), ValueError, "gamma"),
+    (dict(max_new_tokens=0), ValueError, "max_new_tokens"),
+    (dict(max_new_tokens=500), ValueError, "max_new_tokens"),
+    (dict(sampling=sj.SamplingConfig(top_k=V + 1)), ValueError, "top_k"),
+    (dict(eos_id=V), ValueError, "eos_id"),
+    (dict(eos_id=-1), ValueError, "eos_id"),
+    (dict(key=jax.random.split(jax.random.key(0), 3)), ValueError, "key"),
+    (dict(key=7), TypeError, "key"),
+    (dict(prompts=np.full((2, 6), V, np.int32)), ValueError, "vocabulary"),
+    (dict(sampling=dict(temperature=1.0)), TypeError, "sampling"),
+])
+def test_bad_input_gets_clear_error(target, good_draft, overrides, error, match):
+  with pytest.raises(error, match=match):
+    _call(target, good_draft, **overrides)
+
+
+def test_sampling_config_rejects_bad_values():
+  with pytest.raises(ValueError, match="temperature"):
+    sj.SamplingConfig(temperature=-0.1)
+  for top_p in (0.0, 1.5):
+    with pytest.raises(ValueError, match="top_p"):
+      sj.SamplingConfig(top_p=top_p)
+  with pytest.raises(ValueError, match="top_k"):
+    sj.SamplingConfig(top_k=-1)
+
+
+def test_vocab_mismatch_is_an_error(target):
+  other = TransformerLM.create(_config(vocab_size=V + 1), 0)
+  with pytest.raises(ValueError, match="vocab_size"):
+    _call(target, other)
+
+
+def test_not_a_model_is_an_error(target):
+  with pytest.raises(TypeError, match="draft"):
+    _call(target, object())
