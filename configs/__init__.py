@@ -1,0 +1,1 @@
+"""ml_collections configs (`get_config(arg)`) for the absl entry points."""

@@ -1,0 +1,103 @@
+"""Named model sizes for speculative decoding: targets and drafts.
+
+Every size is a byte-level (vocabulary 259) GPT-2-flavour Transformer
+(learned positions, LayerNorm, GELU, tied embeddings) with max_positions=1024,
+so any draft pairs with any target over the same context. Parameter counts are
+exact (`TransformerLM.param_count()`, position table included; at 1024
+positions it is a large share of the smallest drafts).
+
+  name         d_model layers heads   parameters   train tokens/s (*)
+  draft-0.1m        48      2     3      118,224       28,700
+  draft-0.5m       128      2     4      561,024       13,900
+  draft-2m         192      4     6    2,026,176        4,500
+  target-3m        256      4     4    3,488,000        3,400
+  target-20m       512      6     8   19,572,224        1,130
+  target-85m       768     12    12   86,041,344          160
+  tiny              32      2     2       35,808   (tests and smoke runs)
+
+'target-3m' and 'target-85m' are the model module's presets 'byte-3m' and
+'byte-85m' (GPT-2 small's trunk over bytes).
+
+(*) Measured on this project's CPU box: 2 cores, XLA CPU, float32, batch 32 x
+256 tokens (the `configs/train.py` recipes), full train step (forward,
+backward, AdamW), excluding the first (compiling) step. The box was shared
+with other jobs (load average 3-4 on 2 cores; each run got 0.7-1 core on
+average, from its user over wall time), so an idle box is faster; an earlier
+pass at load average 5-8 measured about half these rates. The command, per
+size, with 12 steps (6 for target-20m, 4 for target-85m):
+
+  python -m experiments.train --config=configs/train.py:target-3m \
+      --workdir=/tmp/bench/target-3m --config.num_steps=12 \
+      --config.optim.warmup_steps=1 --config.eval_every=0 \
+      --config.progress=False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ml_collections import config_dict
+
+from specjax.models import transformer
+
+SIZES = {
+    "draft-0.1m": dict(vocab_size=259, d_model=48, num_layers=2, num_heads=3,
+                       max_positions=1024, flavour="gpt2"),
+    "draft-0.5m": dict(vocab_size=259, d_model=128, num_layers=2, num_heads=4,
+                       max_positions=1024, flavour="gpt2"),
+    "draft-2m": dict(vocab_size=259, d_model=192, num_layers=4, num_heads=6,
+                     max_positions=1024, flavour="gpt2"),
+    "target-3m": dict(transformer.PRESETS["byte-3m"]),
+    "target-20m": dict(vocab_size=259, d_model=512, num_layers=6, num_heads=8,
+                       max_positions=1024, flavour="gpt2"),
+    "target-85m": dict(transformer.PRESETS["byte-85m"]),
+    # Seconds to train; for tests and `:tiny` smoke runs, not for results.
+    "tiny": dict(vocab_size=259, d_model=32, num_layers=2, num_heads=2,
+                 max_positions=64, flavour="gpt2"),
+}
+
+# The exact parameter counts in the table above (checked by tests).
+PARAM_COUNTS = {
+    "draft-0.1m": 118_224,
+    "draft-0.5m": 561_024,
+    "draft-2m": 2_026_176,
+    "target-3m": 3_488_000,
+    "target-20m": 19_572_224,
+    "target-85m": 86_041_344,
+    "tiny": 35_808,
+}
+
+_FIELD_TYPES = {"num_kv_heads": int, "head_dim": int, "mlp_dim": int,
+                "tie_embeddings": bool}
+
+
+def _check_name(name: str) -> None:
+  if name not in SIZES:
+    raise ValueError(f"Unknown model size {name!r}; choose from "
+                     f"{sorted(SIZES)}.")
+
+
+def transformer_config(name: str) -> transformer.TransformerConfig:
+  """The `TransformerConfig` of a named size."""
+  _check_name(name)
+  return transformer.TransformerConfig(**SIZES[name])
+
+
+def model_config(name: str) -> config_dict.ConfigDict:
+  """`config.model` for a named size: every `TransformerConfig` field.
+
+  Fields the size leaves to the model's defaults are typed placeholders
+  (None), so any field can be overridden on the command line, e.g.
+  `--config.model.num_kv_heads=2`, and derived fields (head_dim, mlp_dim)
+  follow an overridden d_model.
+  """
+  _check_name(name)
+  fields = {}
+  for f in dataclasses.fields(transformer.TransformerConfig):
+    if f.name in SIZES[name]:
+      fields[f.name] = SIZES[name][f.name]
+    elif f.default is None:
+      fields[f.name] = config_dict.placeholder(_FIELD_TYPES[f.name])
+    else:
+      fields[f.name] = f.default
+  return config_dict.ConfigDict(fields)

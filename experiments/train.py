@@ -1,0 +1,53 @@
+r"""Trains a Transformer target or draft on a byte corpus (absl entry point).
+
+  python -m experiments.train --config=configs/train.py:tiny \
+      --workdir=/tmp/specjax/tiny
+
+See configs/train.py for the named sizes and the exact commands. All logic
+lives in `specjax.train`; this file parses flags and calls `train`.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from specjax import train as train_lib
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Training config file, e.g. configs/train.py:target-3m.",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Directory for checkpoints and metrics.jsonl; rerunning "
+    "with the same workdir resumes from its latest checkpoint.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _drop_library_info(record: std_logging.LogRecord) -> bool:
+  # Orbax logs every phase of every save at INFO (and JAX its backend probing);
+  # keep their warnings only, so the progress bar and our messages stay
+  # readable.
+  return (record.levelno >= std_logging.WARNING
+          or not any(p in record.pathname for p in ("/orbax/", "/jax/_src/")))
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.get_absl_handler().python_handler.addFilter(_drop_library_info)
+  model, metrics = train_lib.train(_CONFIG.value, _WORKDIR.value)
+  final_bpb = (metrics["eval_bpb"][max(metrics["eval_bpb"])]
+               if metrics["eval_bpb"] else float("nan"))
+  last_loss = (metrics["train_loss"][-1] if len(metrics["train_loss"])
+               else float("nan"))
+  print(f"{_CONFIG.value.model_name}: {model.param_count():,} parameters, "
+        f"step {metrics['final_step']}, train loss {last_loss:.4f} nats, "
+        f"held-out bits/byte {final_bpb:.4f}, "
+        f"{metrics['tokens_per_s']:,.0f} tokens/s -> {_WORKDIR.value}")
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,440 @@
+"""Training a `TransformerLM` on a byte corpus: state, step, evaluation, loop.
+
+`train(config, workdir)` is the whole run (the absl entry point
+`experiments/train.py` only parses flags and calls it; a notebook calls it
+directly). Its pieces are public so draft distillation can reuse them with
+another loss: `make_train_step(graphdef, optimizer, loss_fn, mesh)` accepts
+any `losses.LossFn`, and `train(..., loss_fn=..., aux=...)` runs the same
+loop (batching, evaluation, checkpoints, resume) around it.
+
+The train state is a plain dict pytree:
+
+  params     nnx State of the Transformer (float32)
+  opt_state  optax state (AdamW moments and the update count)
+  step       int32 scalar: the number of updates applied
+
+Reproducibility guarantees:
+* Batch k is `specjax.data.batch_at(train_tokens, B, T, config.seed, k)`, a
+  pure function of (seed, k), and the step key is
+  `fold_in(key(config.seed), k)`; the learning rate reads the update count in
+  `opt_state`. A run resumed from the checkpoint at step k therefore computes
+  bit-for-bit the losses an uninterrupted run computes (tested).
+* Held-out bits per byte is always measured on the same windows
+  (`config.eval_seed`), so numbers are comparable across runs and seeds.
+
+Files written under `workdir`:
+  checkpoints/<step>/   orbax checkpoints (see `checkpoint.py`)
+  metrics.jsonl         one JSON object per event: every `log_every` steps
+                        {step, loss (mean over the steps since the previous
+                        record), grad_norm and lr (of the last step),
+                        tokens_per_s (running average of this call)}; every
+                        `eval_every` steps {step, eval_bpb}. On resume, events
+                        after the restored step are dropped, so the file
+                        describes one consistent run (exact per-step losses
+                        are in the metrics `train` returns).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+from absl import logging
+from flax import nnx
+
+from specjax import _checks
+from specjax import data
+from specjax.models import transformer as transformer_lib
+from specjax.train import checkpoint as checkpoint_lib
+from specjax.train import losses
+from specjax.train import optim
+from specjax.train import parallel
+
+METRICS_FILE = "metrics.jsonl"
+
+# Fields `train` reads; `check_config` names any that is missing.
+REQUIRED_FIELDS = ("model", "corpus", "corpus_max_bytes", "heldout_fraction",
+                   "seed", "batch_size", "seq_len", "num_steps", "optim",
+                   "log_every", "eval_every", "eval_batches", "eval_batch_size",
+                   "eval_seed", "checkpoint_every", "max_to_keep", "progress")
+
+
+# -- configuration -------------------------------------------------------------
+
+
+def check_config(config: Any) -> None:
+  """Raises, naming `config.<field>`, if a field `train` needs is bad."""
+  missing = [f for f in REQUIRED_FIELDS if f not in config]
+  if missing:
+    raise ValueError(f"The train config lacks the fields {missing}; start from "
+                     "configs/train.py get_config().")
+  missing = [f for f in optim.OPTIM_FIELDS if f not in config.optim]
+  if missing:
+    raise ValueError(f"config.optim lacks the fields {missing}; start from "
+                     "configs/train.py get_config().")
+  for name, low in (("batch_size", 1), ("seq_len", 1), ("num_steps", 1),
+                    ("seed", 0), ("eval_seed", 0), ("log_every", 1),
+                    ("eval_every", 0), ("eval_batches", 1),
+                    ("eval_batch_size", 1), ("checkpoint_every", 0),
+                    ("max_to_keep", 1)):
+    _checks.check_int(f"config.{name}", config[name], low=low)
+
+
+def model_config_from(config: Any) -> transformer_lib.TransformerConfig:
+  """The `TransformerConfig` that `config.model` describes (None = default)."""
+  fields = {k: v for k, v in dict(config.model).items() if v is not None}
+  try:
+    return transformer_lib.TransformerConfig(**fields)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"config.model does not describe a valid Transformer: "
+                     f"{e}") from e
+
+
+def check_seq_len(seq_len: int,
+                  model_config: transformer_lib.TransformerConfig) -> None:
+  """Training windows must fit the model's position table."""
+  if seq_len > model_config.max_positions:
+    raise ValueError(
+        f"config.seq_len={seq_len} is longer than the model's "
+        f"max_positions={model_config.max_positions} "
+        f"(config.model.max_positions). Fix: set --config.seq_len to at most "
+        f"{model_config.max_positions}, or raise "
+        "--config.model.max_positions (which makes a different model).")
+
+
+def load_corpus(config: Any) -> data.Corpus:
+  """The corpus `config.corpus` names ("stdlib" or comma-separated paths)."""
+  try:
+    return data.from_flag(config.corpus,
+                          heldout_fraction=config.heldout_fraction,
+                          max_bytes=config.corpus_max_bytes)
+  except (OSError, ValueError, TypeError) as e:
+    raise type(e)(f"config.corpus={config.corpus!r}: {e}") from e
+
+
+def corpus_tokens(corpus: data.Corpus, split: str, window: int,
+                  what: str) -> np.ndarray:
+  """The token array of one split, checked to hold at least one window.
+
+  Raises (naming the corpus, the split and the fix) when the split is
+  empty, a file is unreadable, or the split is shorter than `window` tokens.
+  """
+  where = (f"the {split} split of the {corpus.source} corpus "
+           f"({len(corpus.files)} files, e.g. {corpus.files[0].path!r})")
+  skip_eval = (" Or set --config.eval_every=0 to train without held-out "
+               "evaluation." if split == "heldout" else "")
+  try:
+    tokens_N = corpus.tokens(split)
+  except (OSError, ValueError) as e:
+    raise type(e)(f"Cannot use {where}: {e}{skip_eval}") from e
+  if tokens_N.shape[0] < window:
+    raise ValueError(
+        f"{where} holds {tokens_N.shape[0]} tokens, fewer than one {what} "
+        f"window of config.seq_len + 1 = {window}. Fix: add text to the "
+        f"corpus or lower --config.seq_len.{skip_eval}")
+  return tokens_N
+
+
+# -- state and steps -----------------------------------------------------------
+
+
+def init_state(model: transformer_lib.TransformerLM,
+               optimizer: optax.GradientTransformation,
+               mesh: jax.sharding.Mesh) -> dict:
+  """A fresh train state (step 0) for `model`, replicated over `mesh`.
+
+  The parameters are copied, so donating the state to the train step never
+  invalidates `model`'s own arrays.
+  """
+  params = jax.tree.map(lambda x: jnp.array(x, copy=True), model.state)
+  return parallel.replicate({"params": params,
+                             "opt_state": optimizer.init(params),
+                             "step": jnp.zeros((), jnp.int32)}, mesh)
+
+
+def make_train_step(graphdef: nnx.GraphDef,
+                    optimizer: optax.GradientTransformation,
+                    loss_fn: losses.LossFn = losses.next_token_loss, *,
+                    mesh: jax.sharding.Mesh,
+                    schedule: Any = None):
+  """The jitted update `step(state, batch, rng, aux) -> (state, metrics)`.
+
+  Args:
+    graphdef: the nnx GraphDef of the trained module (`model.graphdef`).
+    optimizer: from `optim.make_optimizer`.
+    loss_fn: a `losses.LossFn`; gradients flow to `state["params"]` only.
+    mesh: the data-parallel mesh; `batch` is sharded over `data`, the state,
+      `rng` and `aux` are replicated.
+    schedule: optional learning-rate schedule, to report `lr`.
+
+  Returns:
+    A jitted function. `state` is donated (its buffers are reused for the
+    new state; do not use it after the call). The loss of the step uses the
+    parameters before the update and the key `fold_in(rng, state["step"])`.
+    `metrics` holds float32 scalars: `loss`, `grad_norm` (before clipping),
+    `lr` when a schedule is given, and whatever `loss_fn` returns.
+  """
+
+  def step_fn(state, batch, rng, aux):
+    step_rng = jax.random.fold_in(rng, state["step"])
+
+    def objective(params):
+      return loss_fn(nnx.merge(graphdef, params), batch, step_rng, aux)
+
+    (loss, metrics), grads = jax.value_and_grad(objective, has_aux=True)(
+        state["params"])
+    updates, opt_state = optimizer.update(grads, state["opt_state"],
+                                          state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
+    if schedule is not None:
+      metrics["lr"] = jnp.asarray(schedule(state["step"]), jnp.float32)
+    return {"params": params, "opt_state": opt_state,
+            "step": state["step"] + 1}, metrics
+
+  rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
+  return jax.jit(step_fn, in_shardings=(rep, sharded, rep, rep),
+                 out_shardings=(rep, rep), donate_argnums=0)
+
+
+def make_eval_step(graphdef: nnx.GraphDef, *, mesh: jax.sharding.Mesh):
+  """Jitted `(params, tokens_BxT1) -> (bits, bytes)` (see `losses`)."""
+
+  def eval_fn(params, tokens_BxT1):
+    return losses.bits_and_bytes(nnx.merge(graphdef, params), tokens_BxT1)
+
+  rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
+  return jax.jit(eval_fn, in_shardings=(rep, sharded), out_shardings=rep)
+
+
+def eval_windows(heldout_N: np.ndarray, config: Any) -> np.ndarray:
+  """int32 `[eval_batches, eval_batch_size, seq_len + 1]` held-out windows."""
+  return np.stack([
+      data.batch_at(heldout_N, config.eval_batch_size, config.seq_len,
+                    config.eval_seed, i) for i in range(config.eval_batches)])
+
+
+def evaluate(eval_step, params, windows: list) -> float:
+  """Held-out bits per byte over `windows` (device batches of `[B, T + 1]`)."""
+  totals = [eval_step(params, w) for w in windows]
+  bits, nbytes = (float(sum(x)) for x in zip(*jax.device_get(totals)))
+  return bits / max(nbytes, 1.0)
+
+
+# -- the loop ------------------------------------------------------------------
+
+
+class _MetricsLog:
+  """`metrics.jsonl`, truncated on (re)start to the events up to `step`."""
+
+  def __init__(self, path: str, keep_through_step: int):
+    self.path = path
+    kept = []
+    if os.path.exists(path):
+      with open(path) as fh:
+        for line in fh:
+          try:
+            record = json.loads(line)
+          except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+          if record.get("step", 0) <= keep_through_step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    with open(path, "w") as fh:
+      fh.writelines(kept)
+
+  def write(self, **record) -> None:
+    with open(self.path, "a") as fh:
+      fh.write(json.dumps(record) + "\n")
+
+
+def train(config: Any, workdir: str, *,
+          loss_fn: losses.LossFn = losses.next_token_loss, aux: Any = None,
+          corpus: data.Corpus | None = None,
+          extra_metadata: dict | None = None,
+          mesh: jax.sharding.Mesh | None = None
+          ) -> tuple[transformer_lib.TransformerLM, dict]:
+  """Trains (or resumes) the model `config` describes; returns it and metrics.
+
+  Args:
+    config: a ConfigDict like `configs/train.py` builds (`check_config`
+      lists the fields).
+    workdir: where checkpoints and metrics.jsonl go. If it holds a
+      checkpoint, training resumes from the latest one (after checking that
+      it is of the same model) and continues to `config.num_steps`.
+    loss_fn: the objective (a `losses.LossFn`); default next-token
+      cross-entropy. Evaluation always reports held-out bits per byte.
+    aux: passed to `loss_fn` unchanged (e.g. a frozen teacher model).
+    corpus: a `data.Corpus` to use instead of building `config.corpus`.
+    extra_metadata: JSON dict stored in every checkpoint's metadata.
+    mesh: the data-parallel mesh; default all devices on axis `data`.
+
+  Returns:
+    `(model, metrics)`: the trained `TransformerLM`, and a dict with
+      steps:        int64 `[n]`, the steps run by this call;
+      train_loss:   float32 `[n]`, the loss of batch `steps[i]` under the
+                    parameters before that update;
+      eval_bpb:     {step: held-out bits per byte};
+      tokens_per_s: training throughput of this call, excluding the first
+                    (compiling) step, evaluation and checkpointing;
+      start_step, final_step, param_count, resumed (bool).
+  """
+  check_config(config)
+  model_config = model_config_from(config)
+  check_seq_len(config.seq_len, model_config)
+  mesh = parallel.make_mesh() if mesh is None else mesh
+  parallel.check_batch_size("config.batch_size", config.batch_size, mesh)
+  if config.eval_every:
+    parallel.check_batch_size("config.eval_batch_size", config.eval_batch_size,
+                              mesh)
+  optimizer, schedule = optim.make_optimizer(config.optim, config.num_steps)
+
+  corpus = load_corpus(config) if corpus is None else corpus
+  window = config.seq_len + 1
+  train_N = corpus_tokens(corpus, "train", window, "training")
+  heldout_N = (corpus_tokens(corpus, "heldout", window, "evaluation")
+               if config.eval_every else None)
+
+  model = transformer_lib.TransformerLM.create(model_config, config.seed)
+  graphdef = model.graphdef
+  state = init_state(model, optimizer, mesh)
+  del model  # the state holds copies of its arrays
+  metadata = checkpoint_lib.make_metadata(
+      model_config=model_config, train_config=config,
+      corpus=corpus.fingerprint(), extra=extra_metadata)
+
+  workdir = os.path.abspath(os.fspath(workdir))
+  os.makedirs(workdir, exist_ok=True)
+  with checkpoint_lib.Checkpointer(
+      os.path.join(workdir, checkpoint_lib.CHECKPOINTS_SUBDIR),
+      max_to_keep=config.max_to_keep, create=True) as ckpt:
+    return _loop(config, workdir, ckpt, state, graphdef, model_config,
+                 metadata, optimizer, schedule, loss_fn, aux, mesh, train_N,
+                 heldout_N)
+
+
+def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
+          optimizer, schedule, loss_fn, aux, mesh, train_N, heldout_N):
+  """`train` once the checkpoint directory is open: resume, steps, saves."""
+  resumed = ckpt.latest_step() is not None
+  if resumed:
+    state, stored = ckpt.restore(state, model_config=model_config)
+    state = parallel.replicate(state, mesh)
+    _warn_config_changes(stored, metadata, ckpt.step_dir(int(state["step"])))
+    logging.info("Resumed from %s", ckpt.step_dir(int(state["step"])))
+  start_step = int(state["step"])
+  if start_step > config.num_steps:
+    raise ValueError(
+        f"The checkpoint in {ckpt.directory!r} is at step {start_step}, past "
+        f"config.num_steps={config.num_steps}. Raise --config.num_steps or "
+        "use a fresh --workdir.")
+  log = _MetricsLog(os.path.join(workdir, METRICS_FILE), start_step)
+
+  train_step = make_train_step(graphdef, optimizer, loss_fn, mesh=mesh,
+                               schedule=schedule)
+  rng = parallel.replicate(jax.random.key(config.seed), mesh)
+  aux = parallel.replicate(aux, mesh) if aux is not None else None
+  if config.eval_every:
+    eval_step = make_eval_step(graphdef, mesh=mesh)
+    windows = [parallel.shard_batch(w, mesh)
+               for w in eval_windows(heldout_N, config)]
+  tokens_per_step = config.batch_size * config.seq_len
+
+  steps, step_losses, pending, eval_bpb = [], [], [], {}
+  train_time, timed_steps = 0.0, 0
+  clock = [time.perf_counter()]  # start of the current timing interval
+
+  def sync(count: bool) -> None:
+    """Waits for queued work; books the elapsed time as training if `count`."""
+    nonlocal train_time
+    jax.block_until_ready(state)
+    now = time.perf_counter()
+    if count:
+      train_time += now - clock[0]
+    clock[0] = now
+
+  def flush(done: int, bar) -> None:
+    nonlocal timed_steps
+    fetched = jax.device_get([m for _, m in pending])
+    for (s, _), m in zip(pending, fetched):
+      steps.append(s)
+      step_losses.append(float(m["loss"]))
+    last = fetched[-1]
+    rate = (timed_steps * tokens_per_step / train_time) if train_time else None
+    log.write(step=done, loss=float(np.mean([m["loss"] for m in fetched])),
+              grad_norm=float(last["grad_norm"]), lr=float(last["lr"]),
+              tokens_per_s=rate)
+    bar.set_postfix(loss=f"{step_losses[-1]:.4f}",
+                    tok_s="-" if rate is None else f"{rate:,.0f}")
+    pending.clear()
+
+  bar = tqdm.tqdm(total=config.num_steps, initial=start_step,
+                  disable=not config.progress, unit="step", dynamic_ncols=True,
+                  desc=os.path.basename(workdir) or "train")
+  try:
+    for step in range(start_step, config.num_steps):
+      batch = parallel.shard_batch(
+          {"tokens": data.batch_at(train_N, config.batch_size, config.seq_len,
+                                   config.seed, step)}, mesh)
+      state, step_metrics = train_step(state, batch, rng, aux)
+      pending.append((step, step_metrics))
+      done = step + 1
+      bar.update(1)
+      if step == start_step:
+        sync(count=False)  # the first step compiles; keep it out of tokens/s
+      else:
+        timed_steps += 1
+      if done % config.log_every == 0 or done == config.num_steps:
+        sync(count=True)
+        flush(done, bar)
+      if config.eval_every and (done % config.eval_every == 0
+                                or done == config.num_steps):
+        sync(count=True)
+        eval_bpb[done] = evaluate(eval_step, state["params"], windows)
+        log.write(step=done, eval_bpb=eval_bpb[done])
+        logging.info("step %d: held-out bits per byte %.4f", done,
+                     eval_bpb[done])
+        sync(count=False)
+      if ((config.checkpoint_every and done % config.checkpoint_every == 0)
+          or done == config.num_steps):
+        sync(count=True)
+        ckpt.save(done, state, metadata)
+        sync(count=False)
+  finally:
+    bar.close()
+
+  model = transformer_lib.TransformerLM(config=model_config, graphdef=graphdef,
+                                        state=state["params"])
+  metrics = {
+      "steps": np.asarray(steps, np.int64),
+      "train_loss": np.asarray(step_losses, np.float32),
+      "eval_bpb": eval_bpb,
+      "tokens_per_s": (timed_steps * tokens_per_step / train_time
+                       if train_time else float("nan")),
+      "start_step": start_step,
+      "final_step": int(state["step"]),
+      "param_count": model.param_count(),
+      "resumed": resumed,
+  }
+  return model, metrics
+
+
+def _warn_config_changes(stored: dict, current: dict, where: str) -> None:
+  """Logs (does not refuse) train-config or corpus changes across a resume.
+
+  The model must match (checked in restore); a different batch size, step
+  count or corpus is allowed, but the run is then no longer reproducible
+  from its config alone, so it is worth a warning.
+  """
+  for key in ("train_config", "corpus"):
+    a, b = stored.get(key) or {}, current.get(key) or {}
+    diff = checkpoint_lib.config_diff(a, b) if isinstance(a, dict) else []
+    if diff:
+      logging.warning("Resuming %s with a changed %s:\n  %s", where, key,
+                      "\n  ".join(diff))
