@@ -206,3 +206,11 @@ def test_batching_errors():
     batching.prompts(np.zeros(100, np.float32), 2, 10, 0)
   with pytest.raises(ValueError, match="tokens must have rank 1"):
     batching.prompts(np.zeros((2, 100), np.int32), 2, 10, 0)
+
+
+def test_max_bytes_subset_keeps_the_heldout_fraction():
+  corpus = corpus_lib.stdlib_corpus(max_bytes=2_000_000)
+  train, heldout = corpus.split_files("train"), corpus.split_files("heldout")
+  # ~5% held out, as for the full library (not the held-out files first).
+  assert len(heldout) < 0.2 * (len(train) + len(heldout))
+  assert corpus.tokens("train").size > 1_000_000

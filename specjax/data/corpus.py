@@ -233,7 +233,10 @@ def stdlib_corpus(*, max_bytes: int | None = None, include_tests: bool = True,
         if os.path.isfile(path):
           found.append(CorpusFile(_rel(path, root), path))
   if max_bytes is not None:
-    found.sort(key=lambda f: hashlib.sha256(f.rel_path.encode()).digest())
+    # A salted hash: ordering by the split hash itself would put the held-out
+    # files (smallest hashes) first and starve the training split.
+    found.sort(key=lambda f: hashlib.sha256(
+        b"subset:" + f.rel_path.encode()).digest())
     kept, used = [], 0
     for f in found:
       size = os.path.getsize(f.path)
