@@ -18,7 +18,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
   sys.path.insert(0, str(REPO))
 
-from configs import models as model_sizes  # noqa: E402
+from specjax.train import recipes as model_sizes  # noqa: E402
 from configs import train as train_configs  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.train import checkpoint  # noqa: E402
@@ -348,8 +348,10 @@ def test_named_sizes_have_the_documented_parameter_counts():
   local = train_configs.get_config("target-85m,runlocal")
   assert local.num_steps < 20
   optim.make_optimizer(local.optim, local.num_steps)
-  with pytest.raises(ValueError, match="expected one of"):
+  with pytest.raises(ValueError, match="Unknown model size 'target-1b'"):
     train_configs.get_config("target-1b")
+  with pytest.raises(ValueError, match="runlocal"):
+    train_configs.get_config("tiny,fast")
 
 
 # -- data parallelism ----------------------------------------------------------

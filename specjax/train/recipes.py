@@ -1,4 +1,7 @@
-"""Named model sizes for speculative decoding: targets and drafts.
+"""Named model sizes and their training recipes: targets and drafts.
+
+`configs/train.py` and `specjax.zoo` both read this table, so a size means
+the same model and the same training run everywhere.
 
 Every size is a byte-level (vocabulary 259) GPT-2-flavour Transformer
 (learned positions, LayerNorm, GELU, tied embeddings) with max_positions=1024,
@@ -101,3 +104,74 @@ def model_config(name: str) -> config_dict.ConfigDict:
     else:
       fields[f.name] = f.default
   return config_dict.ConfigDict(fields)
+
+
+# Per-size recipe: (batch_size, seq_len, peak lr, num_steps, warmup_steps).
+# Smaller models take larger learning rates.
+_RECIPES = {
+    "draft-0.1m": (32, 256, 3e-3, 2000, 100),
+    "draft-0.5m": (32, 256, 3e-3, 2000, 100),
+    "draft-2m": (32, 256, 2e-3, 2000, 100),
+    "target-3m": (32, 256, 1e-3, 2000, 100),
+    "target-20m": (32, 256, 6e-4, 2000, 100),
+    "target-85m": (32, 256, 3e-4, 2000, 100),
+    "tiny": (8, 64, 3e-3, 30, 5),
+}
+
+
+def train_config(size: str, *, runlocal: bool = False) -> config_dict.ConfigDict:
+  """The training ConfigDict of a named size (`runlocal`: a 10-step smoke run)."""
+  if size not in _RECIPES:
+    raise ValueError(f"Unknown model size {size!r}; choose from "
+                     f"{sorted(_RECIPES)}.")
+  batch_size, seq_len, lr, num_steps, warmup = _RECIPES[size]
+
+  config = config_dict.ConfigDict()
+  config.model_name = size
+  config.model = model_config(size)
+
+  # "stdlib" or comma-separated files / directories / globs of your own text.
+  config.corpus = "stdlib"
+  config.corpus_max_bytes = config_dict.placeholder(int)  # None: all ~30 MB
+  config.heldout_fraction = 0.05
+
+  config.seed = 0
+  config.batch_size = batch_size
+  config.seq_len = seq_len
+  config.num_steps = num_steps
+
+  config.optim = config_dict.ConfigDict()
+  config.optim.lr = lr
+  config.optim.warmup_steps = warmup
+  config.optim.end_lr_ratio = 0.1
+  config.optim.weight_decay = 0.1
+  config.optim.b1 = 0.9
+  config.optim.b2 = 0.95
+  config.optim.eps = 1e-8
+  config.optim.clip_norm = 1.0
+
+  config.log_every = 10
+  config.eval_every = 250           # 0 disables held-out evaluation
+  config.eval_batches = 8
+  config.eval_batch_size = 32
+  config.eval_seed = 0              # same held-out windows for every run
+  config.checkpoint_every = 250     # 0: only at the end
+  config.max_to_keep = 3
+  config.progress = True
+
+  if size == "tiny":
+    config.log_every = 5
+    config.eval_every = 10
+    config.eval_batches = 2
+    config.eval_batch_size = 8
+    config.checkpoint_every = 10
+  if runlocal:
+    config.num_steps = 10
+    config.optim.warmup_steps = 2
+    config.batch_size = min(config.batch_size, 8)
+    config.log_every = 2
+    config.eval_every = 5
+    config.eval_batches = 1
+    config.eval_batch_size = 8
+    config.checkpoint_every = 5
+  return config
