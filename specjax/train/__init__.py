@@ -13,3 +13,7 @@ from specjax.train.trainer import make_eval_step
 from specjax.train.trainer import make_train_step
 from specjax.train.trainer import model_config_from
 from specjax.train.trainer import train
+from specjax.train.distill import DIVERGENCES
+from specjax.train.distill import distillation_loss
+from specjax.train.distill import mean_tv
+from specjax.train.distill import teacher_corpus
