@@ -211,8 +211,12 @@ def _attend(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS):
                            preferred_element_type=jnp.float32) / math.sqrt(h)
   s_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], s_BxKxGxTxS, _MASK_VALUE)
   p_BxKxGxTxS = jax.nn.softmax(s_BxKxGxTxS, axis=-1).astype(v_BxKxSxH.dtype)
-  o_BxTxKxGxH = jnp.einsum("bkgts,bksh->btkgh", p_BxKxGxTxS, v_BxKxSxH)
-  return o_BxTxKxGxH.reshape(b, t, n * h)
+  # Keep the output in the matmul's natural [B, K, G, T, H] order and
+  # transpose the small result: asking einsum for "btkgh" directly makes XLA
+  # CPU transpose all of V to [B, K, H, S] every call (7% of a byte-85m decode
+  # step, 40% of a byte-3m one).
+  o_BxKxGxTxH = jnp.einsum("bkgts,bksh->bkgth", p_BxKxGxTxS, v_BxKxSxH)
+  return o_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n * h)
 
 
 class Attention(nnx.Module):
