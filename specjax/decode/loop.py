@@ -1,11 +1,11 @@
 """Whole generations as ONE compiled program: `speculative_generate`, `generate`.
 
 A generation is a single `jax.jit` around a `lax.while_loop` over rounds. Each
-round, every active row: drafts gamma tokens (`_draft_step` under `lax.scan`),
-has the target judge them in one pass (`_verify_step`), and commits its own
-number of tokens. Rows are ragged: each keeps its own length, finished rows
-(EOS or budget) are masked and never change, and both caches are rolled back
-by resetting their per-row lengths.
+round, every active row: drafts gamma tokens (`_draft_sample` under
+`lax.scan`), has the target judge them in one pass (`_verify_step`), and
+commits its own number of tokens. Rows are ragged: each keeps its own length,
+finished rows (EOS or budget) are masked and never change, and both caches are
+rolled back by resetting their per-row lengths.
 
 `generate` is the same loop with gamma = 0: the target's "bonus" token is the
 autoregressive sample, so baseline and speculative runs share every piece.
@@ -44,6 +44,22 @@ def _fold_rows(keys_B, data):
   return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, data)
 
 
+def _round_keys(row_keys_B, round_, gamma):
+  """This round's keys: `[B, gamma]` for the draft draws, `[B]` for verify.
+
+  Key (b, i) is `fold_in(fold_in(row_keys[b], round), i)`, with the verify
+  purpose `_VERIFY_PURPOSE_OFFSET`. All purposes are folded in one vectorised
+  call: on CPU every threefry call is a small loop of its own, and one call
+  per purpose made the RNG most of a round's non-model time.
+  """
+  keys_B = _fold_rows(row_keys_B, round_)
+  purposes_P = jnp.append(jnp.arange(gamma, dtype=jnp.uint32),
+                          jnp.uint32(_VERIFY_PURPOSE_OFFSET))
+  keys_BxP = jax.vmap(lambda k: jax.vmap(
+      lambda i: jax.random.fold_in(k, i))(purposes_P))(keys_B)
+  return keys_BxP[:, :gamma], keys_BxP[:, gamma]
+
+
 def _prefill(model, prompts_BxP, buffer_len, lengths_B):
   # Validation guarantees every committed or scored position is below
   # max_positions, so a cache capped there loses nothing; prompt padding past
@@ -55,9 +71,13 @@ def _prefill(model, prompts_BxP, buffer_len, lengths_B):
   return cache.replace(lengths=lengths_B)
 
 
-def _propose(draft, state, gamma, keys_B, sampling):
+def _propose(draft, state, gamma, keys_BxG, sampling):
   """gamma draft tokens per row, and the q each was drawn from."""
   n_B = state.lengths
+  # Draw i of row b uses uniform(keys_BxG[b, i], (1,)), drawn for all i at
+  # once (unused, and so compiled away, when the draft's q is one-hot).
+  u_BxG = jax.vmap(lambda k_B: steps._row_uniforms(k_B, 1)[:, 0],
+                   in_axes=1, out_axes=1)(keys_BxG)
   # The draft may lag one token behind (it never saw x_gamma when all drafts
   # were kept), so it always re-reads a two-token window ending at the last
   # committed token; `select` picks the logits of that last token.
@@ -65,19 +85,19 @@ def _propose(draft, state, gamma, keys_B, sampling):
   window_Bx2 = jnp.take_along_axis(
       state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
   cache = state.draft_cache.replace(lengths=start_B)
-  x_B, q_BxV, cache = steps._draft_step(draft, cache, window_Bx2,
-                                        _fold_rows(keys_B, 0), sampling,
-                                        select_B=n_B - 1 - start_B)
+  x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_Bx2,
+                                          u_BxG[:, 0], sampling,
+                                          select_B=n_B - 1 - start_B)
   cache = cache.replace(lengths=n_B)
 
-  def one_more(carry, i):
+  def one_more(carry, u_B):
     cache, token_B = carry
-    token_B, q_BxV, cache = steps._draft_step(
-        draft, cache, token_B[:, None], _fold_rows(keys_B, i), sampling)
+    token_B, q_BxV, cache = steps._draft_sample(
+        draft, cache, token_B[:, None], u_B, sampling)
     return (cache, token_B), (token_B, q_BxV)
 
   (cache, _), (xs_GxB, qs_GxBxV) = jax.lax.scan(one_more, (cache, x_B),
-                                                jnp.arange(1, gamma))
+                                                u_BxG[:, 1:].T)
   drafts_BxG = jnp.concatenate([x_B[:, None], xs_GxB.T], axis=1)
   q_BxGxV = jnp.concatenate([q_BxV[:, None], qs_GxBxV.transpose(1, 0, 2)],
                             axis=1)
@@ -90,17 +110,18 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   n_B = state.lengths
   batch = n_B.shape[0]
   active_B = ~state.done
-  keys_B = _fold_rows(state.row_keys, state.round)
+  draft_keys_BxG, verify_keys_B = _round_keys(state.row_keys, state.round,
+                                              gamma)
   if gamma:
-    drafts_BxG, q_BxGxV, draft_cache = _propose(draft, state, gamma, keys_B,
-                                                sampling)
+    drafts_BxG, q_BxGxV, draft_cache = _propose(draft, state, gamma,
+                                                draft_keys_BxG, sampling)
   else:
     drafts_BxG = jnp.zeros((batch, 0), jnp.int32)
     q_BxGxV = jnp.zeros((batch, 0, target.vocab_size), jnp.float32)
     draft_cache = state.draft_cache
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
   out = steps._verify_step(target, state.target_cache, last_B, drafts_BxG,
-                           q_BxGxV, _fold_rows(keys_B, _VERIFY_PURPOSE_OFFSET),
+                           q_BxGxV, verify_keys_B,
                            sampling, coupling_rule)
 
   # Commit: accepted prefix + one, cut at the budget and just after an EOS.

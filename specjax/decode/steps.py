@@ -50,6 +50,16 @@ def _row_uniforms(keys_B: jax.Array, n: int) -> jax.Array:
 
 
 def _draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
+  u_B = None
+  if not getattr(draft, "one_hot_q", False):
+    u_B = _row_uniforms(keys_B, 1)[:, 0]
+  return _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B)
+
+
+def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
+  """`_draft_step` on a pre-drawn uniform per row (`u_B[b]` is what
+  `_row_uniforms(keys_B, 1)` draws), so the decode loop can draw a whole
+  round's uniforms in one vectorised call."""
   logits_BxTxV, cache = draft(tokens_BxT, cache)
   if select_B is None:
     logits_BxV = logits_BxTxV[:, -1]
@@ -60,8 +70,7 @@ def _draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
   if getattr(draft, "one_hot_q", False):
     token_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
   else:
-    token_B = sampling_lib.sample_from_probs(_row_uniforms(keys_B, 1)[:, 0],
-                                             q_BxV)
+    token_B = sampling_lib.sample_from_probs(u_B, q_BxV)
   return token_B, q_BxV, cache
 
 
