@@ -108,8 +108,9 @@ def _expected_minutes(config, size: str) -> float:
 
 
 def load(name: str, *, cache_dir: str | None = None,
-         overrides: dict[str, Any] | None = None, corpus: data.Corpus | None = None,
-         verbose: bool = True):
+         overrides: dict[str, Any] | None = None,
+         teacher_overrides: dict[str, Any] | None = None,
+         corpus: data.Corpus | None = None, verbose: bool = True):
   """A trained model by name, training (or resuming) it when it is missing.
 
   Args:
@@ -117,6 +118,8 @@ def load(name: str, *, cache_dir: str | None = None,
     cache_dir: where models live (default: see `resolve_cache_dir()`).
     overrides: dotted training-config fields to change, e.g.
       `{"num_steps": 300, "batch_size": 16}` (Transformers and distilled).
+    teacher_overrides: for distilled names, the overrides of the teacher
+      (so it is the very target the draft will serve); default `overrides`.
     corpus: the corpus to train on; default the recipe's (the stdlib).
     verbose: print what is loaded or trained, and the expected time.
 
@@ -125,7 +128,10 @@ def load(name: str, *, cache_dir: str | None = None,
   """
   kind, size, teacher_name = _parse(name)
   cache_dir_ = resolve_cache_dir(cache_dir)
-  directory = _entry_dir(cache_dir_, name, overrides)
+  directory = _entry_dir(cache_dir_, name,
+                         {**(overrides or {}),
+                          **{f"teacher.{k}": v
+                             for k, v in (teacher_overrides or {}).items()}})
   if kind == "ngram":
     return _load_ngram(name, directory, corpus, verbose)
 
@@ -146,7 +152,9 @@ def load(name: str, *, cache_dir: str | None = None,
   loss_fn, aux, what = losses.next_token_loss, None, "training"
   extra = {"zoo_name": name, "overrides": overrides or {}}
   if kind == "distilled":
-    aux = load(teacher_name, cache_dir=cache_dir_, overrides=overrides,
+    aux = load(teacher_name, cache_dir=cache_dir_,
+               overrides=(overrides if teacher_overrides is None
+                          else teacher_overrides),
                corpus=corpus, verbose=verbose)
     loss_fn, what = distill.distillation_loss("tv"), f"distilling from {teacher_name}"
     extra["teacher"] = teacher_name

@@ -1,4 +1,4 @@
-"""experiments/figures.py on a small synthetic sweep.
+"""specjax.figures on a small synthetic sweep.
 
 The rows are generated from the accounting formulas plus noise, in the schema
 experiments/sweep.py writes, so these tests pin the reader, the file set, the
@@ -12,7 +12,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from experiments import figures
+from specjax import figures
 from specjax import accounting
 
 # (name, kind, params, alpha at T=0, alpha at T=1, c). Acceptance counts are

@@ -13,19 +13,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-# `configs` is a top-level directory of the repository, not installed.
-if str(REPO) not in sys.path:
-  sys.path.insert(0, str(REPO))
-
-from specjax.train import recipes as model_sizes  # noqa: E402
-from configs import train as train_configs  # noqa: E402
-from specjax import data  # noqa: E402
-from specjax.train import checkpoint  # noqa: E402
-from specjax.train import losses  # noqa: E402
-from specjax.train import optim  # noqa: E402
-from specjax.train import parallel  # noqa: E402
-from specjax.train import trainer  # noqa: E402
+from configs import train as train_configs
+from conftest import REPO
+from specjax import data
+from specjax.train import checkpoint
+from specjax.train import recipes as model_sizes
+from specjax.train import losses
+from specjax.train import optim
+from specjax.train import parallel
+from specjax.train import trainer
 
 NUM_STEPS = 8
 CKPT_EVERY = 4

@@ -1,0 +1,38 @@
+r"""Sweeps drafts x temperatures x gamma for one target; writes the results.
+
+  python -m experiments.sweep --config=configs/reproduce.py:quick \
+      --results_dir=results/quick
+
+Writes into --results_dir (default: the config's): `sweep.jsonl` and
+`sweep.csv` (one row per cell, the schema of `specjax.sweep.run`) and
+`metadata.json` (config, corpus fingerprint, jax version, device, seed, git
+commit). Models come from `specjax.zoo` (trained when missing). All logic is
+in `specjax.sweep`; this file parses flags.
+"""
+
+from __future__ import annotations
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from specjax import sweep
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "configs/reproduce.py:quick", "Sweep config.", lock_config=True)
+_RESULTS_DIR = flags.DEFINE_string(
+    "results_dir", None, "Output directory (default: config.results_dir).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  results_dir = _RESULTS_DIR.value or _CONFIG.value.results_dir
+  rows = sweep.run_config(_CONFIG.value, results_dir)
+  print(f"{len(rows)} cells -> {results_dir}/sweep.jsonl")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,673 @@
+r"""Figures and tables from a speculative-decoding sweep (`specjax.sweep`).
+
+Reads `DIR/sweep.jsonl` (one JSON object per (draft, temperature, gamma) cell)
+and `DIR/metadata.json`, and writes into `DIR`:
+
+  fig_alpha_vs_overlap.{png,pdf}       (a) alpha_hat against 1 - TV, y = x line
+  fig_tokens_per_pass.{png,pdf}        (b) tokens per target pass against gamma,
+                                           measured vs (1 - a^(g+1)) / (1 - a)
+  fig_speedup_vs_gamma.{png,pdf}       (c) wall-clock speedup against gamma,
+                                           measured vs predicted, best gamma
+  fig_speedup_vs_draft_size.{png,pdf}  (d) speedup at the best gamma against
+                                           draft size
+  table3.md                            (e) Leviathan et al. (2023), Table 3
+                                           layout, the paper's row beside ours
+  summary.txt                          one screen: best gamma per draft and
+                                       temperature, where speculation loses
+
+Measured values are markers with 95% (1.96 * se) error bars; the i.i.d.
+formulas of `specjax.accounting` are lines. Nothing is refit here: every
+predicted number is the one the sweep stored for that cell.
+
+  python -m experiments.figures --results_dir=results/quick
+
+The functions are importable (`load_results`, `plot_*`, `table3_markdown`,
+`summary_table`, `make_all`) so notebooks can redraw single figures.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Iterable, Sequence
+
+import matplotlib
+
+# Agg: figures are written to files on headless machines (CI, TPU hosts);
+# set before pyplot is imported so no GUI backend is ever probed.
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+
+from specjax import accounting  # pylint: disable=g-import-not-at-top
+
+SWEEP_FILE = "sweep.jsonl"
+METADATA_FILE = "metadata.json"
+
+# 95% normal-approximation confidence intervals throughout.
+Z95 = 1.96
+
+# Keys every cell must carry for the figures to mean what they say; the rest
+# of the sweep schema (rows, accept_hist, tokens/s, ...) is optional here.
+REQUIRED_KEYS = (
+    "draft", "draft_kind", "draft_params", "target", "temperature", "gamma",
+    "alpha_hat", "alpha_se", "one_minus_tv", "verified", "accepted",
+    "tokens_per_target_call", "tokens_per_target_call_se", "speedup",
+    "predicted_speedup",
+)
+
+# Display order of draft kinds: the paper's columns first, then ours.
+KIND_ORDER = ("unigram", "bigram", "prompt_lookup", "transformer", "distilled")
+TRANSFORMER_KINDS = ("transformer", "distilled")
+KIND_MARKERS = {"unigram": "v", "bigram": "^", "prompt_lookup": "s",
+                "transformer": "o", "distilled": "D"}
+
+# Leviathan, Kalman & Matias (2023), Table 3, row "GPT-like (97M)":
+# acceptance alpha at argmax (T = 0) / sampling (T = 1).
+PAPER_ROW_NAME = "GPT-like (97M) [paper]"
+PAPER_ROW = {"unigram": (0.03, 0.03), "bigram": (0.05, 0.05),
+             "transformer": (0.88, 0.89)}
+PAPER_TRANSFORMER_NAME = "GPT-like 6M"
+
+FIGURE_NAMES = ("fig_alpha_vs_overlap", "fig_tokens_per_pass",
+                "fig_speedup_vs_gamma", "fig_speedup_vs_draft_size")
+
+_DPI = 150
+
+
+# --- Loading --------------------------------------------------------------
+
+
+def load_results(results_dir: str) -> tuple[list[dict], dict]:
+  """Reads `results_dir/sweep.jsonl` and `results_dir/metadata.json`.
+
+  Args:
+    results_dir: the sweep's output directory.
+
+  Returns:
+    (rows, metadata): one dict per (draft, temperature, gamma) cell, sorted by
+    draft kind, draft size, draft name, temperature and gamma; and the
+    metadata dict ({} if metadata.json is absent, since the figures only
+    copy a few of its fields into captions).
+
+  Raises:
+    FileNotFoundError: sweep.jsonl is missing (the message names the path).
+    ValueError: sweep.jsonl or metadata.json is corrupt, empty, lacks required
+      keys, or repeats a cell; the message names the file and line.
+  """
+  path = os.path.join(results_dir, SWEEP_FILE)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(
+        f"{path}: no sweep results (expected one JSON object per line, "
+        "written by experiments/sweep.py).")
+  rows = []
+  seen = {}
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg}).") from e
+      if not isinstance(row, dict):
+        raise ValueError(f"{path}:{lineno}: expected a JSON object, got "
+                         f"{type(row).__name__}.")
+      missing = [k for k in REQUIRED_KEYS if k not in row]
+      if missing:
+        raise ValueError(f"{path}:{lineno}: missing key(s) {missing}.")
+      try:
+        row["gamma"] = int(row["gamma"])
+        row["temperature"] = float(row["temperature"])
+        row["draft_params"] = int(row["draft_params"])
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}:{lineno}: gamma, temperature and "
+                         f"draft_params must be numbers ({e}).") from e
+      # A repeated cell would make "best gamma" depend on line order; refuse
+      # rather than silently pick one.
+      cell = (row["draft"], row["temperature"], row["gamma"])
+      if cell in seen:
+        raise ValueError(f"{path}:{lineno}: cell (draft={cell[0]!r}, "
+                         f"temperature={cell[1]}, gamma={cell[2]}) repeats "
+                         f"line {seen[cell]}.")
+      seen[cell] = lineno
+      rows.append(row)
+  if not rows:
+    raise ValueError(f"{path}: empty, no sweep cells.")
+  rows.sort(key=lambda r: (_draft_sort_key(r), r["temperature"], r["gamma"]))
+
+  metadata = {}
+  meta_path = os.path.join(results_dir, METADATA_FILE)
+  if os.path.isfile(meta_path):
+    with open(meta_path, encoding="utf-8") as f:
+      try:
+        metadata = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{meta_path}: not valid JSON ({e.msg}).") from e
+    if not isinstance(metadata, dict):
+      raise ValueError(f"{meta_path}: expected a JSON object.")
+  return rows, metadata
+
+
+# --- Small helpers ----------------------------------------------------------
+
+
+def _draft_sort_key(row: dict) -> tuple:
+  kind = row["draft_kind"]
+  rank = KIND_ORDER.index(kind) if kind in KIND_ORDER else len(KIND_ORDER)
+  return (rank, int(row["draft_params"]), str(row["draft"]))
+
+
+def _num(value) -> float:
+  """float(value), NaN for None or anything non-numeric (missing se, ...)."""
+  try:
+    out = float(value)
+  except (TypeError, ValueError):
+    return math.nan
+  return out
+
+
+def _drafts(rows: Sequence[dict]) -> list[str]:
+  """Draft names in display order (kind, size, name)."""
+  first = {}
+  for r in rows:
+    first.setdefault(r["draft"], r)
+  return sorted(first, key=lambda d: _draft_sort_key(first[d]))
+
+
+def _temperatures(rows: Sequence[dict]) -> list[float]:
+  return sorted({r["temperature"] for r in rows})
+
+
+def _colors(rows: Sequence[dict]) -> dict[str, Any]:
+  """One fixed colour per draft, shared by every figure."""
+  cmap = plt.get_cmap("tab10")
+  return {d: cmap(i % 10) for i, d in enumerate(_drafts(rows))}
+
+
+def _cells(rows: Sequence[dict], draft: str, temperature: float) -> list[dict]:
+  return sorted((r for r in rows
+                 if r["draft"] == draft and r["temperature"] == temperature),
+                key=lambda r: r["gamma"])
+
+
+def _temperature_label(t: float) -> str:
+  return "T = 0 (greedy)" if t == 0 else f"T = {t:g}"
+
+
+def _format_count(n: int) -> str:
+  """Parameter counts as 97M / 6.1M / 120k / 950."""
+  n = int(n)
+  for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+    if n >= scale:
+      return f"{n / scale:.3g}{suffix}"
+  return str(n)
+
+
+def _format_alpha(a: float) -> str:
+  """Two decimals without the leading zero, as in the paper: .88."""
+  if not math.isfinite(a):
+    return "–"
+  s = f"{a:.2f}"
+  return s[1:] if s.startswith("0.") else s
+
+
+def _meta(metadata: dict | None, *names: str) -> str | None:
+  """The first of `names` found at the top level or one level down."""
+  metadata = metadata or {}
+  for name in names:
+    if metadata.get(name) not in (None, ""):
+      return str(metadata[name])
+  for value in metadata.values():
+    if isinstance(value, dict):
+      for name in names:
+        if value.get(name) not in (None, ""):
+          return str(value[name])
+  return None
+
+
+def _target_name(rows: Sequence[dict], metadata: dict | None = None) -> str:
+  targets = sorted({str(r["target"]) for r in rows})
+  name = " / ".join(targets) if targets else (_meta(metadata, "target")
+                                               or "unknown target")
+  sizes = sorted({int(r["target_params"]) for r in rows
+                  if r.get("target_params") is not None})
+  if len(sizes) == 1:
+    name += f" ({_format_count(sizes[0])})"
+  return name
+
+
+def _provenance(rows: Sequence[dict], metadata: dict | None) -> str:
+  """'target: X · device: Y · commit Z' for titles and footers."""
+  device = _meta(metadata, "device", "device_kind", "devices") or "unknown"
+  commit = _meta(metadata, "git_commit", "commit", "git") or "unknown"
+  if len(commit) > 12 and all(ch in "0123456789abcdef" for ch in commit):
+    commit = commit[:10]
+  return (f"target: {_target_name(rows, metadata)} · device: {device} · "
+          f"commit {commit}")
+
+
+def _pooled_alpha(cells: Iterable[dict]) -> tuple[float, float, int]:
+  """(accepted / verified, its binomial se, verified) pooled over cells.
+
+  Pooling over gamma weights each cell by how many drafts it verified, which
+  is the acceptance rate per proposed token the paper's Table 3 reports.
+  """
+  acc = sum(int(c["accepted"]) for c in cells)
+  ver = sum(int(c["verified"]) for c in cells)
+  if ver <= 0:
+    return math.nan, math.nan, 0
+  a = acc / ver
+  return a, math.sqrt(max(a * (1 - a), 0.0) / ver), ver
+
+
+def _predicted_tokens(row: dict) -> float:
+  """The stored prediction, recomputed from alpha_hat only if it is absent."""
+  value = _num(row.get("predicted_tokens_per_target_call"))
+  if math.isfinite(value):
+    return value
+  a = _num(row["alpha_hat"])
+  if not math.isfinite(a):
+    return math.nan
+  return float(accounting.expected_tokens_per_pass(
+      min(max(a, 0.0), 1.0), int(row["gamma"])))
+
+
+def best_cells(rows: Sequence[dict]) -> dict[tuple[str, float], dict]:
+  """{(draft, temperature): the cell with the highest measured speedup}.
+
+  The best gamma is chosen on the measurement, not the prediction: that is
+  the gamma a user of this hardware should pick. Ties go to the smaller gamma
+  (less draft work for the same speed). Cells without a finite speedup are
+  skipped.
+  """
+  out = {}
+  for d in _drafts(rows):
+    for t in _temperatures(rows):
+      cells = [c for c in _cells(rows, d, t) if math.isfinite(_num(c["speedup"]))]
+      if cells:
+        # max() keeps the first maximum, and cells are sorted by gamma.
+        out[(d, t)] = max(cells, key=lambda c: _num(c["speedup"]))
+  return out
+
+
+def _new_figure(rows, title, metadata, panel_width=5.6):
+  temps = _temperatures(rows)
+  fig, axes = plt.subplots(1, len(temps),
+                           figsize=(panel_width * len(temps), 4.6),
+                           squeeze=False, constrained_layout=True)
+  fig.suptitle(f"{title}\n{_provenance(rows, metadata)}", fontsize=10)
+  return fig, list(zip(temps, axes[0]))
+
+
+def _finish(fig, path_stem: str, handles, ncol: int) -> list[str]:
+  # One legend for all panels, below them, so the data are never covered.
+  fig.legend(handles=handles, loc="outside lower center", ncol=ncol,
+             fontsize=8, frameon=False)
+  os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
+  paths = []
+  for ext in ("png", "pdf"):
+    path = f"{path_stem}.{ext}"
+    fig.savefig(path, dpi=_DPI)
+    paths.append(path)
+  plt.close(fig)
+  return paths
+
+
+def _draft_handles(rows, colors) -> list:
+  first = {}
+  for r in rows:
+    first.setdefault(r["draft"], r)
+  return [Line2D([], [], color=colors[d], marker=KIND_MARKERS.get(
+      first[d]["draft_kind"], "o"), linestyle="-",
+                 label=f"{d} ({_format_count(first[d]['draft_params'])})")
+          for d in _drafts(rows)]
+
+
+def _errorbar(ax, x, y, se, **kwargs):
+  se = np.asarray([_num(s) for s in se], dtype=np.float64)
+  yerr = np.where(np.isfinite(se), Z95 * se, 0.0)
+  kwargs.setdefault("markersize", 5.5)
+  ax.errorbar(x, y, yerr=yerr, linestyle="none", capsize=2.5,
+              elinewidth=1.0, **kwargs)
+
+
+# --- Figures ----------------------------------------------------------------
+
+
+def plot_alpha_vs_overlap(rows: Sequence[dict], path_stem: str,
+                          metadata: dict | None = None) -> list[str]:
+  """(a) alpha_hat against 1 - TV per draft, y = x line, 95% CIs.
+
+  One point per (draft, gamma) cell. Exactness predicts alpha = 1 - TV, so
+  points should straddle the diagonal within their error bars.
+
+  Returns:
+    The written paths, `path_stem.png` and `path_stem.pdf`.
+  """
+  colors = _colors(rows)
+  fig, panels = _new_figure(
+      rows, "(a) Acceptance rate α̂ against draft/target overlap 1 − TV",
+      metadata, panel_width=4.8)
+  for t, ax in panels:
+    ax.plot([0, 1], [0, 1], color="0.5", linestyle="--", linewidth=1.0,
+            zorder=0)
+    for d in _drafts(rows):
+      cells = _cells(rows, d, t)
+      if not cells:
+        continue
+      _errorbar(ax, [_num(c["one_minus_tv"]) for c in cells],
+                [_num(c["alpha_hat"]) for c in cells],
+                [c["alpha_se"] for c in cells], color=colors[d],
+                marker=KIND_MARKERS.get(cells[0]["draft_kind"], "o"))
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_aspect("equal")
+    ax.grid(alpha=0.3)
+    ax.set_title(_temperature_label(t), fontsize=10)
+    ax.set_xlabel("1 − TV(p, q): mean Σ min(p, q) over verified positions")
+    ax.set_ylabel("α̂ = accepted / proposed draft tokens")
+  handles = _draft_handles(rows, colors) + [
+      Line2D([], [], color="0.5", linestyle="--", label="y = x (exactness)"),
+      Line2D([], [], color="k", marker="o", linestyle="none",
+             label="one γ cell, ±95% CI")]
+  return _finish(fig, path_stem, handles, ncol=4)
+
+
+def plot_tokens_per_pass(rows: Sequence[dict], path_stem: str,
+                         metadata: dict | None = None) -> list[str]:
+  """(b) tokens per target pass against gamma, measured vs the formula.
+
+  The line for a draft joins (1 - a^(g+1)) / (1 - a) evaluated at each
+  cell's own alpha_hat; markers are the measured block efficiency with 95%
+  CIs. The gap between them is the i.i.d.-acceptance assumption failing.
+  """
+  colors = _colors(rows)
+  fig, panels = _new_figure(
+      rows, "(b) Tokens per target pass against γ: measured vs "
+      "(1 − α^(γ+1)) / (1 − α)", metadata)
+  gammas = sorted({r["gamma"] for r in rows})
+  for t, ax in panels:
+    g_line = np.arange(0, max(gammas) + 2)
+    ax.plot(g_line, g_line + 1, color="0.6", linestyle=":", linewidth=1.0,
+            zorder=0)
+    for d in _drafts(rows):
+      cells = _cells(rows, d, t)
+      if not cells:
+        continue
+      g = [c["gamma"] for c in cells]
+      ax.plot(g, [_predicted_tokens(c) for c in cells], color=colors[d],
+              linewidth=1.3, alpha=0.9)
+      _errorbar(ax, g, [_num(c["tokens_per_target_call"]) for c in cells],
+                [c["tokens_per_target_call_se"] for c in cells],
+                color=colors[d],
+                marker=KIND_MARKERS.get(cells[0]["draft_kind"], "o"))
+    ax.set_xlim(min(gammas) - 0.4, max(gammas) + 0.4)
+    top = max([_num(r["tokens_per_target_call"]) for r in rows
+               if math.isfinite(_num(r["tokens_per_target_call"]))] + [1.0])
+    ax.set_ylim(0.8, min(max(gammas) + 1.2, top * 1.15 + 0.3))
+    ax.set_xticks(gammas)
+    ax.grid(alpha=0.3)
+    ax.set_title(_temperature_label(t), fontsize=10)
+    ax.set_xlabel("γ (draft tokens proposed per round)")
+    ax.set_ylabel("tokens emitted per target call")
+  handles = _draft_handles(rows, colors) + [
+      Line2D([], [], color="k", linestyle="-",
+             label="predicted (1 − α̂^(γ+1)) / (1 − α̂)"),
+      Line2D([], [], color="k", marker="o", linestyle="none",
+             label="measured, ±95% CI"),
+      Line2D([], [], color="0.6", linestyle=":", label="γ + 1 (ceiling)")]
+  return _finish(fig, path_stem, handles, ncol=4)
+
+
+def plot_speedup_vs_gamma(rows: Sequence[dict], path_stem: str,
+                          metadata: dict | None = None) -> list[str]:
+  """(c) wall-clock speedup against gamma per draft, measured vs predicted.
+
+  Lines: walltime_improvement(alpha_hat, gamma, c, r) with the cell's
+  measured c and r. Markers: measured spec / autoregressive tokens per
+  second (95% CI where the sweep gave an se). A star marks each draft's best
+  measured gamma; the dashed y = 1 line is break-even.
+  """
+  colors = _colors(rows)
+  best = best_cells(rows)
+  fig, panels = _new_figure(
+      rows, "(c) Wall-clock speedup against γ: measured vs predicted",
+      metadata)
+  gammas = sorted({r["gamma"] for r in rows})
+  for t, ax in panels:
+    ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1.0, zorder=0)
+    for d in _drafts(rows):
+      cells = _cells(rows, d, t)
+      if not cells:
+        continue
+      g = [c["gamma"] for c in cells]
+      ax.plot(g, [_num(c["predicted_speedup"]) for c in cells],
+              color=colors[d], linewidth=1.3, alpha=0.9)
+      _errorbar(ax, g, [_num(c["speedup"]) for c in cells],
+                [c.get("speedup_se") for c in cells], color=colors[d],
+                marker=KIND_MARKERS.get(cells[0]["draft_kind"], "o"))
+      if (d, t) in best:
+        b = best[(d, t)]
+        ax.plot([b["gamma"]], [_num(b["speedup"])], marker="*",
+                markersize=15, color=colors[d], markeredgecolor="k",
+                markeredgewidth=0.8, linestyle="none", zorder=5)
+    ax.set_xticks(gammas)
+    ax.grid(alpha=0.3)
+    ax.set_title(_temperature_label(t), fontsize=10)
+    ax.set_xlabel("γ (draft tokens proposed per round)")
+    ax.set_ylabel("speedup over autoregressive (× tokens/s)")
+  handles = _draft_handles(rows, colors) + [
+      Line2D([], [], color="k", linestyle="-",
+             label="predicted E[tokens] / (γc + r)"),
+      Line2D([], [], color="k", marker="o", linestyle="none",
+             label="measured, ±95% CI"),
+      Line2D([], [], color="w", marker="*", markersize=12,
+             markeredgecolor="k", linestyle="none",
+             label="best γ (measured)"),
+      Line2D([], [], color="0.3", linestyle="--", label="break-even (1×)")]
+  return _finish(fig, path_stem, handles, ncol=4)
+
+
+def plot_speedup_vs_draft_size(rows: Sequence[dict], path_stem: str,
+                               metadata: dict | None = None) -> list[str]:
+  """(d) speedup at each draft's best gamma against the draft's size.
+
+  Filled markers: measured (95% CI); hollow: the prediction at that gamma.
+  The x axis is symlog so prompt lookup (0 parameters) sits at 0 beside the
+  n-gram tables and Transformers.
+  """
+  colors = _colors(rows)
+  best = best_cells(rows)
+  fig, panels = _new_figure(
+      rows, "(d) Speedup at the best γ against draft size", metadata)
+  for t, ax in panels:
+    ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1.0, zorder=0)
+    for i, d in enumerate(_drafts(rows)):
+      if (d, t) not in best:
+        continue
+      b = best[(d, t)]
+      x = max(int(b["draft_params"]), 0)
+      marker = KIND_MARKERS.get(b["draft_kind"], "o")
+      _errorbar(ax, [x], [_num(b["speedup"])], [b.get("speedup_se")],
+                color=colors[d], marker=marker, markersize=8)
+      ax.plot([x], [_num(b["predicted_speedup"])], marker=marker,
+              markersize=8, markerfacecolor="none", markeredgecolor=colors[d],
+              linestyle="none")
+      ax.annotate(f"{d}, γ*={b['gamma']}", (x, _num(b["speedup"])),
+                  textcoords="offset points", fontsize=7,
+                  # Alternate above/below: drafts of equal size share an x.
+                  xytext=(6, 5 if i % 2 == 0 else -12))
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title(_temperature_label(t), fontsize=10)
+    ax.set_xlabel("draft size (parameters; n-grams: table entries; "
+                  "prompt lookup: 0)")
+    ax.set_ylabel("speedup at best γ (× tokens/s)")
+    ax.margins(x=0.15, y=0.15)
+  handles = _draft_handles(rows, colors) + [
+      Line2D([], [], color="k", marker="o", linestyle="none",
+             label="measured, ±95% CI"),
+      Line2D([], [], color="k", marker="o", markerfacecolor="none",
+             linestyle="none", label="predicted at that γ"),
+      Line2D([], [], color="0.3", linestyle="--", label="break-even (1×)")]
+  return _finish(fig, path_stem, handles, ncol=4)
+
+
+# --- Tables -------------------------------------------------------------------
+
+
+def _alpha_cell(rows: Sequence[dict], draft: str | None) -> str:
+  """'T=0 / T=1' pooled acceptance of `draft`, '–' where missing."""
+  if draft is None:
+    return "–"
+  parts = []
+  for t in (0.0, 1.0):
+    a, _, _ = _pooled_alpha(_cells(rows, draft, t))
+    parts.append(_format_alpha(a))
+  return " / ".join(parts)
+
+
+def _best_of_kind(rows: Sequence[dict], kinds: Sequence[str]) -> str | None:
+  """The draft of `kinds` with the highest pooled alpha (mean over T)."""
+  best, best_score = None, -math.inf
+  for d in _drafts(rows):
+    cells = [r for r in rows if r["draft"] == d]
+    if cells[0]["draft_kind"] not in kinds:
+      continue
+    alphas = [_pooled_alpha(_cells(rows, d, t))[0] for t in (0.0, 1.0)]
+    alphas = [a for a in alphas if math.isfinite(a)]
+    score = float(np.mean(alphas)) if alphas else -math.inf
+    if best is None or score > best_score:
+      best, best_score = d, score
+  return best
+
+
+def table3_markdown(rows: Sequence[dict], metadata: dict | None) -> str:
+  """Leviathan et al. (2023), Table 3 layout: acceptance alpha per draft.
+
+  Rows are targets, columns draft families; each cell is "T=0 / T=1"
+  acceptance, pooled over gamma as accepted / verified. The Transformer
+  column shows our best Transformer draft (plain or distilled, highest mean
+  alpha) and names it. A second table lists every draft with 95% CIs.
+  """
+  uni = _best_of_kind(rows, ("unigram",))
+  bi = _best_of_kind(rows, ("bigram",))
+  tf = _best_of_kind(rows, TRANSFORMER_KINDS)
+  paper = {k: " / ".join(_format_alpha(a) for a in v)
+           for k, v in PAPER_ROW.items()}
+  tf_cell = _alpha_cell(rows, tf) + (f" ({tf})" if tf else "")
+  lines = [
+      "# Acceptance rate α (T=0 / T=1), layout of Leviathan et al. 2023, "
+      "Table 3",
+      "",
+      "| Target | Unigram draft | Bigram draft | Transformer draft |",
+      "| --- | --- | --- | --- |",
+      f"| {PAPER_ROW_NAME} | {paper['unigram']} | {paper['bigram']} | "
+      f"{paper['transformer']} ({PAPER_TRANSFORMER_NAME}) |",
+      f"| {_target_name(rows, metadata)} [ours] | {_alpha_cell(rows, uni)} | "
+      f"{_alpha_cell(rows, bi)} | {tf_cell} |",
+      "",
+      "Each cell is α at T = 0 (argmax) / T = 1 (sampling); \"–\" where the "
+      "sweep has no such cell. Ours: accepted / proposed draft tokens, pooled "
+      "over all γ of the sweep.",
+  ]
+  if tf:
+    lines.append(f"Transformer column: our best Transformer draft by mean α "
+                 f"over T, `{tf}`.")
+  lines += [
+      "",
+      "## Every draft (α̂ pooled over γ, ±95% CI)",
+      "",
+      "| Draft | Kind | Size | α T=0 | α T=1 |",
+      "| --- | --- | --- | --- | --- |",
+  ]
+  for d in _drafts(rows):
+    first = next(r for r in rows if r["draft"] == d)
+    cols = []
+    for t in (0.0, 1.0):
+      a, se, _ = _pooled_alpha(_cells(rows, d, t))
+      cols.append("–" if not math.isfinite(a)
+                  else f"{a:.3f} ± {Z95 * se:.3f}")
+    lines.append(f"| {d} | {first['draft_kind']} | "
+                 f"{_format_count(first['draft_params'])} | {cols[0]} | "
+                 f"{cols[1]} |")
+  lines += ["", f"_{_provenance(rows, metadata)}_"]
+  seed = _meta(metadata, "seed")
+  jax_version = _meta(metadata, "jax_version", "jax")
+  extra = [s for s in (f"seed {seed}" if seed else None,
+                       f"jax {jax_version}" if jax_version else None) if s]
+  if extra:
+    lines[-1] = lines[-1][:-1] + " · " + " · ".join(extra) + "_"
+  return "\n".join(lines) + "\n"
+
+
+def summary_table(rows: Sequence[dict]) -> str:
+  """One screen of plain text: per draft and temperature, the best gamma.
+
+  Columns: best measured gamma, alpha_hat, tokens per target pass, measured
+  speedup (±95% CI where known), predicted speedup and efficiency
+  (measured / predicted), all at that gamma; then where speculation loses.
+  """
+  best = best_cells(rows)
+  # Plain ASCII headers: combining characters (alpha hat) break alignment.
+  header = (f"{'draft':<18} {'T':>4} {'best_g':>6} {'alpha':>6} "
+            f"{'tok/pass':>8} {'speedup':>15} {'predicted':>9} "
+            f"{'effic.':>6}")
+  lines = [f"Speculative decoding sweep, target {_target_name(rows)}: "
+           "best gamma by measured speedup", header, "-" * len(header)]
+  for d in _drafts(rows):
+    for t in _temperatures(rows):
+      if (d, t) not in best:
+        continue
+      b = best[(d, t)]
+      se = _num(b.get("speedup_se"))
+      speed = f"{_num(b['speedup']):.2f}"
+      speed += f" ± {Z95 * se:.2f}" if math.isfinite(se) else "       "
+      eff = _num(b.get("efficiency"))
+      if not math.isfinite(eff) and _num(b["predicted_speedup"]) > 0:
+        eff = _num(b["speedup"]) / _num(b["predicted_speedup"])
+      lines.append(
+          f"{d:<18} {t:>4g} {b['gamma']:>6d} {_num(b['alpha_hat']):>6.3f} "
+          f"{_num(b['tokens_per_target_call']):>8.2f} {speed:>15} "
+          f"{_num(b['predicted_speedup']):>9.2f} {eff:>6.2f}")
+  lines.append("")
+  losers = [f"{d} at T={t:g} (best {_num(b['speedup']):.2f}x at "
+            f"gamma={b['gamma']})"
+            for (d, t), b in best.items() if _num(b["speedup"]) < 1.0]
+  slow = [r for r in rows if _num(r["speedup"]) < 1.0]
+  if losers:
+    lines.append("Speculation LOSES (speedup < 1 even at the best gamma): "
+                 + "; ".join(losers) + ".")
+  else:
+    lines.append("Speculation wins (speedup >= 1) at the best gamma for every "
+                 "draft and temperature.")
+  lines.append(f"{len(slow)} of {len(rows)} (draft, T, gamma) cells are slower "
+               "than autoregressive decoding (speedup < 1).")
+  return "\n".join(lines) + "\n"
+
+
+# --- Everything -------------------------------------------------------------
+
+
+def make_all(results_dir: str) -> list[str]:
+  """Writes every figure (PNG and PDF), table3.md and summary.txt.
+
+  Returns:
+    The written paths, figures first.
+  """
+  rows, metadata = load_results(results_dir)
+  plots = (plot_alpha_vs_overlap, plot_tokens_per_pass,
+           plot_speedup_vs_gamma, plot_speedup_vs_draft_size)
+  paths = []
+  for name, plot in zip(FIGURE_NAMES, plots):
+    paths += plot(rows, os.path.join(results_dir, name), metadata=metadata)
+  for name, text in (("table3.md", table3_markdown(rows, metadata)),
+                     ("summary.txt", summary_table(rows))):
+    path = os.path.join(results_dir, name)
+    with open(path, "w", encoding="utf-8") as f:
+      f.write(text)
+    paths.append(path)
+  return paths

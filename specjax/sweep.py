@@ -1,0 +1,296 @@
+"""The measurement grid behind the paper figures: drafts x temperatures x gamma.
+
+For one target, each draft, each temperature and each gamma, `run` decodes
+the same held-out prompts at batch 1 (the latency setting of the papers) with
+`speculative_generate`, and the autoregressive baseline `generate` decodes
+them too; it records, per cell, the acceptance statistics of
+`GenerationResult.summary()`, the step costs c and r of `measure.step_costs`,
+the measured wall-clock speedup, and what the accounting formulas predict
+from the measured alpha, c and r. A row is one cell; the field names are the
+schema `specjax.figures` reads. `run_config` does the whole thing for a
+`configs/reproduce.py` config: models from the zoo, prompts from the corpus'
+held-out split, result files with full metadata.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+import tqdm
+
+from specjax import accounting
+from specjax import data
+from specjax import measure
+from specjax import sampling as sampling_lib
+from specjax import zoo
+from specjax.decode import loop
+from specjax.models.prompt_lookup import PromptLookupDraft
+
+
+@dataclasses.dataclass(frozen=True)
+class Draft:
+  """A draft under test: display name, kind, size and the model itself."""
+  name: str
+  kind: str  # unigram | bigram | prompt_lookup | transformer | distilled
+  params: int
+  model: Any
+
+
+def _param_count(model) -> int:
+  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(model)))
+
+
+def make_draft(name: str, kind: str, model) -> Draft:
+  """A `Draft` whose size is the number of array entries in the model."""
+  return Draft(name=name, kind=kind, params=_param_count(model), model=model)
+
+
+def _emitted_se(hist: Sequence[int]) -> float:
+  """Standard error of the mean tokens per round from the accepted-count histogram."""
+  hist = np.asarray(hist, np.float64)
+  rounds = hist.sum()
+  if rounds < 2:
+    return float("nan")
+  emitted = np.arange(1, hist.size + 1)
+  mean = (hist * emitted).sum() / rounds
+  var = (hist * (emitted - mean) ** 2).sum() / (rounds - 1)
+  return float(math.sqrt(var / rounds))
+
+
+def _decode_all(fn: Callable[[np.ndarray, np.ndarray, jax.Array], Any],
+                prompts: np.ndarray, prompt_len: int, seed: int):
+  """Runs `fn` on each prompt at batch 1; returns results and seconds each.
+
+  The first prompt is run twice and its first run discarded, so compilation
+  is not timed.
+  """
+  lengths = np.array([prompt_len], np.int32)
+  key = jax.random.key(seed)
+  jax.block_until_ready(fn(prompts[:1], lengths, key))
+  results, seconds = [], []
+  for i in range(prompts.shape[0]):
+    out, s = measure.timed(lambda: fn(prompts[i:i + 1], lengths,
+                                      jax.random.fold_in(key, i)))
+    results.append(out)
+    seconds.append(s)
+  return results, np.asarray(seconds)
+
+
+def _pooled(results) -> dict[str, Any]:
+  """Sums the per-prompt summaries into one."""
+  summaries = [r.summary() for r in results]
+  total = {k: sum(s[k] for s in summaries)
+           for k in ("generated_tokens", "rounds", "target_calls",
+                     "draft_calls", "verified", "accepted")}
+  total["overlap"] = float(sum(np.asarray(r.stats.overlap_sum).sum()
+                               for r in results))
+  total["accept_hist"] = np.sum([s["accept_hist"] for s in summaries],
+                                axis=0).tolist()
+  return total
+
+
+def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
+        temperatures: Sequence[float], gammas: Sequence[int],
+        max_new_tokens: int, target_name: str, seed: int = 0,
+        step_iters: int = 16, step_repeats: int = 5,
+        progress: Callable[[str], None] | None = None) -> list[dict]:
+  """Measures every (draft, temperature, gamma) cell; returns one dict each.
+
+  Args:
+    target: the target `CausalLM`.
+    drafts: the drafts to compare (`make_draft`).
+    prompts: int `[N, P]` held-out prompts (all of length P), decoded one at
+      a time.
+    temperatures: e.g. (0.0, 1.0); 0 is greedy.
+    gammas: draft lengths, e.g. range(1, 9).
+    max_new_tokens: tokens generated per prompt.
+    target_name: recorded in every row.
+    seed: keys of the sampled runs.
+    step_iters, step_repeats: see `measure.step_costs`.
+    progress: called with a short description before each cell.
+  """
+  prompts = np.asarray(prompts, np.int32)
+  num_prompts, prompt_len = prompts.shape
+  context = prompt_len + max_new_tokens // 2  # a typical mid-generation cache
+  target_params = _param_count(target)
+  rows = []
+  ar_cache: dict[float, tuple[float, int]] = {}
+  forward_s: dict[tuple[str, int], float] = {}
+
+  def seconds_per_pass(name, model, num_tokens):
+    # Step costs do not depend on the temperature: measure each pass once.
+    if (name, num_tokens) not in forward_s:
+      forward_s[name, num_tokens] = measure.forward_seconds(
+          model, batch_size=1, context_len=context, num_tokens=num_tokens,
+          iters=step_iters, repeats=step_repeats)
+    return forward_s[name, num_tokens]
+
+  def step_costs(draft, gamma):
+    return measure.cost_ratios(
+        seconds_per_pass("<target>", target, 1),
+        seconds_per_pass("<target>", target, gamma + 1),
+        seconds_per_pass(draft.name, draft.model, 1))
+  for temperature in temperatures:
+    sampling = sampling_lib.SamplingConfig(temperature=temperature)
+    if progress:
+      progress(f"autoregressive baseline, T={temperature:g}")
+    results, seconds = _decode_all(
+        lambda p, l, k: loop.generate(target, p, l, k,
+                                      max_new_tokens=max_new_tokens,
+                                      sampling=sampling),
+        prompts, prompt_len, seed)
+    ar_tokens = int(sum(int(r.lengths.sum()) for r in results))
+    ar_cache[temperature] = (float(seconds.sum()), ar_tokens)
+    ar_per_prompt = seconds / np.array([int(r.lengths.sum()) for r in results])
+    for draft in drafts:
+      for gamma in gammas:
+        if progress:
+          progress(f"{draft.name}, T={temperature:g}, gamma={gamma}")
+        costs = step_costs(draft, gamma)
+        results, spec_seconds = _decode_all(
+            lambda p, l, k: loop.speculative_generate(
+                target, draft.model, p, l, k, gamma=gamma,
+                max_new_tokens=max_new_tokens, sampling=sampling),
+            prompts, prompt_len, seed)
+        pooled = _pooled(results)
+        spec_per_prompt = spec_seconds / np.array(
+            [int(r.lengths.sum()) for r in results])
+        ratios = ar_per_prompt / spec_per_prompt
+        verified = pooled["verified"]
+        alpha = pooled["accepted"] / verified if verified else float("nan")
+        ar_s, ar_tok = ar_cache[temperature]
+        spec_tok_s = pooled["generated_tokens"] / spec_seconds.sum()
+        speedup = spec_tok_s / (ar_tok / ar_s)
+        predicted = float(accounting.walltime_improvement(
+            alpha, gamma, costs["c"], costs["r"]))
+        rows.append({
+            "draft": draft.name, "draft_kind": draft.kind,
+            "draft_params": draft.params, "target": target_name,
+            "target_params": target_params, "temperature": float(temperature),
+            "gamma": int(gamma), "rows": int(num_prompts),
+            "max_new_tokens": int(max_new_tokens),
+            "alpha_hat": alpha,
+            "alpha_se": (math.sqrt(alpha * (1 - alpha) / verified)
+                         if verified else float("nan")),
+            "one_minus_tv": pooled["overlap"] / verified if verified else float("nan"),
+            "verified": int(verified), "accepted": int(pooled["accepted"]),
+            "tokens_per_target_call": (pooled["generated_tokens"]
+                                       / pooled["target_calls"]),
+            "tokens_per_target_call_se": _emitted_se(pooled["accept_hist"]),
+            "predicted_tokens_per_target_call": float(
+                accounting.expected_tokens_per_pass(alpha, gamma)),
+            **costs,
+            "ar_tokens_per_s": ar_tok / ar_s, "spec_tokens_per_s": spec_tok_s,
+            "speedup": speedup,
+            "speedup_se": (float(np.std(ratios, ddof=1) / math.sqrt(len(ratios)))
+                           if len(ratios) > 1 else None),
+            "predicted_speedup": predicted,
+            "efficiency": speedup / predicted,
+            "accept_hist": pooled["accept_hist"],
+        })
+  return rows
+
+
+# -- from a config to result files ---------------------------------------------
+
+
+def git_commit() -> str:
+  """HEAD of the checkout this file lives in (+ "-dirty"), or "unknown"."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                           cwd=here, capture_output=True, text=True).stdout
+    return out + ("-dirty" if dirty.strip() else "")
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def device_description() -> str:
+  """Platform, device kind and count, and the host's cores."""
+  d = jax.devices()[0]
+  return (f"{d.platform}:{d.device_kind} x{jax.device_count()} "
+          f"({os.cpu_count()} CPU cores, {platform.machine()})")
+
+
+def load_models(config, corpus):
+  """(target, [Draft]) as a reproduce config names them, via the zoo."""
+  cache = config.cache_dir
+  target = zoo.load(config.target, cache_dir=cache,
+                    overrides=dict(config.target_overrides), corpus=corpus)
+  drafts = []
+  for spec in config.drafts:
+    if spec.kind == "prompt_lookup":
+      model = PromptLookupDraft(target.vocab_size, max_ngram=3)
+    else:
+      model = zoo.load(spec.name, cache_dir=cache,
+                       overrides=dict(spec.overrides),
+                       teacher_overrides=dict(spec.teacher_overrides) or None,
+                       corpus=corpus)
+    drafts.append(make_draft(spec.name, spec.kind, model))
+  return target, drafts
+
+
+def run_config(config, results_dir: str) -> list[dict]:
+  """Loads (or trains) a config's models, runs its grid, writes the results.
+
+  `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
+  `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
+  """
+  start = time.time()
+  corpus = data.stdlib_corpus()
+  target, drafts = load_models(config, corpus)
+  heldout = corpus.tokens("heldout").astype(np.int32)
+  prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
+                         config.seed)
+  cells = len(config.temperatures) * len(drafts) * len(config.gammas)
+  bar = tqdm.tqdm(total=cells + len(config.temperatures), desc="sweep",
+                  unit="cell")
+
+  def progress(what):  # called as each cell starts
+    bar.set_postfix_str(what)
+    bar.update(1)
+
+  rows = run(target, drafts, prompts, temperatures=config.temperatures,
+                   gammas=config.gammas, max_new_tokens=config.max_new_tokens,
+                   target_name=config.target, seed=config.seed,
+                   step_iters=config.step_iters,
+                   step_repeats=config.step_repeats, progress=progress)
+  bar.close()
+  metadata = {
+      "config": config.to_dict(), "corpus": corpus.fingerprint(),
+      "jax_version": jax.__version__, "python": sys.version.split()[0],
+      "device": device_description(), "seed": config.seed,
+      "git_commit": git_commit(),
+      "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+      "sweep_seconds": round(time.time() - start, 1),
+  }
+  write(rows, metadata, results_dir)
+  return rows
+
+
+def write(rows: list[dict], metadata: dict, results_dir: str) -> None:
+  """sweep.jsonl and sweep.csv (overwritten, never appended), metadata.json."""
+  os.makedirs(results_dir, exist_ok=True)
+  with open(os.path.join(results_dir, "sweep.jsonl"), "w") as fh:
+    for row in rows:
+      fh.write(json.dumps(row) + "\n")
+  with open(os.path.join(results_dir, "sweep.csv"), "w", newline="") as fh:
+    writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows({k: (json.dumps(v) if isinstance(v, list) else v)
+                      for k, v in row.items()} for row in rows)
+  with open(os.path.join(results_dir, "metadata.json"), "w") as fh:
+    json.dump(metadata, fh, indent=1, default=str)
