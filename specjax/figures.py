@@ -652,6 +652,20 @@ def summary_table(rows: Sequence[dict]) -> str:
 # --- Everything -------------------------------------------------------------
 
 
+def models_table(metadata: dict) -> str:
+  """The models of the run with their size and held-out bits per byte."""
+  models = metadata.get("models") or {}
+  if not models:
+    return ""
+  lines = ["Models (held-out bits per byte on the corpus' held-out split)",
+           f"{'model':34s} {'kind':13s} {'parameters':>11s} {'bits/byte':>9s}"]
+  for name, m in models.items():
+    bpb = m.get("heldout_bpb")
+    lines.append(f"{name:34s} {m.get('kind', ''):13s} {m.get('params', 0):>11,d} "
+                 + (f"{bpb:9.3f}" if bpb is not None else f"{'-':>9s}"))
+  return "\n".join(lines) + "\n\n"
+
+
 def make_all(results_dir: str) -> list[str]:
   """Writes every figure (PNG and PDF), table3.md and summary.txt.
 
@@ -665,7 +679,8 @@ def make_all(results_dir: str) -> list[str]:
   for name, plot in zip(FIGURE_NAMES, plots):
     paths += plot(rows, os.path.join(results_dir, name), metadata=metadata)
   for name, text in (("table3.md", table3_markdown(rows, metadata)),
-                     ("summary.txt", summary_table(rows))):
+                     ("summary.txt", models_table(metadata)
+                      + summary_table(rows))):
     path = os.path.join(results_dir, name)
     with open(path, "w", encoding="utf-8") as f:
       f.write(text)

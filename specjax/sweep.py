@@ -26,6 +26,7 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 
@@ -36,6 +37,7 @@ from specjax import sampling as sampling_lib
 from specjax import zoo
 from specjax.decode import loop
 from specjax.models.prompt_lookup import PromptLookupDraft
+from specjax.train import losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,13 +266,25 @@ def run_config(config, results_dir: str) -> list[dict]:
     bar.update(1)
 
   rows = run(target, drafts, prompts, temperatures=config.temperatures,
-                   gammas=config.gammas, max_new_tokens=config.max_new_tokens,
-                   target_name=config.target, seed=config.seed,
-                   step_iters=config.step_iters,
-                   step_repeats=config.step_repeats, progress=progress)
+             gammas=config.gammas, max_new_tokens=config.max_new_tokens,
+             target_name=config.target, seed=config.seed,
+             step_iters=config.step_iters, step_repeats=config.step_repeats,
+             progress=progress)
   bar.close()
+  limits = [m.max_positions for m in [target] + [d.model for d in drafts]
+            if m.max_positions is not None]
+  window = min([256] + limits)
+  windows = np.stack([data.batch_at(heldout, 8, window - 1, config.seed, i)
+                      for i in range(2)])
+  models = {config.target: {"kind": "target", "params": _param_count(target),
+                            "heldout_bpb": heldout_bpb(target, windows)}}
+  for d in drafts:
+    models[d.name] = {"kind": d.kind, "params": d.params,
+                      "heldout_bpb": (None if d.kind == "prompt_lookup"
+                                      else heldout_bpb(d.model, windows))}
   metadata = {
       "config": config.to_dict(), "corpus": corpus.fingerprint(),
+      "models": models,
       "jax_version": jax.__version__, "python": sys.version.split()[0],
       "device": device_description(), "seed": config.seed,
       "git_commit": git_commit(),
@@ -279,6 +293,24 @@ def run_config(config, results_dir: str) -> list[dict]:
   }
   write(rows, metadata, results_dir)
   return rows
+
+
+def heldout_bpb(model, windows_NxBxT1: np.ndarray) -> float:
+  """Bits per byte of any `CausalLM` on held-out windows (int `[N, B, T+1]`).
+
+  Scores each window in one cached forward pass, so it works for every model
+  kind the decode loop accepts (the same measure as training's evaluation).
+  """
+  @jax.jit
+  def totals(model, tokens_BxT1):
+    def logits(inputs_BxT):
+      cache = model.init_cache(*inputs_BxT.shape)
+      return model(inputs_BxT, cache)[0]
+    return losses.bits_and_bytes(logits, tokens_BxT1)
+
+  sums = np.sum([jax.device_get(totals(model, jnp.asarray(w)))
+                 for w in windows_NxBxT1], axis=0)
+  return float(sums[0] / max(sums[1], 1.0))
 
 
 def write(rows: list[dict], metadata: dict, results_dir: str) -> None:

@@ -32,7 +32,7 @@ def test_artifacts_exist(results):
   assert sum(p.endswith(".png") for p in written) == 4
   with open(os.path.join(out, "metadata.json")) as fh:
     meta = json.load(fh)
-  for key in ("config", "corpus", "jax_version", "device", "seed",
+  for key in ("config", "corpus", "models", "jax_version", "device", "seed",
               "git_commit"):
     assert key in meta, key
   assert meta["corpus"]["files"] > 100
@@ -69,3 +69,14 @@ def test_rows_are_complete_and_consistent(results):
     assert np.isclose(row["efficiency"], row["speedup"] / row["predicted_speedup"])
     assert len(row["accept_hist"]) == row["gamma"] + 1
     assert 0 <= row["alpha_hat"] <= 1 and 0 <= row["one_minus_tv"] <= 1 + 1e-6
+
+
+def test_models_have_heldout_bits_per_byte(results):
+  out, _, _ = results
+  with open(os.path.join(out, "metadata.json")) as fh:
+    models = json.load(fh)["models"]
+  assert models["bigram"]["heldout_bpb"] < models["tiny"]["heldout_bpb"] + 5
+  assert 0 < models["bigram"]["heldout_bpb"] < 8
+  assert models["prompt-lookup"]["heldout_bpb"] is None
+  with open(os.path.join(out, "summary.txt")) as fh:
+    assert "bits/byte" in fh.read()
