@@ -368,7 +368,7 @@ def plot_alpha_vs_overlap(rows: Sequence[dict], path_stem: str,
     ax.grid(alpha=0.3)
     ax.set_title(_temperature_label(t), fontsize=10)
     ax.set_xlabel("1 − TV(p, q): mean Σ min(p, q) over verified positions")
-    ax.set_ylabel("α̂ = accepted / proposed draft tokens")
+    ax.set_ylabel("α̂ = accepted / verified draft tokens")
   handles = _draft_handles(rows, colors) + [
       Line2D([], [], color="0.5", linestyle="--", label="y = x (exactness)"),
       Line2D([], [], color="k", marker="o", linestyle="none",
@@ -571,7 +571,7 @@ def table3_markdown(rows: Sequence[dict], metadata: dict | None) -> str:
       f"{_alpha_cell(rows, bi)} | {tf_cell} |",
       "",
       "Each cell is α at T = 0 (argmax) / T = 1 (sampling); \"–\" where the "
-      "sweep has no such cell. Ours: accepted / proposed draft tokens, pooled "
+      "sweep has no such cell. Ours: accepted / verified draft tokens, pooled "
       "over all γ of the sweep.",
   ]
   if tf:
@@ -612,8 +612,9 @@ def summary_table(rows: Sequence[dict]) -> str:
   (measured / predicted), all at that gamma; then where speculation loses.
   """
   best = best_cells(rows)
+  w = max([18] + [len(d) for d in _drafts(rows)])
   # Plain ASCII headers: combining characters (alpha hat) break alignment.
-  header = (f"{'draft':<18} {'T':>4} {'best_g':>6} {'alpha':>6} "
+  header = (f"{'draft':<{w}} {'T':>4} {'best_g':>6} {'alpha':>6} "
             f"{'tok/pass':>8} {'speedup':>15} {'predicted':>9} "
             f"{'effic.':>6}")
   lines = [f"Speculative decoding sweep, target {_target_name(rows)}: "
@@ -630,7 +631,7 @@ def summary_table(rows: Sequence[dict]) -> str:
       if not math.isfinite(eff) and _num(b["predicted_speedup"]) > 0:
         eff = _num(b["speedup"]) / _num(b["predicted_speedup"])
       lines.append(
-          f"{d:<18} {t:>4g} {b['gamma']:>6d} {_num(b['alpha_hat']):>6.3f} "
+          f"{d:<{w}} {t:>4g} {b['gamma']:>6d} {_num(b['alpha_hat']):>6.3f} "
           f"{_num(b['tokens_per_target_call']):>8.2f} {speed:>15} "
           f"{_num(b['predicted_speedup']):>9.2f} {eff:>6.2f}")
   lines.append("")
