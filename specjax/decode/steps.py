@@ -49,6 +49,18 @@ def _row_uniforms(keys_B: jax.Array, n: int) -> jax.Array:
   return jax.vmap(lambda k: jax.random.uniform(k, (n,)))(keys_B)
 
 
+def _sample(u_x, probs_xV, sampling):
+  """`sample_from_probs(u_x, probs_xV)`, short-cut to an argmax when greedy.
+
+  Greedy `probabilities` are exactly one-hot, and for a one-hot row
+  `sample_from_probs` returns the hot index for every u in [0, 1), so the
+  result is the same without the CDF.
+  """
+  if sampling.greedy:
+    return jnp.argmax(probs_xV, axis=-1).astype(jnp.int32)
+  return sampling_lib.sample_from_probs(u_x, probs_xV)
+
+
 def _draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
   u_B = None
   if not getattr(draft, "one_hot_q", False):
@@ -70,7 +82,7 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
   if getattr(draft, "one_hot_q", False):
     token_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
   else:
-    token_B = sampling_lib.sample_from_probs(u_B, q_BxV)
+    token_B = _sample(u_B, q_BxV, sampling)
   return token_B, q_BxV, cache
 
 
@@ -81,8 +93,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   logits_BxG1xV, cache = target(tokens_BxG1, cache)
   p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
   u_BxN = _row_uniforms(keys_B, 2 * gamma + 1)
-  bonus_B = sampling_lib.sample_from_probs(u_BxN[:, 2 * gamma],
-                                           p_BxG1xV[:, gamma])
+  bonus_B = _sample(u_BxN[:, 2 * gamma], p_BxG1xV[:, gamma], sampling)
   if gamma == 0:  # plain autoregressive step: the "bonus" is the sample.
     zeros_B = jnp.zeros_like(last_B)
     return VerifyOutput(tokens=bonus_B[:, None], num_accepted=zeros_B,
