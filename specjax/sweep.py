@@ -3,7 +3,7 @@
 For one target, each draft, each temperature and each gamma, `run` decodes
 the same held-out prompts at batch 1 (the latency setting of the papers) with
 `speculative_generate`, and the autoregressive baseline `generate` decodes
-them too; it records, per cell, the acceptance statistics of
+them too, alternating prompt by prompt; it records, per cell, the acceptance statistics of
 `GenerationResult.summary()`, the step costs c and r of `measure.step_costs`,
 the measured wall-clock speedup, and what the accounting formulas predict
 from the measured alpha, c and r. A row is one cell; the field names are the
@@ -70,23 +70,33 @@ def _emitted_se(hist: Sequence[int]) -> float:
   return float(math.sqrt(var / rounds))
 
 
-def _decode_all(fn: Callable[[np.ndarray, np.ndarray, jax.Array], Any],
-                prompts: np.ndarray, prompt_len: int, seed: int):
-  """Runs `fn` on each prompt at batch 1; returns results and seconds each.
+def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
+                        prompt_len: int, seed: int):
+  """Runs both decoders on each prompt at batch 1, alternating, and times them.
 
-  The first prompt is run twice and its first run discarded, so compilation
-  is not timed.
+  Alternating per prompt (same key for both) keeps slow drifts of the
+  machine's speed out of the ratio. Each decoder is first run once untimed,
+  so compilation is not counted.
+
+  Returns:
+    (baseline results, baseline seconds [N], speculative results, seconds [N]).
   """
   lengths = np.array([prompt_len], np.int32)
   key = jax.random.key(seed)
-  jax.block_until_ready(fn(prompts[:1], lengths, key))
-  results, seconds = [], []
+  for fn in (baseline, speculative):
+    jax.block_until_ready(fn(prompts[:1], lengths, key))
+  out = ([], [], [], [])
   for i in range(prompts.shape[0]):
-    out, s = measure.timed(lambda: fn(prompts[i:i + 1], lengths,
-                                      jax.random.fold_in(key, i)))
-    results.append(out)
-    seconds.append(s)
-  return results, np.asarray(seconds)
+    for j, fn in enumerate((baseline, speculative)):
+      result, seconds = measure.timed(
+          lambda: fn(prompts[i:i + 1], lengths, jax.random.fold_in(key, i)))
+      out[2 * j].append(result)
+      out[2 * j + 1].append(seconds)
+  return out[0], np.asarray(out[1]), out[2], np.asarray(out[3])
+
+
+def _tokens_each(results) -> np.ndarray:
+  return np.array([int(r.lengths.sum()) for r in results])
 
 
 def _pooled(results) -> dict[str, Any]:
@@ -127,7 +137,6 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
   context = prompt_len + max_new_tokens // 2  # a typical mid-generation cache
   target_params = _param_count(target)
   rows = []
-  ar_cache: dict[float, tuple[float, int]] = {}
   forward_s: dict[tuple[str, int], float] = {}
 
   def seconds_per_pass(name, model, num_tokens):
@@ -145,35 +154,30 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
         seconds_per_pass(draft.name, draft.model, 1))
   for temperature in temperatures:
     sampling = sampling_lib.SamplingConfig(temperature=temperature)
-    if progress:
-      progress(f"autoregressive baseline, T={temperature:g}")
-    results, seconds = _decode_all(
-        lambda p, l, k: loop.generate(target, p, l, k,
-                                      max_new_tokens=max_new_tokens,
-                                      sampling=sampling),
-        prompts, prompt_len, seed)
-    ar_tokens = int(sum(int(r.lengths.sum()) for r in results))
-    ar_cache[temperature] = (float(seconds.sum()), ar_tokens)
-    ar_per_prompt = seconds / np.array([int(r.lengths.sum()) for r in results])
+
+    def baseline(p, l, k):
+      return loop.generate(target, p, l, k, max_new_tokens=max_new_tokens,
+                           sampling=sampling)
+
     for draft in drafts:
       for gamma in gammas:
         if progress:
           progress(f"{draft.name}, T={temperature:g}, gamma={gamma}")
         costs = step_costs(draft, gamma)
-        results, spec_seconds = _decode_all(
+        ar_results, ar_seconds, results, spec_seconds = _decode_interleaved(
+            baseline,
             lambda p, l, k: loop.speculative_generate(
                 target, draft.model, p, l, k, gamma=gamma,
                 max_new_tokens=max_new_tokens, sampling=sampling),
             prompts, prompt_len, seed)
         pooled = _pooled(results)
-        spec_per_prompt = spec_seconds / np.array(
-            [int(r.lengths.sum()) for r in results])
-        ratios = ar_per_prompt / spec_per_prompt
+        ratios = ((ar_seconds / _tokens_each(ar_results))
+                  / (spec_seconds / _tokens_each(results)))
+        ar_tok_s = _tokens_each(ar_results).sum() / ar_seconds.sum()
+        spec_tok_s = pooled["generated_tokens"] / spec_seconds.sum()
+        speedup = spec_tok_s / ar_tok_s
         verified = pooled["verified"]
         alpha = pooled["accepted"] / verified if verified else float("nan")
-        ar_s, ar_tok = ar_cache[temperature]
-        spec_tok_s = pooled["generated_tokens"] / spec_seconds.sum()
-        speedup = spec_tok_s / (ar_tok / ar_s)
         predicted = float(accounting.walltime_improvement(
             alpha, gamma, costs["c"], costs["r"]))
         rows.append({
@@ -193,7 +197,7 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
             "predicted_tokens_per_target_call": float(
                 accounting.expected_tokens_per_pass(alpha, gamma)),
             **costs,
-            "ar_tokens_per_s": ar_tok / ar_s, "spec_tokens_per_s": spec_tok_s,
+            "ar_tokens_per_s": ar_tok_s, "spec_tokens_per_s": spec_tok_s,
             "speedup": speedup,
             "speedup_se": (float(np.std(ratios, ddof=1) / math.sqrt(len(ratios)))
                            if len(ratios) > 1 else None),
@@ -258,8 +262,7 @@ def run_config(config, results_dir: str) -> list[dict]:
   prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
                          config.seed)
   cells = len(config.temperatures) * len(drafts) * len(config.gammas)
-  bar = tqdm.tqdm(total=cells + len(config.temperatures), desc="sweep",
-                  unit="cell")
+  bar = tqdm.tqdm(total=cells, desc="sweep", unit="cell")
 
   def progress(what):  # called as each cell starts
     bar.set_postfix_str(what)
