@@ -56,6 +56,7 @@ from flax import nnx
 from flax import struct
 
 import specjax as sj
+from specjax import measure
 from specjax.decode import loop as decode_loop
 from specjax.models import KVCache
 from specjax.models import TransformerConfig
@@ -184,52 +185,6 @@ def _stub(model: TransformerLM, table: jax.Array) -> StubLM:
 # ----------------------------------------------------------------- timing --
 
 
-def _median_times(fns: dict[str, Callable[[], Any]], repeats: int
-                  ) -> dict[str, float]:
-  """Median seconds per call; warm-up call first, then repeats interleaved."""
-  for fn in fns.values():
-    jax.block_until_ready(fn())
-  times = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      jax.block_until_ready(fn())
-      times[name].append(time.perf_counter() - start)
-  return {name: statistics.median(t) for name, t in times.items()}
-
-
-def _forward_loops(model, batch, tokens, cache_len, fill, seconds):
-  """Two calls running n and 2n cached forward passes of `tokens` tokens/row.
-
-  Their time difference / n is one pass without a call's fixed cost
-  (dispatch, argument copies: ~1 ms, which would swamp a small model's pass).
-  n is chosen so that n passes take about `seconds`. Each pass starts at
-  `fill` committed positions (the lengths are reset after every pass, as a
-  rolled-back round does), so all passes cost the same.
-  """
-  @jax.jit
-  def run(model, cache, first_B, n):
-    def body(_, carry):
-      cache, token_B = carry
-      logits_BxTxV, new_cache = model(
-          jnp.broadcast_to(token_B[:, None], (batch, tokens)), cache)
-      # Feeding the argmax back makes each pass depend on the last, as in
-      # decoding, so XLA can neither drop nor hoist any of it.
-      return (new_cache.replace(lengths=cache.lengths),
-              jnp.argmax(logits_BxTxV[:, -1], axis=-1).astype(jnp.int32))
-    return jax.lax.fori_loop(0, n, body, (cache, first_B))
-
-  cache = model.init_cache(batch, cache_len).replace(
-      lengths=jnp.full((batch,), fill, jnp.int32))
-  first_B = jnp.zeros((batch,), jnp.int32)
-  call = lambda n: run(model, cache, first_B, jnp.int32(n))
-  n = 8
-  for _ in range(2):  # the first estimate is inflated by the fixed cost
-    per_pass = _median_times({"": lambda: call(n)}, 3)[""] / n
-    n = max(n, int(seconds / per_pass))
-  return n, (lambda: call(n)), (lambda: call(2 * n))
-
-
 def _copy_calls(megabytes: int) -> tuple[dict[str, Callable[[], Any]], int]:
   """Calls that each copy `megabytes`, and the bytes one moves (read + write).
 
@@ -308,7 +263,7 @@ def main(argv):
   for name, model, tokens in (("target T=1", target, 1),
                               (f"target T={gamma + 1}", target, gamma + 1),
                               ("draft T=1", draft, 1)):
-    n, once, twice = _forward_loops(model, batch, tokens, cache_len, fill,
+    n, once, twice = measure.forward_loops(model, batch, tokens, cache_len, fill,
                                     _LOOP_SECONDS.value)
     passes[name] = n
     fns[f"{name} x{n}"], fns[f"{name} x{2 * n}"] = once, twice
@@ -323,7 +278,7 @@ def main(argv):
   read_all = jax.jit(lambda leaves: sum(jnp.sum(x) for x in leaves))
   fns["read weights"] = lambda: read_all(params)
   load_before = os.getloadavg()[0]
-  t = _median_times(fns, _REPEATS.value)
+  t = measure.median_times(fns, _REPEATS.value)
   load_after = os.getloadavg()[0]
 
   ar_out, spec_out, stub_out = ar(), spec(), stub_spec()

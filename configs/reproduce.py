@@ -52,7 +52,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   c.results_dir = f"results/{preset}"
   c.seed = 0
   c.temperatures = (0.0, 1.0)
-  c.step_iters = 16
+  c.step_seconds = 0.1  # per timed loop of forward passes
   c.step_repeats = 5
   if preset == "quick":
     c.target = "target-3m"
@@ -99,6 +99,6 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     c.num_prompts = 2
     c.prompt_len = 16
     c.max_new_tokens = 24
-    c.step_iters = 2
+    c.step_seconds = 0.01
     c.step_repeats = 2
   return c

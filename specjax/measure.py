@@ -3,11 +3,12 @@
   c = (one draft step) / (one target step)            both on T = 1 token
   r = (target pass on gamma + 1 tokens) / (target step on 1 token)
 
-Step times come from a jitted `fori_loop` of `iters` forward passes on a
-cache filled to a realistic context length (each pass depends on the last
-through the cache, so XLA cannot overlap or drop them), divided by `iters`;
-the median over `repeats` is reported. Everything is timed after a warm-up
-call, so compilation is never counted.
+Step times come from jitted `fori_loop`s of n and 2n forward passes at a
+realistic context length, each pass fed the argmax of the last (so XLA can
+neither drop nor overlap them); their difference over n is one pass without a
+call's fixed cost (dispatch, argument copies: about 1 ms, which would swamp a
+small model's pass). Medians over interleaved repeats, after a warm-up call,
+so compilation is never counted.
 """
 
 from __future__ import annotations
@@ -23,59 +24,77 @@ import numpy as np
 from specjax import _checks
 
 
-def median_seconds(fn: Callable[[], Any], *, repeats: int = 5) -> float:
-  """Median wall-clock seconds of `fn()` (blocked until ready) after a warm-up."""
-  repeats = _checks.check_int("repeats", repeats, low=1)
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
+def median_times(fns: dict[str, Callable[[], Any]], repeats: int
+                  ) -> dict[str, float]:
+  """Median seconds per call; warm-up call first, then repeats interleaved."""
+  for fn in fns.values():
     jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  times = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - start)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
+def forward_loops(model, batch, tokens, cache_len, fill, seconds):
+  """Two calls running n and 2n cached forward passes of `tokens` tokens/row.
+
+  Their time difference / n is one pass without a call's fixed cost
+  (dispatch, argument copies: ~1 ms, which would swamp a small model's pass).
+  n is chosen so that n passes take about `seconds`. Each pass starts at
+  `fill` committed positions (the lengths are reset after every pass, as a
+  rolled-back round does), so all passes cost the same.
+  """
+  @jax.jit
+  def run(model, cache, first_B, n):
+    def body(_, carry):
+      cache, token_B = carry
+      logits_BxTxV, new_cache = model(
+          jnp.broadcast_to(token_B[:, None], (batch, tokens)), cache)
+      # Feeding the argmax back makes each pass depend on the last, as in
+      # decoding, so XLA can neither drop nor hoist any of it.
+      return (new_cache.replace(lengths=cache.lengths),
+              jnp.argmax(logits_BxTxV[:, -1], axis=-1).astype(jnp.int32))
+    return jax.lax.fori_loop(0, n, body, (cache, first_B))
+
+  cache = model.init_cache(batch, cache_len).replace(
+      lengths=jnp.full((batch,), fill, jnp.int32))
+  first_B = jnp.zeros((batch,), jnp.int32)
+  call = lambda n: run(model, cache, first_B, jnp.int32(n))
+  n = 8
+  for _ in range(2):  # the first estimate is inflated by the fixed cost
+    per_pass = median_times({"": lambda: call(n)}, 3)[""] / n
+    n = max(n, int(seconds / per_pass))
+  return n, (lambda: call(n)), (lambda: call(2 * n))
 
 
 def forward_seconds(model, *, batch_size: int, context_len: int,
-                    num_tokens: int, iters: int = 16, repeats: int = 5,
-                    seed: int = 0) -> float:
+                    num_tokens: int, seconds: float = 0.1,
+                    repeats: int = 5) -> float:
   """Seconds per forward pass of `num_tokens` new tokens per row.
 
-  The cache holds `context_len` positions of random tokens, and every pass
-  scores its tokens at positions `context_len ...` (then the length is rolled
-  back, as the decode loop does after a rejection).
+  The cache holds `context_len` committed positions; the pass time is the
+  difference of loops of n and 2n passes over n (see `forward_loops`), so a
+  call's fixed cost is not counted.
   """
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
-  context_len = _checks.check_int("context_len", context_len, low=1)
+  context_len = _checks.check_int("context_len", context_len, low=0)
   num_tokens = _checks.check_int("num_tokens", num_tokens, low=1)
-  iters = _checks.check_int("iters", iters, low=1)
   capacity = context_len + num_tokens
   limit = getattr(model, "max_positions", None)
   if limit is not None and capacity > limit:
     raise ValueError(f"context_len + num_tokens = {capacity} exceeds the "
                      f"model's max_positions={limit}.")
-  rng = np.random.default_rng(seed)
-  context = jnp.asarray(rng.integers(0, model.vocab_size,
-                                     (batch_size, context_len)), jnp.int32)
-  tokens = jnp.asarray(rng.integers(0, model.vocab_size,
-                                    (batch_size, num_tokens)), jnp.int32)
-  _, cache = model(context, model.init_cache(batch_size, capacity))
-
-  @jax.jit
-  def passes(model, cache, tokens):
-    def body(_, carry):
-      cache, acc = carry
-      logits, cache = model(tokens, cache)
-      # Feeding a logit back into the next pass's tokens would change them;
-      # accumulating one keeps the passes live without changing the work.
-      return cache.replace(lengths=cache.lengths - num_tokens), acc + logits[0, 0, 0]
-    return jax.lax.fori_loop(0, iters, body, (cache, jnp.float32(0)))[1]
-
-  return median_seconds(lambda: passes(model, cache, tokens),
-                        repeats=repeats) / iters
+  n, once, twice = forward_loops(model, batch_size, num_tokens, capacity,
+                                 context_len, seconds)
+  t = median_times({"n": once, "2n": twice}, repeats)
+  return max(t["2n"] - t["n"], 0.0) / n
 
 
 def step_costs(target, draft, *, gamma: int, context_len: int,
-               batch_size: int = 1, iters: int = 16, repeats: int = 5
+               batch_size: int = 1, seconds: float = 0.1, repeats: int = 5
                ) -> dict[str, float]:
   """Measured per-pass times and the ratios c and r (see the module docstring).
 
@@ -83,7 +102,7 @@ def step_costs(target, draft, *, gamma: int, context_len: int,
   `draft_step_s`, `c` and `r`.
   """
   gamma = _checks.check_int("gamma", gamma, low=1)
-  kw = dict(batch_size=batch_size, context_len=context_len, iters=iters,
+  kw = dict(batch_size=batch_size, context_len=context_len, seconds=seconds,
             repeats=repeats)
   return cost_ratios(forward_seconds(target, num_tokens=1, **kw),
                      forward_seconds(target, num_tokens=gamma + 1, **kw),

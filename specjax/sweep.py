@@ -115,7 +115,7 @@ def _pooled(results) -> dict[str, Any]:
 def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
         temperatures: Sequence[float], gammas: Sequence[int],
         max_new_tokens: int, target_name: str, seed: int = 0,
-        step_iters: int = 16, step_repeats: int = 5,
+        step_seconds: float = 0.1, step_repeats: int = 5,
         progress: Callable[[str], None] | None = None) -> list[dict]:
   """Measures every (draft, temperature, gamma) cell; returns one dict each.
 
@@ -129,7 +129,7 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
     max_new_tokens: tokens generated per prompt.
     target_name: recorded in every row.
     seed: keys of the sampled runs.
-    step_iters, step_repeats: see `measure.step_costs`.
+    step_seconds, step_repeats: see `measure.forward_seconds`.
     progress: called with a short description before each cell.
   """
   prompts = np.asarray(prompts, np.int32)
@@ -144,7 +144,7 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
     if (name, num_tokens) not in forward_s:
       forward_s[name, num_tokens] = measure.forward_seconds(
           model, batch_size=1, context_len=context, num_tokens=num_tokens,
-          iters=step_iters, repeats=step_repeats)
+          seconds=step_seconds, repeats=step_repeats)
     return forward_s[name, num_tokens]
 
   def step_costs(draft, gamma):
@@ -271,7 +271,7 @@ def run_config(config, results_dir: str) -> list[dict]:
   rows = run(target, drafts, prompts, temperatures=config.temperatures,
              gammas=config.gammas, max_new_tokens=config.max_new_tokens,
              target_name=config.target, seed=config.seed,
-             step_iters=config.step_iters, step_repeats=config.step_repeats,
+             step_seconds=config.step_seconds, step_repeats=config.step_repeats,
              progress=progress)
   bar.close()
   limits = [m.max_positions for m in [target] + [d.model for d in drafts]
