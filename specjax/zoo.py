@@ -75,17 +75,20 @@ def _parse(name: str) -> tuple[str, str, str | None]:
 
 
 def _config(size: str, overrides: dict[str, Any] | None):
+  """The recipe of `size` with dotted `overrides` ("optim.lr": 1e-3) applied."""
   config = recipes.train_config(size)
   config.progress = True
   for key, value in (overrides or {}).items():
-    node, *path = key.split(".")
-    target = config
-    for part in [node, *path][:-1]:
-      target = target[part]
-    if [node, *path][-1] not in target:
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+      node = node.get(part)
+      if node is None:
+        break
+    if node is None or leaf not in node:
       raise ValueError(f"overrides: {key!r} is not a field of the {size} "
                        "training config.")
-    target[[node, *path][-1]] = value
+    node[leaf] = value
   return config
 
 
