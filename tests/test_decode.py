@@ -147,7 +147,7 @@ def test_stats_are_consistent(target, good_draft):
   np.testing.assert_array_equal(st.target_calls, st.rounds)
   np.testing.assert_array_equal(
       st.accepted, (st.accept_hist * np.arange(gamma + 1)).sum(1))
-  assert (st.verified <= st.proposed).all() and (st.accepted <= st.verified).all()
+  assert (st.verified <= st.draft_calls).all() and (st.accepted <= st.verified).all()
   # Each round emits accepted + 1 tokens, except a final round cut by the budget.
   assert ((st.accepted + st.rounds >= np.asarray(out.lengths))).all()
   assert (np.asarray(out.lengths) == 30).all()

@@ -20,8 +20,8 @@ class RowStats:
   """
   rounds: jax.Array          # int32 [B]: rounds in which the row was active
   target_calls: jax.Array    # int32 [B]: target forward passes after prefill
-  draft_calls: jax.Array     # int32 [B]: draft forward passes after prefill
-  proposed: jax.Array        # int32 [B]: draft tokens proposed (gamma per round)
+  draft_calls: jax.Array     # int32 [B]: draft forward passes after prefill,
+                             # one per proposed token (gamma per round)
   verified: jax.Array        # int32 [B]: draft tokens judged by the target
   accepted: jax.Array        # int32 [B]: draft tokens kept
   overlap_sum: jax.Array     # float32 [B]: sum over verified of sum_x min(p, q)
@@ -30,7 +30,7 @@ class RowStats:
   @classmethod
   def zeros(cls, batch_size: int, gamma: int) -> "RowStats":
     z = jnp.zeros((batch_size,), jnp.int32)
-    return cls(rounds=z, target_calls=z, draft_calls=z, proposed=z,
+    return cls(rounds=z, target_calls=z, draft_calls=z,
                verified=z, accepted=z,
                overlap_sum=jnp.zeros((batch_size,), jnp.float32),
                accept_hist=jnp.zeros((batch_size, gamma + 1), jnp.int32))
@@ -92,7 +92,7 @@ class GenerationResult:
         "rounds": int(s.rounds.sum()),
         "target_calls": target_calls,
         "draft_calls": int(s.draft_calls.sum()),
-        "proposed": int(s.proposed.sum()),
+        "proposed": int(s.draft_calls.sum()),
         "verified": verified,
         "accepted": int(s.accepted.sum()),
         "alpha_hat": (float(s.accepted.sum()) / verified) if verified else float("nan"),
