@@ -85,13 +85,17 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   if config.greedy:
     best = jnp.argmax(logits_xV, axis=-1)  # first max: lowest id wins ties
     return jax.nn.one_hot(best, logits_xV.shape[-1], dtype=jnp.float32)
+  if config.top_k:
+    # Ranked on the raw logits: shifting and scaling can round distinct
+    # logits together and let a token below the k-th largest tie into the set.
+    kth = jax.lax.top_k(logits_xV, config.top_k)[0][..., -1:]
+    in_top_k_xV = logits_xV >= kth
   # Shift before dividing: a tiny temperature then sends non-maximal logits
   # to -inf instead of overflowing every logit to inf (NaN after softmax).
   logits_xV = logits_xV - jnp.max(logits_xV, axis=-1, keepdims=True)
   logits_xV = logits_xV / config.temperature
   if config.top_k:
-    kth = jax.lax.top_k(logits_xV, config.top_k)[0][..., -1:]
-    logits_xV = jnp.where(logits_xV >= kth, logits_xV, -jnp.inf)
+    logits_xV = jnp.where(in_top_k_xV, logits_xV, -jnp.inf)
   probs_xV = jax.nn.softmax(logits_xV, axis=-1)
   if config.top_p < 1.0:
     sorted_xV = -jnp.sort(-probs_xV, axis=-1)

@@ -508,3 +508,13 @@ def test_tiny_positive_temperature_is_rejected_not_nan():
                                  sampling.SamplingConfig(
                                      temperature=sampling.MIN_TEMPERATURE))
   np.testing.assert_allclose(probs, [0.0, 1.0, 0.0])
+
+
+def test_top_k_ranks_raw_logits_before_rounding():
+  # 9.8e-36 - 1 rounds to -1 = 0 - 1 in float32: ranking after the shift would
+  # tie the four zero logits with the fourth-largest one and keep them all.
+  logits = jnp.array([0, 0, 0, 0, 1, 1, 1, 9.817772474681332e-36], jnp.float32)
+  probs = sampling.probabilities(
+      logits, sampling.SamplingConfig(temperature=0.5, top_k=4))
+  np.testing.assert_array_equal(np.asarray(probs) > 0,
+                                [0, 0, 0, 0, 1, 1, 1, 1])
