@@ -43,8 +43,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import statistics
-import time
 from typing import Any, Callable, ClassVar
 
 from absl import app

@@ -14,7 +14,6 @@ autoregressive sample, so baseline and speculative runs share every piece.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp

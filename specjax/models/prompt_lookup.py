@@ -127,7 +127,6 @@ class PromptLookupDraft(struct.PyTreeNode):
       raise ValueError(f"cache holds {cache.history.shape[0]} rows but tokens "
                        f"has batch size {batch}; make the cache with "
                        f"init_cache({batch}, max_len).")
-    max_len = cache.max_len
     lengths_B = cache.lengths.astype(jnp.int32)
     pos_BxT = lengths_B[:, None] + jnp.arange(length, dtype=jnp.int32)
     rows_Bx1 = jnp.arange(batch)[:, None]

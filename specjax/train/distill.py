@@ -23,7 +23,6 @@ continue at decode time.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import jax
 import jax.numpy as jnp
