@@ -93,19 +93,29 @@ def forward_seconds(model, *, batch_size: int, context_len: int,
 
 
 def step_costs(target, draft, *, gamma: int, context_len: int,
-               batch_size: int = 1, seconds: float = 0.1, repeats: int = 5
-               ) -> dict[str, float]:
+               batch_size: int = 1, seconds: float = 0.1, repeats: int = 5,
+               memo: dict | None = None) -> dict[str, float]:
   """Measured per-pass times and the ratios c and r (see the module docstring).
+
+  `memo`, if given, keeps each (model, tokens per pass) timing across calls,
+  so a grid over drafts and gammas times every distinct pass once.
 
   Returns a dict with `target_step_s`, `verify_step_s` (gamma + 1 tokens),
   `draft_step_s`, `c` and `r`.
   """
   gamma = _checks.check_int("gamma", gamma, low=1)
-  kw = dict(batch_size=batch_size, context_len=context_len, seconds=seconds,
-            repeats=repeats)
-  return cost_ratios(forward_seconds(target, num_tokens=1, **kw),
-                     forward_seconds(target, num_tokens=gamma + 1, **kw),
-                     forward_seconds(draft, num_tokens=1, **kw))
+  memo = {} if memo is None else memo
+
+  def seconds_per_pass(model, num_tokens):
+    if (id(model), num_tokens) not in memo:
+      memo[id(model), num_tokens] = forward_seconds(
+          model, batch_size=batch_size, context_len=context_len,
+          num_tokens=num_tokens, seconds=seconds, repeats=repeats)
+    return memo[id(model), num_tokens]
+
+  return cost_ratios(seconds_per_pass(target, 1),
+                     seconds_per_pass(target, gamma + 1),
+                     seconds_per_pass(draft, 1))
 
 
 def cost_ratios(target_step_s: float, verify_step_s: float,

@@ -137,21 +137,8 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
   context = prompt_len + max_new_tokens // 2  # a typical mid-generation cache
   target_params = _param_count(target)
   rows = []
-  forward_s: dict[tuple[str, int], float] = {}
-
-  def seconds_per_pass(name, model, num_tokens):
-    # Step costs do not depend on the temperature: measure each pass once.
-    if (name, num_tokens) not in forward_s:
-      forward_s[name, num_tokens] = measure.forward_seconds(
-          model, batch_size=1, context_len=context, num_tokens=num_tokens,
-          seconds=step_seconds, repeats=step_repeats)
-    return forward_s[name, num_tokens]
-
-  def step_costs(draft, gamma):
-    return measure.cost_ratios(
-        seconds_per_pass("<target>", target, 1),
-        seconds_per_pass("<target>", target, gamma + 1),
-        seconds_per_pass(draft.name, draft.model, 1))
+  # Step costs do not depend on the temperature: time each pass once.
+  pass_times: dict = {}
   for temperature in temperatures:
     sampling = sampling_lib.SamplingConfig(temperature=temperature)
 
@@ -163,7 +150,9 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
       for gamma in gammas:
         if progress:
           progress(f"{draft.name}, T={temperature:g}, gamma={gamma}")
-        costs = step_costs(draft, gamma)
+        costs = measure.step_costs(
+            target, draft.model, gamma=gamma, context_len=context,
+            seconds=step_seconds, repeats=step_repeats, memo=pass_times)
         ar_results, ar_seconds, results, spec_seconds = _decode_interleaved(
             baseline,
             lambda p, l, k: loop.speculative_generate(
