@@ -9,6 +9,7 @@ from specjax.coupling import coupling_sample
 from specjax.coupling import residual
 from specjax.coupling import tv_distance
 from specjax.decode import GenerationResult
+from specjax.decode import NonFiniteLogitsError
 from specjax.decode import RowStats
 from specjax.decode import VerifyOutput
 from specjax.decode import draft_step

@@ -9,3 +9,5 @@ from specjax.decode.state import RowStats
 from specjax.decode.steps import VerifyOutput
 from specjax.decode.steps import draft_step
 from specjax.decode.steps import verify_step
+from specjax.decode.steps import nonfinite_rows
+from specjax.decode.validation import NonFiniteLogitsError

@@ -152,7 +152,12 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
       accepted=s.accepted + out.num_accepted * a_B,
       overlap_sum=s.overlap_sum + jnp.where(active_B, out.overlap, 0.0),
       accept_hist=s.accept_hist.at[jnp.arange(batch), out.num_accepted].add(
-          a_B))
+          a_B),
+      target_nonfinite=s.target_nonfinite + out.nonfinite * a_B,
+      # `_draft_sample` marks a proposal drawn from non-finite logits by a
+      # NaN q row (a one-hot or probability row never holds a NaN).
+      draft_nonfinite=s.draft_nonfinite + jnp.sum(
+          jnp.isnan(q_BxGxV[..., 0]), axis=1, dtype=jnp.int32) * a_B)
   return state.replace(
       tokens=tokens, lengths=new_n_B, done=done_B, round=state.round + 1,
       target_cache=out.cache.replace(lengths=new_n_B - 1),
@@ -237,7 +242,8 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
 def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
                          gamma: int, max_new_tokens: int,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
-                         eos_id: int | None = None, pad_id: int = 0
+                         eos_id: int | None = None, pad_id: int = 0,
+                         on_nonfinite: str = "raise"
                          ) -> state_lib.GenerationResult:
   """Samples continuations from `target`, speculating with `draft`.
 
@@ -255,12 +261,19 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     sampling: the transform applied to target and draft logits alike.
     eos_id: a row stops after emitting this token (it is included).
     pad_id: fills `tokens` past each row's length.
+    on_nonfinite: "raise" (default) or "warn". If either model produced
+      non-finite logits (NaN, +inf, or a row of -inf) for an active row, the
+      tokens of that row are not a sample of the target: after the loop this
+      raises `NonFiniteLogitsError` naming the rows and the model, or with
+      "warn" issues a `RuntimeWarning` and returns the result (the counts are
+      in `stats.target_nonfinite` / `stats.draft_nonfinite`).
 
   Returns:
     `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`.
   """
   validation.check_model("target", target)
   validation.check_model("draft", draft)
+  validation.check_on_nonfinite(on_nonfinite)
   if draft.vocab_size != target.vocab_size:
     raise ValueError(f"draft.vocab_size ({draft.vocab_size}) != "
                      f"target.vocab_size ({target.vocab_size}); speculative "
@@ -270,24 +283,32 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=gamma, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("target", target), ("draft", draft)))
-  return _generate(target, draft, prompts, lengths, keys, gamma=gamma,
-                   max_new_tokens=max_new_tokens, sampling=sampling,
-                   eos_id=eos_id, pad_id=pad_id)
+  result = _generate(target, draft, prompts, lengths, keys, gamma=gamma,
+                     max_new_tokens=max_new_tokens, sampling=sampling,
+                     eos_id=eos_id, pad_id=pad_id)
+  validation.check_finite_logits(result.stats, "speculative_generate",
+                                 on_nonfinite)
+  return result
 
 
 def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
              sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
-             eos_id: int | None = None, pad_id: int = 0
+             eos_id: int | None = None, pad_id: int = 0,
+             on_nonfinite: str = "raise"
              ) -> state_lib.GenerationResult:
   """Autoregressive sampling from `model`: the baseline, one token per pass.
 
-  Same arguments and result as `speculative_generate`, without a draft.
+  Same arguments and result as `speculative_generate`, without a draft (a
+  non-finite row is reported as the target's).
   """
   validation.check_model("model", model)
+  validation.check_on_nonfinite(on_nonfinite)
   prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
       model, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=0, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("model", model),))
-  return _generate(model, None, prompts, lengths, keys, gamma=0,
-                   max_new_tokens=max_new_tokens, sampling=sampling,
-                   eos_id=eos_id, pad_id=pad_id)
+  result = _generate(model, None, prompts, lengths, keys, gamma=0,
+                     max_new_tokens=max_new_tokens, sampling=sampling,
+                     eos_id=eos_id, pad_id=pad_id)
+  validation.check_finite_logits(result.stats, "generate", on_nonfinite)
+  return result

@@ -26,6 +26,10 @@ class RowStats:
   accepted: jax.Array        # int32 [B]: draft tokens kept
   overlap_sum: jax.Array     # float32 [B]: sum over verified of sum_x min(p, q)
   accept_hist: jax.Array     # int32 [B, G+1]: rounds that kept n drafts
+  target_nonfinite: jax.Array  # int32 [B]: target positions scored from
+                               # non-finite logits (NaN, +inf, all -inf)
+  draft_nonfinite: jax.Array   # int32 [B]: draft proposals drawn from
+                               # non-finite logits
 
   @classmethod
   def zeros(cls, batch_size: int, gamma: int) -> "RowStats":
@@ -33,7 +37,8 @@ class RowStats:
     return cls(rounds=z, target_calls=z, draft_calls=z,
                verified=z, accepted=z,
                overlap_sum=jnp.zeros((batch_size,), jnp.float32),
-               accept_hist=jnp.zeros((batch_size, gamma + 1), jnp.int32))
+               accept_hist=jnp.zeros((batch_size, gamma + 1), jnp.int32),
+               target_nonfinite=z, draft_nonfinite=z)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -80,6 +85,8 @@ class GenerationResult:
     one_minus_tv: mean over verified positions of sum_x min(p(x), q(x)).
     tokens_per_target_call: generated tokens / target passes (block
       efficiency); compare with expected_tokens_per_pass(alpha_hat, gamma).
+    target_nonfinite, draft_nonfinite: positions scored / proposals drawn
+      from non-finite logits (0 in a healthy run).
     """
     s = jax.tree.map(np.asarray, self.stats)
     generated = int(np.asarray(self.lengths).sum())
@@ -99,4 +106,6 @@ class GenerationResult:
         "one_minus_tv": (float(s.overlap_sum.sum()) / verified) if verified else float("nan"),
         "tokens_per_target_call": generated / target_calls if target_calls else float("nan"),
         "accept_hist": hist.tolist(),
+        "target_nonfinite": int(s.target_nonfinite.sum()),
+        "draft_nonfinite": int(s.draft_nonfinite.sum()),
     }

@@ -32,16 +32,32 @@ class VerifyOutput:
     expected number of acceptances at those positions.
   cache: the target cache after scoring all G+1 tokens (the caller rolls it
     back to the committed length).
+  nonfinite: int32 `[B]`, scored positions (of the G+1) whose target logits
+    were non-finite (see `nonfinite_rows`); the row's tokens are then not a
+    sample of the target.
   """
   tokens: jax.Array
   num_accepted: jax.Array
   num_verified: jax.Array
   overlap: jax.Array
   cache: Any
+  nonfinite: jax.Array
 
   @property
   def num_emitted(self) -> jax.Array:
     return self.num_accepted + 1
+
+
+def nonfinite_rows(logits_xV: jax.Array) -> jax.Array:
+  """bool `[...]`: rows of `logits_xV` `[..., V]` that are no distribution.
+
+  A row is non-finite if it holds a NaN or a +inf, or if every entry is -inf.
+  A -inf entry alone is a legal zero probability (n-gram drafts, masked
+  vocabularies). Sampling such a row would silently yield an arbitrary token
+  (V-1, the byte vocabulary's PAD, for a NaN row), so the loop counts them.
+  """
+  return ~(jnp.all(logits_xV < jnp.inf, axis=-1)
+           & jnp.any(logits_xV > -jnp.inf, axis=-1))
 
 
 def _row_uniforms(keys_B: jax.Array, n: int) -> jax.Array:
@@ -78,11 +94,19 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
   else:
     logits_BxV = jnp.take_along_axis(
         logits_BxTxV, select_B[:, None, None], axis=1)[:, 0]
-  q_BxV = sampling_lib.probabilities(logits_BxV, sampling)
   if getattr(draft, "one_hot_q", False):
-    token_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
+    # The proposal is the argmax (which every sampling transform keeps), and
+    # the q it was drawn from is exactly one_hot(proposal), built from the
+    # token: a draft that declares one_hot_q but returns soft logits is still
+    # verified against the law its proposals really follow.
+    token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    q_BxV = jax.nn.one_hot(token_B, logits_BxV.shape[-1], dtype=jnp.float32)
   else:
+    q_BxV = sampling_lib.probabilities(logits_BxV, sampling)
     token_B = _sample(u_B, q_BxV, sampling)
+  # A proposal drawn from non-finite logits gets q = NaN, so the loop (and a
+  # caller of `draft_step`) can see it; see `nonfinite_rows`.
+  q_BxV = jnp.where(nonfinite_rows(logits_BxV)[:, None], jnp.nan, q_BxV)
   return token_B, q_BxV, cache
 
 
@@ -92,6 +116,8 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
   logits_BxG1xV, cache = target(tokens_BxG1, cache)
   p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
+  nonfinite_B = jnp.sum(nonfinite_rows(logits_BxG1xV), axis=1,
+                        dtype=jnp.int32)
   u_BxN = _row_uniforms(keys_B, 2 * gamma + 1)
   bonus_B = _sample(u_BxN[:, 2 * gamma], p_BxG1xV[:, gamma], sampling)
   if gamma == 0:  # plain autoregressive step: the "bonus" is the sample.
@@ -99,7 +125,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
     return VerifyOutput(tokens=bonus_B[:, None], num_accepted=zeros_B,
                         num_verified=zeros_B,
                         overlap=jnp.zeros(last_B.shape, jnp.float32),
-                        cache=cache)
+                        cache=cache, nonfinite=nonfinite_B)
   p_BxGxV = p_BxG1xV[:, :gamma]
   # Every position gets its own coupling draw; only those up to the first
   # rejection are used, which is what judging left to right would produce.
@@ -123,7 +149,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
       tokens=emitted_BxG1.astype(jnp.int32), num_accepted=num_accepted_B,
       num_verified=num_verified_B,
       overlap=jnp.sum(jnp.where(judged_BxG, overlap_BxG, 0.0), axis=1),
-      cache=cache)
+      cache=cache, nonfinite=nonfinite_B)
 
 
 _draft_step_jit = jax.jit(_draft_step, static_argnames=("sampling",))
@@ -145,7 +171,9 @@ def draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
 
   Returns:
     token_B: int32 `[B]` drawn from q; q_BxV: float32 `[B, V]` the draft
-    distribution (after the sampling transform); the advanced cache.
+    distribution (after the sampling transform; exactly one_hot(token) for a
+    `one_hot_q` draft; all NaN in a row whose logits were non-finite, see
+    `nonfinite_rows`); the advanced cache.
   """
   tokens_BxT = _checks.check_array("tokens", tokens_BxT, rank=2, kind="i")
   validation.check_model("draft", draft)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from typing import Any
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -83,3 +84,52 @@ def check_token_range(prompts: np.ndarray, lengths: np.ndarray,
     r, c = np.argwhere(bad)[0]
     raise ValueError(f"prompts[{r}, {c}] = {prompts[r, c]} is outside the "
                      f"vocabulary [0, {vocab_size}).")
+
+
+ON_NONFINITE = ("raise", "warn")
+
+
+class NonFiniteLogitsError(FloatingPointError):
+  """A model produced NaN / +inf logits (or a row of -inf) during decoding."""
+
+
+def check_on_nonfinite(on_nonfinite: Any) -> None:
+  if on_nonfinite not in ON_NONFINITE:
+    raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got "
+                     f"{on_nonfinite!r}.")
+
+
+def _rows_text(counts_B: np.ndarray, what: str) -> str:
+  rows = np.flatnonzero(counts_B)
+  shown = ", ".join(f"row {r}: {counts_B[r]}" for r in rows[:8])
+  more = f", ... ({len(rows)} rows)" if len(rows) > 8 else ""
+  return f"{what} in {len(rows)} row(s) ({shown}{more})"
+
+
+def check_finite_logits(stats: Any, caller: str, on_nonfinite: str) -> None:
+  """After the loop: raise (or warn) if `stats` counted non-finite logits.
+
+  One host transfer of two `[B]` counters. The message names the rows and
+  which model produced them; those rows' tokens are not samples of the target.
+  """
+  target_B, draft_B = jax.device_get((stats.target_nonfinite,
+                                      stats.draft_nonfinite))
+  target_B, draft_B = np.asarray(target_B), np.asarray(draft_B)
+  if not target_B.any() and not draft_B.any():
+    return
+  parts = []
+  if target_B.any():
+    parts.append(_rows_text(target_B, "the target scored positions from "
+                            "non-finite logits"))
+  if draft_B.any():
+    parts.append(_rows_text(draft_B, "the draft proposed tokens from "
+                            "non-finite logits"))
+  message = (f"{caller}: " + "; ".join(parts) + ". Logits were NaN, +inf, or "
+             "-inf for every token, so the affected rows' tokens are NOT "
+             "samples of the target. Check the model's parameters and dtype "
+             "(e.g. overflow in float16/bfloat16) and the prompts. Pass "
+             "on_nonfinite='warn' to get the result anyway.")
+  if on_nonfinite == "warn":
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+  else:
+    raise NonFiniteLogitsError(message)
