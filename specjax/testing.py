@@ -41,7 +41,8 @@ sequence distribution as `expected_probs`.
 
 The module also holds two deliberately WRONG couplings, the negative controls
 that every exactness test must reject: `wrong_fallback_coupling` (resamples
-from p instead of the residual on rejection) and `always_accept_coupling`.
+from p instead of the residual on rejection) and `always_accept_coupling`;
+both wrap the one definition in `specjax.lab.controls`.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax import sampling
+from specjax.lab import controls
 
 DEFAULT_SIGNIFICANCE = 1e-6
 MIN_EXPECTED = 5.0
@@ -477,22 +479,19 @@ def check_coupling(coupling_fn: CouplingFn, p_V: Any, q_V: Any, *,
 
 
 # Negative controls: deliberately wrong couplings that exactness tests must
-# reject. Same signature and shape rules as `specjax.coupling_sample` (single
-# key only).
+# reject, with the signature and shape rules of `specjax.coupling_sample`
+# (single key only). Their rules are defined once, in `specjax.lab.controls`.
 
 
-def _control_inputs(p_xV, q_xV, draft_token_x):
+def _control(name, key, p_xV, q_xV, draft_token_x):
   p_xV = jnp.asarray(_checks.check_array("p", p_xV, min_rank=1, kind="f"))
   q_xV = jnp.asarray(_checks.check_array("q", q_xV, min_rank=1, kind="f"))
   draft_x = jnp.asarray(_checks.check_array("draft_token", draft_token_x,
                                             kind="i")).astype(jnp.int32)
-
-  def gather(probs_xV):
-    if probs_xV.ndim == 1:
-      return probs_xV[draft_x]
-    return jnp.take_along_axis(probs_xV, draft_x[..., None], axis=-1)[..., 0]
-
-  return p_xV, gather(p_xV), gather(q_xV), draft_x
+  u_x2 = jax.random.uniform(_checks.as_key("key", key), draft_x.shape + (2,),
+                            dtype=p_xV.dtype)
+  return controls.coupling_rule(name)(u_x2[..., 0], u_x2[..., 1], p_xV, q_xV,
+                                      draft_x)
 
 
 def wrong_fallback_coupling(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,
@@ -504,19 +503,11 @@ def wrong_fallback_coupling(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,
   but its output law is min(p, q) + TV(p, q) * p, which differs from p
   unless p == q or p and q have disjoint supports.
   """
-  p_xV, p_x, q_x, draft_x = _control_inputs(p_xV, q_xV, draft_token_x)
-  u_x2 = jax.random.uniform(_checks.as_key("key", key), draft_x.shape + (2,),
-                            dtype=p_xV.dtype)
-  accepted_x = u_x2[..., 0] * q_x < p_x
-  fallback_x = sampling.sample_from_probs(u_x2[..., 1], p_xV)
-  token_x = jnp.where(accepted_x, draft_x, fallback_x)
-  return token_x.astype(jnp.int32), accepted_x
+  return _control("wrong_fallback", key, p_xV, q_xV, draft_token_x)
 
 
 def always_accept_coupling(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,
                            draft_token_x: jax.Array
                            ) -> tuple[jax.Array, jax.Array]:
   """WRONG on purpose: keeps every draft token, so its output law is q."""
-  del key
-  _, _, _, draft_x = _control_inputs(p_xV, q_xV, draft_token_x)
-  return draft_x, jnp.ones(draft_x.shape, dtype=bool)
+  return _control("always_accept", key, p_xV, q_xV, draft_token_x)

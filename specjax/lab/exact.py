@@ -31,6 +31,7 @@ Rules (the `rule` argument):
   "exact":          fallback is the residual (p - q)+ / sum (p - q)+.
   "wrong_fallback": fallback resamples from p; a negative control, not exact.
   "always_accept":  every draft token is kept; a negative control.
+(the controls are defined once, in `specjax.lab.controls`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from typing import NamedTuple
 import numpy as np
 
 from specjax import _checks
+from specjax.lab import controls
 from specjax.lab import markov
 
-RULES = ("exact", "wrong_fallback", "always_accept")
+RULES = ("exact",) + controls.NAMES
 
 # V ** (gamma + 1) * (V + 1) float64 numbers per round table: cap it at
 # 2 ** 24 (128 MiB) so a typo in gamma fails fast instead of swapping.
@@ -87,18 +89,17 @@ def _rule_tables(p_xV: np.ndarray, q_xV: np.ndarray, rule: str):
 
   Returns (accept_xV, fallback_xV): accept_xV[..., x] is the probability of
   keeping draft token x (the rule's min(1, p/q) or 1), fallback_xV the
-  distribution a rejection samples from.
+  distribution a rejection samples from. The negative controls' tables come
+  from their one definition in `specjax.lab.controls`.
   """
-  if rule == "always_accept":
-    return np.ones_like(p_xV), p_xV
   # Divide only where q > p (so the ratio is < 1 and cannot overflow); keep
   # outright where p >= q. q(x) = p(x) = 0: such a draft is never proposed;
   # it is refused, the convention of specjax.coupling (u * q < p).
   over_xV = q_xV > p_xV
   accept_xV = np.where(over_xV, p_xV / np.where(over_xV, q_xV, 1.0),
                        (p_xV > 0).astype(np.float64))
-  if rule == "wrong_fallback":
-    return accept_xV, p_xV
+  if rule in controls.CONTROLS:
+    return controls.rule_tables(rule, p_xV, accept_xV)
   excess_xV = np.maximum(p_xV - q_xV, 0.0)
   mass_x1 = excess_xV.sum(axis=-1, keepdims=True)
   # Zero residual mass means p == q: rejection cannot happen, so the fallback
