@@ -175,11 +175,15 @@ def test_invalid_inputs_name_the_argument(call, match):
 
 
 def test_audit_passes():
-  from experiments import lab_audit  # pylint: disable=g-import-not-at-top
-  result = lab_audit.run_audit()
+  from specjax.lab import audit  # pylint: disable=g-import-not-at-top
+  result = audit.run_audit()
   failed = [c for c in result.checks if not c.passed]
   assert not failed, failed
   assert len(result.checks) >= 20
   assert result.num_settings >= 1000
   assert result.worst_tv <= TOL
   assert result.wrong_fallback_tv > 1e-3
+  text = audit.report(result)
+  assert text.splitlines()[0] == (
+      f"specjax rejection-sampling lab audit: {len(result.checks)} checks")
+  assert "ALL PASS" in text.splitlines()[-1]
