@@ -12,18 +12,37 @@ and later calls load it. Names:
                          next-token distributions (forward KL, DistillSpec),
                          on corpus text (see `specjax.train.distill`).
 
-`overrides` change a recipe (e.g. `{"num_steps": 300}` for a quick run);
-the entry is then cached under a name that includes a hash of them, so a
-quick model never stands in for a full one.
+`overrides` change a recipe (e.g. `{"num_steps": 300}` for a quick run).
+
+Integrity. An entry is stored under `<name>-<key>`, where the key is a
+sha256 over everything that determines the model (`recipe()`): the zoo's
+format version, the model config, the training config (minus fields that do
+not touch the weights: progress bars, logging, evaluation, checkpoint
+cadence), the corpus' content fingerprint, the objective, and for a distilled
+draft the teacher's own full key (so `teacher_overrides=None`, "the teacher
+uses `overrides`", and `{}`, "the teacher's default recipe", are different
+teachers). A changed recipe, corpus or teacher is a new entry, never the old
+model under the same name. Each entry records its recipe in `zoo.json`; one
+whose record differs from the request is refused with the differing fields
+named (`ZooError`), never returned.
+
+Entries are written atomically: training runs in `<entry>.partial` (resumed
+there after a crash) and the finished directory is renamed into place, so a
+reader never sees half an entry. A file lock (`fcntl.flock` on
+`<cache>/.locks/<entry>.lock`) makes concurrent processes asking for the same
+model train it once: the others wait, then load it.
 
 The cache lives in `~/.cache/specjax`, or `$SPECJAX_CACHE`, or `cache_dir=`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -40,6 +59,23 @@ from specjax.train import trainer
 CACHE_ENV = "SPECJAX_CACHE"
 NGRAMS = {"unigram": 1, "bigram": 2}
 _DISTILLED = "distilled-"
+
+# Bump when the stored layout or the meaning of a recipe changes: every key
+# changes with it, so old entries are never mistaken for new ones.
+FORMAT = "specjax.zoo/2"
+RECORD_FILE = "zoo.json"
+# Training-config fields that do not change the trained weights (display,
+# logging, held-out evaluation, checkpoint cadence; resume is bitwise).
+_NOT_IN_KEY = ("progress", "log_every", "eval_every", "eval_batches",
+               "eval_batch_size", "eval_seed", "checkpoint_every",
+               "max_to_keep")
+# The objective each kind trains with (part of the recipe).
+_OBJECTIVES = {"transformer": "next_token", "distilled": "forward_kl",
+               "ngram": "counts"}
+
+
+class ZooError(ValueError):
+  """A cached entry does not match what was asked for; the message says why."""
 
 
 def resolve_cache_dir(override: str | None = None) -> str:
@@ -92,12 +128,142 @@ def _config(size: str, overrides: dict[str, Any] | None):
   return config
 
 
-def _entry_dir(root: str, name: str, overrides: dict | None) -> str:
-  slug = name.replace("@", "_from_")
-  if overrides:
-    digest = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode())
-    slug += "-" + digest.hexdigest()[:8]
-  return os.path.join(root, slug)
+def _digest(obj: Any) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def _corpus_identity(corpus: data.Corpus) -> dict:
+  """The parts of a corpus fingerprint that determine the text (not its path)."""
+  fp = corpus.fingerprint()
+  return {k: fp[k] for k in ("sha256", "bytes", "heldout_fraction",
+                             "tokenizer")}
+
+
+def recipe(name: str, *, overrides: dict[str, Any] | None = None,
+           teacher_overrides: dict[str, Any] | None = None,
+           corpus: data.Corpus | None = None) -> dict:
+  """The JSON-ready recipe that determines the model `load` returns.
+
+  Keys: format, name, kind, objective, corpus (content identity), and for
+  Transformers model_config and train_config; for distilled drafts also
+  teacher (the teacher's full recipe). `key(recipe)` names the cache entry.
+  Reading the default corpus costs about a second (its content is hashed).
+  """
+  kind, size, teacher_name = _parse(name)
+  corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
+  out = {"format": FORMAT, "name": name, "kind": kind,
+         "objective": _OBJECTIVES[kind], "corpus": _corpus_identity(corpus)}
+  if kind == "ngram":
+    if overrides:
+      raise ValueError(f"overrides do not apply to the count model {name!r} "
+                       f"(got {overrides}); it has no training recipe.")
+    out.update(order=NGRAMS[name], vocab_size=data.BYTE_VOCAB_SIZE)
+    return out
+  config = _config(size, overrides)
+  train_config = json.loads(config.to_json_best_effort())
+  for field in _NOT_IN_KEY:
+    train_config.pop(field, None)
+  out.update(model_config=checkpoint_lib.model_config_dict(
+      trainer.model_config_from(config)), train_config=train_config)
+  if kind == "distilled":
+    out["teacher"] = recipe(
+        teacher_name, corpus=corpus,
+        overrides=overrides if teacher_overrides is None else teacher_overrides)
+  elif teacher_overrides is not None:
+    raise ValueError(f"teacher_overrides apply to distilled names only, not "
+                     f"{name!r}.")
+  return out
+
+
+def key(recipe_: dict) -> str:
+  """The cache key of a recipe: 16 hex digits of its sha256."""
+  return _digest(recipe_)[:16]
+
+
+def entry_dir(name: str, *, cache_dir: str | None = None,
+              overrides: dict[str, Any] | None = None,
+              teacher_overrides: dict[str, Any] | None = None,
+              corpus: data.Corpus | None = None) -> str:
+  """Where `load` keeps (or would keep) this model: `<cache>/<name>-<key>`."""
+  return _entry_path(resolve_cache_dir(cache_dir), name, recipe(
+      name, overrides=overrides, teacher_overrides=teacher_overrides,
+      corpus=corpus))
+
+
+def _entry_path(root: str, name: str, recipe_: dict) -> str:
+  return os.path.join(root, f"{name.replace('@', '_from_')}-{key(recipe_)}")
+
+
+def _default_corpus(kind: str, size: str, overrides) -> data.Corpus:
+  if kind == "ngram":
+    return data.stdlib_corpus()
+  return trainer.load_corpus(_config(size, overrides))
+
+
+def _recipe_diff(stored: Any, requested: Any, prefix: str = "") -> list[str]:
+  """`path: stored vs requested` for every differing leaf of two recipes."""
+  if isinstance(stored, dict) and isinstance(requested, dict):
+    lines = []
+    for k in sorted(set(stored) | set(requested)):
+      lines += _recipe_diff(stored.get(k, "<absent>"),
+                            requested.get(k, "<absent>"), f"{prefix}{k}.")
+    return lines
+  if stored != requested:
+    return [f"{prefix[:-1]}: {stored!r} stored vs {requested!r} requested"]
+  return []
+
+
+def _check_record(directory: str, recipe_: dict) -> None:
+  """Refuses an entry whose recorded recipe is not the requested one."""
+  path = os.path.join(directory, RECORD_FILE)
+  try:
+    with open(path) as fh:
+      stored = json.load(fh)["recipe"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ZooError(f"The zoo entry {directory!r} has no readable recipe record "
+                   f"({path}: {e}). Delete the directory to retrain it.") from e
+  diff = _recipe_diff(stored, recipe_)
+  if diff:
+    raise ZooError(
+        f"The zoo entry {directory!r} was made by a different recipe than the "
+        "one requested, so it is not returned:\n  " + "\n  ".join(diff[:20])
+        + "\nDelete the directory to retrain it, or request the recipe it "
+        "records.")
+
+
+def _write_record(directory: str, recipe_: dict, extra: dict) -> None:
+  tmp = os.path.join(directory, RECORD_FILE + ".tmp")
+  with open(tmp, "w") as fh:
+    json.dump({"recipe": recipe_, "key": key(recipe_), **extra}, fh, indent=1,
+              sort_keys=True)
+  os.replace(tmp, os.path.join(directory, RECORD_FILE))
+
+
+@contextlib.contextmanager
+def _locked(root: str, entry: str, verbose: bool):
+  """Holds an exclusive lock on `entry` (blocking; says so when it waits)."""
+  lock_dir = os.path.join(root, ".locks")
+  os.makedirs(lock_dir, exist_ok=True)
+  with open(os.path.join(lock_dir, os.path.basename(entry) + ".lock"),
+            "a") as fh:
+    try:
+      fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      _say(verbose, f"waiting for another process to finish "
+           f"{os.path.basename(entry)} (lock {fh.name})")
+      fcntl.flock(fh, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _publish(partial: str, directory: str) -> None:
+  """Renames a finished `partial` directory into place (atomic on POSIX)."""
+  if os.path.isdir(directory):  # a leftover from a crash after a rename
+    shutil.rmtree(partial)
+    return
+  os.rename(partial, directory)
 
 
 def _say(verbose: bool, message: str) -> None:
@@ -122,38 +288,59 @@ def load(name: str, *, cache_dir: str | None = None,
     overrides: dotted training-config fields to change, e.g.
       `{"num_steps": 300, "batch_size": 16}` (Transformers and distilled).
     teacher_overrides: for distilled names, the overrides of the teacher
-      (so it is the very target the draft will serve); default `overrides`.
+      (so it is the very target the draft will serve); None (default): the
+      teacher uses `overrides`; `{}`: the teacher's default recipe.
     corpus: the corpus to train on; default the recipe's (the stdlib).
     verbose: print what is loaded or trained, and the expected time.
 
   Returns:
-    A `TransformerLM` or an `NGramLM` (both `CausalLM` pytrees).
+    A `TransformerLM` or an `NGramLM` (both `CausalLM` pytrees), made by
+    exactly the requested recipe (see the module docstring).
+
+  Raises:
+    ZooError: the entry's recorded recipe differs from the request.
   """
   kind, size, teacher_name = _parse(name)
   cache_dir_ = resolve_cache_dir(cache_dir)
-  directory = _entry_dir(cache_dir_, name,
-                         {**(overrides or {}),
-                          **{f"teacher.{k}": v
-                             for k, v in (teacher_overrides or {}).items()}})
+  corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
+  recipe_ = recipe(name, overrides=overrides,
+                   teacher_overrides=teacher_overrides, corpus=corpus)
+  directory = _entry_path(cache_dir_, name, recipe_)
+  if not os.path.isdir(directory):
+    with _locked(cache_dir_, directory, verbose):
+      # Another process may have finished it while we waited for the lock.
+      if not os.path.isdir(directory):
+        _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
+               overrides, teacher_overrides, corpus, verbose)
+  _check_record(directory, recipe_)
   if kind == "ngram":
-    return _load_ngram(name, directory, corpus, verbose)
+    return _read_ngram(name, directory, verbose)
+  model, _ = checkpoint_lib.load_model(directory)
+  _say(verbose, f"loaded {name} ({model.param_count():,} parameters) from "
+       f"{directory}")
+  return model
 
+
+def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
+           overrides, teacher_overrides, corpus, verbose) -> None:
+  """Trains (or fits) an entry in `<directory>.partial`, then publishes it.
+
+  Called with the entry's lock held. A `.partial` directory left by a crash
+  is resumed (the trainer checks it holds the same model).
+  """
+  partial = directory + ".partial"
+  if kind == "ngram":
+    if os.path.isdir(partial):
+      shutil.rmtree(partial)
+    _fit_ngram(name, partial, corpus, verbose)
+    _write_record(partial, recipe_, {"zoo_name": name})
+    _publish(partial, directory)
+    return
   config = _config(size, overrides)
-  if os.path.isdir(checkpoint_lib.checkpoints_dir(directory)):
-    ckpt = checkpoint_lib.Checkpointer(checkpoint_lib.checkpoints_dir(directory))
-    try:
-      done = ckpt.latest_step() == config.num_steps
-    finally:
-      ckpt.close()
-    if done:
-      model, _ = checkpoint_lib.load_model(directory)
-      _say(verbose, f"loaded {name} ({model.param_count():,} parameters) from "
-           f"{directory}")
-      return model
-
   minutes = _expected_minutes(config, size)
   loss_fn, aux, what = losses.next_token_loss, None, "training"
-  extra = {"zoo_name": name, "overrides": overrides or {}}
+  extra = {"zoo_name": name, "overrides": overrides or {}, "zoo_key":
+           key(recipe_)}
   if kind == "distilled":
     aux = load(teacher_name, cache_dir=cache_dir_,
                overrides=(overrides if teacher_overrides is None
@@ -165,37 +352,38 @@ def load(name: str, *, cache_dir: str | None = None,
     loss_fn = distill.distillation_loss("forward_kl")
     what = f"distilling from {teacher_name}"
     extra["teacher"] = teacher_name
+    extra["teacher_key"] = key(recipe_["teacher"])
     minutes *= 1.5  # the teacher's forward pass rides along
   _say(verbose, f"{what} {name} ({config.num_steps} steps of "
        f"{config.batch_size}x{config.seq_len} tokens) into {directory}; "
        f"expect about {minutes:.1f} min on 2 CPU cores")
   start = time.time()
-  model, metrics = trainer.train(config, directory, loss_fn=loss_fn, aux=aux,
+  model, metrics = trainer.train(config, partial, loss_fn=loss_fn, aux=aux,
                                  corpus=corpus, extra_metadata=extra)
+  _write_record(partial, recipe_, {"zoo_name": name})
+  _publish(partial, directory)
   bpb = metrics["eval_bpb"]
   bpb_text = f", held-out bits/byte {bpb[max(bpb)]:.3f}" if bpb else ""
   _say(verbose, f"{name}: {model.param_count():,} parameters{bpb_text}, "
        f"trained in {(time.time() - start) / 60:.1f} min")
+
+
+def _read_ngram(name: str, directory: str, verbose: bool) -> NGramLM:
+  path = os.path.join(directory, "log_probs.npz")
+  with np.load(path) as stored:
+    model = NGramLM(log_probs=stored["log_probs"],
+                    vocab_size=int(stored["vocab_size"]),
+                    order=int(stored["order"]))
+  _say(verbose, f"loaded {name} from {path}")
   return model
 
 
-def _load_ngram(name: str, directory: str, corpus, verbose: bool) -> NGramLM:
-  path = os.path.join(directory, "log_probs.npz")
-  if os.path.exists(path):
-    with np.load(path) as stored:
-      model = NGramLM(log_probs=stored["log_probs"],
-                      vocab_size=int(stored["vocab_size"]),
-                      order=int(stored["order"]))
-    _say(verbose, f"loaded {name} from {path}")
-    return model
-  corpus = data.stdlib_corpus() if corpus is None else corpus
+def _fit_ngram(name: str, directory: str, corpus, verbose: bool) -> None:
   _say(verbose, f"fitting {name} on the {corpus.source} corpus' training "
-       f"split (seconds) into {path}")
+       f"split (seconds) into {directory}")
   model = NGramLM.fit(corpus.tokens("train").astype(np.int32),
                       data.BYTE_VOCAB_SIZE, order=NGRAMS[name])
   os.makedirs(directory, exist_ok=True)
-  np.savez(path, log_probs=np.asarray(model.log_probs),
+  np.savez(os.path.join(directory, "log_probs.npz"),
+           log_probs=np.asarray(model.log_probs),
            vocab_size=model.vocab_size, order=model.order)
-  with open(os.path.join(directory, "metadata.json"), "w") as fh:
-    json.dump({"zoo_name": name, "corpus": corpus.fingerprint()}, fh, indent=1)
-  return model

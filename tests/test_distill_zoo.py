@@ -1,6 +1,9 @@
 """Draft distillation and the model zoo (tiny models, seconds)."""
 
+import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -16,6 +19,11 @@ from specjax.train import trainer
 # Train for real, briefly: the tiny recipe, small batches, no checkpoints.
 QUICK = {"num_steps": 40, "eval_every": 0, "checkpoint_every": 0,
          "progress": False}
+# Integrity tests only need *a* trained entry: a few steps of small batches.
+FAST = {"num_steps": 3, "optim.warmup_steps": 1, "batch_size": 4,
+        "seq_len": 32, "eval_every": 0, "checkpoint_every": 0,
+        "progress": False}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +32,15 @@ def corpus(tmp_path_factory):
   for i, path in enumerate(data.stdlib_corpus().files[:40]):
     with open(path.path, "rb") as src, open(root / f"f{i}.py", "wb") as dst:
       dst.write(src.read()[:20_000])
+  return data.text_corpus(str(root), heldout_fraction=0.2)
+
+
+def _small_corpus(root, files, start=0):
+  os.makedirs(root, exist_ok=True)
+  for i, path in enumerate(data.stdlib_corpus().files[start:start + files]):
+    with open(path.path, "rb") as src, open(os.path.join(root, f"f{i}.py"),
+                                            "wb") as dst:
+      dst.write(src.read()[:8_000])
   return data.text_corpus(str(root), heldout_fraction=0.2)
 
 
@@ -123,3 +140,148 @@ def test_zoo_bad_names_and_overrides(cache):
     zoo.load("target-1t", cache_dir=cache)
   with pytest.raises(ValueError, match="not a field"):
     zoo.load("tiny", cache_dir=cache, overrides={"num_stepz": 3})
+
+
+# -- zoo integrity ---------------------------------------------------------
+
+
+def _trained(capsys):
+  out = capsys.readouterr().out
+  return out.count("training tiny"), out
+
+
+def _same(a, b):
+  return all(np.array_equal(x, y) for x, y in
+             zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state)))
+
+
+def test_zoo_key_covers_corpus_recipe_and_teacher(tmp_path, monkeypatch,
+                                                  capsys):
+  cache = str(tmp_path / "zoo")
+  corpus_a = _small_corpus(tmp_path / "a", 12)
+  corpus_b = _small_corpus(tmp_path / "b", 12, start=12)
+  first = zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus_a)
+  # Another corpus, same name and overrides: a new model, not the old one.
+  other = zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus_b)
+  assert _trained(capsys)[0] == 2 and not _same(first, other)
+  # A changed recipe (here: the recipe table itself) is a new model too.
+  original = recipes.train_config
+
+  def new_lr(size, **kw):
+    config = original(size, **kw)
+    config.optim.lr = 0.5 * config.optim.lr
+    return config
+
+  monkeypatch.setattr(recipes, "train_config", new_lr)
+  changed = zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus_a)
+  assert _trained(capsys)[0] == 1 and not _same(first, changed)
+  monkeypatch.undo()
+  again = zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus_a)
+  assert _trained(capsys)[0] == 0 and _same(first, again)
+  # teacher_overrides=None (teacher uses `overrides`) and {} (the teacher's
+  # default recipe) are different teachers, so different students.
+  dirs = {repr(t): zoo.entry_dir("distilled-tiny@tiny", cache_dir=cache,
+                                 overrides=FAST, teacher_overrides=t,
+                                 corpus=corpus_a)
+          for t in (None, {}, {"num_steps": 3})}
+  assert len(set(dirs.values())) == 3, dirs
+
+
+def test_zoo_refuses_an_entry_whose_recorded_recipe_differs(tmp_path, corpus):
+  cache = str(tmp_path)
+  zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus,
+           verbose=False)
+  entry = zoo.entry_dir("tiny", cache_dir=cache, overrides=FAST,
+                        corpus=corpus)
+  record_path = os.path.join(entry, zoo.RECORD_FILE)
+  with open(record_path) as fh:
+    record = json.load(fh)
+  record["recipe"]["train_config"]["optim"]["lr"] = 123.0
+  with open(record_path, "w") as fh:
+    json.dump(record, fh)
+  with pytest.raises(zoo.ZooError, match=r"train_config\.optim\.lr: 123\.0"):
+    zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus,
+             verbose=False)
+
+
+def test_teacher_corpus_is_keyed_by_every_argument(corpus, tmp_path):
+  config = trainer.model_config_from(recipes.train_config("tiny"))
+  teacher = sj.TransformerLM.create(config, 0)
+  args = dict(num_sequences=3, prompt_len=8, new_tokens=24, batch_size=4)
+  where = str(tmp_path / "gen")
+
+  def text(model=teacher, **changes):
+    on_policy = distill.teacher_corpus(model, corpus, where,
+                                       **{**args, **changes})
+    return on_policy.tokens("train")
+
+  base = text()
+  np.testing.assert_array_equal(text(), base)  # same arguments: reused
+  for changed in (text(seed=1), text(temperature=0.5),
+                  text(model=sj.TransformerLM.create(config, 1))):
+    assert not np.array_equal(changed, base)
+  assert text(new_tokens=2).size < base.size
+
+
+def test_zoo_writes_are_atomic(tmp_path, corpus, monkeypatch):
+  cache = str(tmp_path)
+  # A crash while the n-gram file is being written leaves no entry behind...
+  real_savez = np.savez
+
+  def crash(path, **arrays):
+    with open(path, "wb") as fh:
+      fh.write(b"PK\x03\x04 truncated")
+    raise KeyboardInterrupt("killed mid-write")
+
+  monkeypatch.setattr(np, "savez", crash)
+  with pytest.raises(KeyboardInterrupt):
+    zoo.load("bigram", cache_dir=cache, corpus=corpus, verbose=False)
+  monkeypatch.setattr(np, "savez", real_savez)
+  # ...so the next call fits it again instead of reading a broken file.
+  bigram = zoo.load("bigram", cache_dir=cache, corpus=corpus, verbose=False)
+  assert bigram.order == 2
+  # A crash mid-training publishes nothing under the entry's name.
+  def crash_train(config, workdir, **kw):
+    os.makedirs(workdir, exist_ok=True)
+    raise KeyboardInterrupt("killed mid-training")
+
+  monkeypatch.setattr(trainer, "train", crash_train)
+  with pytest.raises(KeyboardInterrupt):
+    zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus,
+             verbose=False)
+  assert not os.path.exists(zoo.entry_dir("tiny", cache_dir=cache,
+                                          overrides=FAST, corpus=corpus))
+
+
+_RACER = """
+import os, sys, time
+import numpy as np, jax
+from specjax import data, zoo
+corpus_root, cache, sync, me = sys.argv[1:]
+corpus = data.text_corpus(corpus_root, heldout_fraction=0.2)
+corpus.fingerprint()
+open(os.path.join(sync, me), "w").close()
+while len(os.listdir(sync)) < 2:  # start both loads at the same moment
+  time.sleep(0.005)
+model = zoo.load("tiny", cache_dir=cache, corpus=corpus, overrides=%r)
+print("SUM", float(sum(np.abs(x).sum() for x in jax.tree.leaves(model.state))))
+"""
+
+
+def test_two_processes_train_a_model_once(tmp_path, corpus):
+  sync = tmp_path / "sync"
+  sync.mkdir()
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  procs = [subprocess.Popen(
+      [sys.executable, "-c", _RACER % (FAST,),
+       os.path.dirname(corpus.files[0].path),
+       str(tmp_path / "zoo"), str(sync), name], env=env, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for name in "ab"]
+  outs = [p.communicate(timeout=600)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outs
+  both = "".join(outs)
+  assert both.count("training tiny") == 1, outs
+  assert both.count("loaded tiny") == 2, outs
+  sums = {line for out in outs for line in out.splitlines()
+          if line.startswith("SUM")}
+  assert len(sums) == 1, outs

@@ -22,7 +22,11 @@ continue at decode time.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -32,9 +36,12 @@ from specjax import _checks
 from specjax import data
 from specjax import sampling as sampling_lib
 from specjax.decode import loop
+from specjax.train import checkpoint as checkpoint_lib
 from specjax.train import losses
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "tv")
+# Part of every teacher_corpus key: bump when the files' meaning changes.
+TEACHER_CORPUS_FORMAT = "specjax.teacher_corpus/2"
 
 
 def divergence_BxT(divergence: str, teacher_logits_BxTxV: jax.Array,
@@ -87,6 +94,14 @@ def distillation_loss(divergence: str = "tv", *,
   return loss_fn
 
 
+def _model_identity(model) -> dict:
+  """What identifies a model's outputs: its type, config and parameters."""
+  return {"type": f"{type(model).__module__}.{type(model).__qualname__}",
+          "config": repr(getattr(model, "config", None)),
+          "vocab_size": int(model.vocab_size),
+          "params_sha256": checkpoint_lib.tree_checksum(model)}
+
+
 def teacher_corpus(teacher, corpus: data.Corpus, directory: str, *,
                    num_sequences: int, prompt_len: int, new_tokens: int,
                    seed: int = 0, temperature: float = 1.0,
@@ -96,38 +111,77 @@ def teacher_corpus(teacher, corpus: data.Corpus, directory: str, *,
   Cuts `num_sequences` prompts of `prompt_len` tokens from the corpus'
   training split, samples `new_tokens` from the teacher after each (one
   compiled `generate` per batch), and writes prompt + continuation as one
-  file per sequence under `directory`. Returns that directory as a corpus
-  (held-out fraction 0: evaluation stays on the original held-out text).
-  Files already present are reused, so a resumed run sees the same data.
+  file per sequence. Returns them as a corpus (held-out fraction 0:
+  evaluation stays on the original held-out text).
+
+  The files live in `directory/<key>/`, where the key is a sha256 over every
+  argument that shapes them: the teacher (type, config, and a checksum of its
+  parameters), the corpus' content, num_sequences, prompt_len, new_tokens,
+  seed, temperature and batch_size (which sets the per-batch keys); the
+  arguments are recorded in `directory/<key>.json`. A later call with the
+  same arguments reuses the files (a resumed run sees the same data); any
+  change makes a new set, never the old one. The set is written to a
+  temporary directory and renamed into place, so it is complete or absent.
   """
   num_sequences = _checks.check_int("num_sequences", num_sequences, low=1)
   prompt_len = _checks.check_int("prompt_len", prompt_len, low=1)
   new_tokens = _checks.check_int("new_tokens", new_tokens, low=1)
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
-  os.makedirs(directory, exist_ok=True)
-  names = [os.path.join(directory, f"seq{i:06d}.txt")
-           for i in range(num_sequences)]
-  if not all(os.path.exists(n) for n in names):
-    tokens_N = corpus.tokens("train").astype(np.int32)
-    prompts_SxP = data.prompts(tokens_N, num_sequences, prompt_len, seed)
-    sampling = sampling_lib.SamplingConfig(temperature=temperature)
-    key = jax.random.key(seed)
-    for start in range(0, num_sequences, batch_size):
-      rows = np.arange(start, min(start + batch_size, num_sequences))
-      # Pad the last batch to the full size: one compiled program.
-      chunk = prompts_SxP[np.resize(rows, batch_size)]
-      out = loop.generate(
-          teacher, chunk, np.full(batch_size, prompt_len, np.int32),
-          jax.random.fold_in(key, start), max_new_tokens=new_tokens,
-          sampling=sampling)
-      gen = np.asarray(out.tokens)
-      for i, row in enumerate(rows):
-        seq = np.concatenate([chunk[i], gen[i, :int(out.lengths[i])]])
-        # Specials (BOS/EOS/PAD) are not bytes; the corpus frames each file
-        # with BOS/EOS itself.
-        with open(names[row], "wb") as fh:
-          fh.write(bytes(int(t) for t in seq if t < 256))
-  return data.text_corpus(directory, heldout_fraction=0.0)
+  seed = _checks.check_int("seed", seed, low=0)
+  temperature = _checks.check_float("temperature", temperature)
+  fingerprint = corpus.fingerprint()
+  manifest = {
+      "format": TEACHER_CORPUS_FORMAT,
+      "teacher": _model_identity(teacher),
+      "corpus": {k: fingerprint[k] for k in ("sha256", "bytes",
+                                             "heldout_fraction", "tokenizer")},
+      "num_sequences": num_sequences, "prompt_len": prompt_len,
+      "new_tokens": new_tokens, "seed": seed, "temperature": temperature,
+      "batch_size": batch_size}
+  key = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()
+                       ).hexdigest()[:16]
+  final = os.path.join(os.path.abspath(directory), key)
+  if not os.path.isdir(final):
+    os.makedirs(directory, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{key}-", dir=directory)
+    try:
+      _write_teacher_text(teacher, corpus, tmp, manifest)
+      with open(final + ".json", "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+      try:
+        os.rename(tmp, final)
+      except OSError:
+        if not os.path.isdir(final):  # not a concurrent writer's finished set
+          raise
+    finally:
+      if os.path.isdir(tmp):
+        shutil.rmtree(tmp)
+  return data.text_corpus(final, heldout_fraction=0.0)
+
+
+def _write_teacher_text(teacher, corpus, directory: str, m: dict) -> None:
+  """Samples and writes the files of `teacher_corpus` (args in `m`)."""
+  num_sequences, batch_size = m["num_sequences"], m["batch_size"]
+  tokens_N = corpus.tokens("train").astype(np.int32)
+  prompts_SxP = data.prompts(tokens_N, num_sequences, m["prompt_len"],
+                             m["seed"])
+  sampling = sampling_lib.SamplingConfig(temperature=m["temperature"])
+  key = jax.random.key(m["seed"])
+  for start in range(0, num_sequences, batch_size):
+    rows = np.arange(start, min(start + batch_size, num_sequences))
+    # Pad the last batch to the full size: one compiled program.
+    chunk = prompts_SxP[np.resize(rows, batch_size)]
+    out = loop.generate(
+        teacher, chunk, np.full(batch_size, m["prompt_len"], np.int32),
+        jax.random.fold_in(key, start), max_new_tokens=m["new_tokens"],
+        sampling=sampling)
+    gen = np.asarray(out.tokens)
+    for i, row in enumerate(rows):
+      seq = np.concatenate([chunk[i], gen[i, :int(out.lengths[i])]])
+      # Specials (BOS/EOS/PAD) are not bytes; the corpus frames each file
+      # with BOS/EOS itself.
+      with open(os.path.join(directory, f"seq{row:06d}.txt"), "wb") as fh:
+        fh.write(bytes(int(t) for t in seq if t < 256))
 
 
 def mean_tv(teacher, student, windows_NxBxT: np.ndarray, *,
