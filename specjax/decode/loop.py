@@ -25,6 +25,7 @@ from specjax import sampling as sampling_lib
 from specjax.decode import state as state_lib
 from specjax.decode import steps
 from specjax.decode import validation
+from specjax.decode import verifiers as verifiers_lib
 
 # Prompts are padded to a power of two >= this, so prompts of similar length
 # share one compiled program.
@@ -104,7 +105,7 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
 
 
 def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
-           coupling_rule):
+           coupling_rule, verifier=None):
   """One speculative round for every row (gamma = 0: one autoregressive step)."""
   n_B = state.lengths
   batch = n_B.shape[0]
@@ -121,7 +122,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
   out = steps._verify_step(target, state.target_cache, last_B, drafts_BxG,
                            q_BxGxV, verify_keys_B,
-                           sampling, coupling_rule)
+                           sampling, coupling_rule, verifier)
 
   # Commit: accepted prefix + one, cut at the budget and just after an EOS.
   positions_G1 = jnp.arange(gamma + 1)
@@ -167,13 +168,14 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
 @functools.partial(
     jax.jit,
     static_argnames=("gamma", "max_new_tokens", "sampling", "eos_id", "pad_id",
-                     "coupling_rule"))
+                     "coupling_rule", "verifier"))
 def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
               gamma, max_new_tokens, sampling, eos_id, pad_id,
-              coupling_rule=coupling._coupling):
+              coupling_rule=coupling._coupling, verifier=None):
   """The compiled generation. `coupling_rule(u_accept, u_residual, p, q, x)`
   is static so that tests can swap in deliberately wrong rules (negative
-  controls) and watch the exactness test reject them."""
+  controls) and watch the exactness test reject them; `verifier` (a static
+  `Verifier`), when given, replaces token verification altogether."""
   batch, width = prompts_BxP.shape
   # Room for the prompt, the budget, and the gamma + 1 tokens a final round
   # scores past the last committed one.
@@ -193,7 +195,8 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
       stats=state_lib.RowStats.zeros(batch, gamma))
   body = functools.partial(_round, target=target, draft=draft, gamma=gamma,
                            max_new_tokens=max_new_tokens, sampling=sampling,
-                           eos_id=eos_id, coupling_rule=coupling_rule)
+                           eos_id=eos_id, coupling_rule=coupling_rule,
+                           verifier=verifier)
   # Every active row commits >= 1 token a round, so max_new_tokens rounds
   # always suffice; the loop usually exits much earlier.
   state = jax.lax.while_loop(
@@ -243,6 +246,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
                          gamma: int, max_new_tokens: int,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                          eos_id: int | None = None, pad_id: int = 0,
+                         verifier: str | verifiers_lib.Verifier = "token",
                          on_nonfinite: str = "raise"
                          ) -> state_lib.GenerationResult:
   """Samples continuations from `target`, speculating with `draft`.
@@ -261,6 +265,11 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     sampling: the transform applied to target and draft logits alike.
     eos_id: a row stops after emitting this token (it is included).
     pad_id: fills `tokens` past each row's length.
+    verifier: how the target judges the drafts, a registry string or a
+      `Verifier` (`specjax.decode.verifiers`): "token" (default), "block"
+      (exact, keeps at least as many drafts); "lenient:l" and
+      "typical:eps,delta" are LOSSY baselines whose output is not the
+      target's (`Verifier.exact` is False). A static choice: one compile each.
     on_nonfinite: "raise" (default) or "warn". If either model produced
       non-finite logits (NaN, +inf, or a row of -inf) for an active row, the
       tokens of that row are not a sample of the target: after the loop this
@@ -271,6 +280,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   Returns:
     `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`.
   """
+  verifier = verifiers_lib.get_verifier(verifier)
   validation.check_model("target", target)
   validation.check_model("draft", draft)
   validation.check_on_nonfinite(on_nonfinite)
@@ -285,7 +295,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       models=(("target", target), ("draft", draft)))
   result = _generate(target, draft, prompts, lengths, keys, gamma=gamma,
                      max_new_tokens=max_new_tokens, sampling=sampling,
-                     eos_id=eos_id, pad_id=pad_id)
+                     eos_id=eos_id, pad_id=pad_id, verifier=verifier)
   validation.check_finite_logits(result.stats, "speculative_generate",
                                  on_nonfinite)
   return result

@@ -17,6 +17,7 @@ from specjax import _checks
 from specjax import coupling
 from specjax import sampling as sampling_lib
 from specjax.decode import validation
+from specjax.decode import verifiers as verifiers_lib
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -111,49 +112,44 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
 
 
 def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
-                 coupling_rule=coupling._coupling):
+                 coupling_rule=coupling._coupling, verifier=None):
+  """`verifier` (a `Verifier`, static) decides what to keep; None is token
+  verification with `coupling_rule` (kept for tests' negative controls)."""
   gamma = drafts_BxG.shape[1]
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
   logits_BxG1xV, cache = target(tokens_BxG1, cache)
   p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
   nonfinite_B = jnp.sum(nonfinite_rows(logits_BxG1xV), axis=1,
                         dtype=jnp.int32)
-  u_BxN = _row_uniforms(keys_B, 2 * gamma + 1)
-  bonus_B = _sample(u_BxN[:, 2 * gamma], p_BxG1xV[:, gamma], sampling)
   if gamma == 0:  # plain autoregressive step: the "bonus" is the sample.
+    bonus_B = _sample(_row_uniforms(keys_B, 1)[:, 0], p_BxG1xV[:, 0], sampling)
     zeros_B = jnp.zeros_like(last_B)
     return VerifyOutput(tokens=bonus_B[:, None], num_accepted=zeros_B,
                         num_verified=zeros_B,
                         overlap=jnp.zeros(last_B.shape, jnp.float32),
                         cache=cache, nonfinite=nonfinite_B)
+  if verifier is None:
+    verifier = verifiers_lib.TokenVerifier(coupling_rule=coupling_rule)
+  u_BxN = _row_uniforms(keys_B, verifier.num_uniforms(gamma))
+  emitted_BxG1, num_accepted_B = verifier.verify(
+      u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG,
+      lambda u_x, probs_xV: _sample(u_x, probs_xV, sampling))
   p_BxGxV = p_BxG1xV[:, :gamma]
-  # Every position gets its own coupling draw; only those up to the first
-  # rejection are used, which is what judging left to right would produce.
-  coupled_BxG, accepted_BxG = coupling_rule(
-      u_BxN[:, :gamma], u_BxN[:, gamma:2 * gamma], p_BxGxV, q_BxGxV,
-      drafts_BxG)
-  # Length of the accepted prefix: index of the first rejection, else G.
-  num_accepted_B = jnp.where(jnp.all(accepted_BxG, axis=1), gamma,
-                             jnp.argmax(~accepted_BxG, axis=1)).astype(jnp.int32)
   positions_G1 = jnp.arange(gamma + 1)
-  rejected_token_B = jnp.take_along_axis(
-      coupled_BxG, jnp.minimum(num_accepted_B, gamma - 1)[:, None], axis=1)[:, 0]
-  last_token_B = jnp.where(num_accepted_B < gamma, rejected_token_B, bonus_B)
-  emitted_BxG1 = jnp.concatenate([drafts_BxG, bonus_B[:, None]], axis=1)
-  emitted_BxG1 = jnp.where(positions_G1 == num_accepted_B[:, None],
-                           last_token_B[:, None], emitted_BxG1)
   num_verified_B = jnp.minimum(num_accepted_B + 1, gamma)
   overlap_BxG = jnp.sum(jnp.minimum(p_BxGxV, q_BxGxV), axis=-1)
   judged_BxG = positions_G1[:gamma] < num_verified_B[:, None]
   return VerifyOutput(
-      tokens=emitted_BxG1.astype(jnp.int32), num_accepted=num_accepted_B,
-      num_verified=num_verified_B,
+      tokens=emitted_BxG1.astype(jnp.int32),
+      num_accepted=num_accepted_B.astype(jnp.int32),
+      num_verified=num_verified_B.astype(jnp.int32),
       overlap=jnp.sum(jnp.where(judged_BxG, overlap_BxG, 0.0), axis=1),
       cache=cache, nonfinite=nonfinite_B)
 
 
 _draft_step_jit = jax.jit(_draft_step, static_argnames=("sampling",))
-_verify_step_jit = jax.jit(_verify_step, static_argnames=("sampling",))
+_verify_step_jit = jax.jit(_verify_step,
+                           static_argnames=("sampling", "verifier"))
 
 
 def draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
@@ -184,7 +180,7 @@ def draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
 
 
 def verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B,
-                sampling) -> VerifyOutput:
+                sampling, verifier="token") -> VerifyOutput:
   """The target judges G drafts per row in one forward pass.
 
   Feeds `[last, x_1, ..., x_G]` (G+1 tokens) at positions
@@ -201,7 +197,12 @@ def verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B,
     q_BxGxV: float `[B, G, V]`, the distributions the drafts were drawn from.
     keys_B: PRNG keys `[B]`.
     sampling: the `SamplingConfig` used for the draft.
+    verifier: the rule that judges the drafts, a registry string or a
+      `Verifier` (see `specjax.decode.verifiers`): "token" (default, the rule
+      above), "block" (exact, keeps at least as many), or a lossy baseline
+      ("lenient:l", "typical:eps,delta"), whose output is NOT the target's.
   """
+  verifier = verifiers_lib.get_verifier(verifier)
   validation.check_model("target", target)
   last_B = _checks.check_array("last", last_B, rank=1, kind="i")
   drafts_BxG = _checks.check_array("drafts", drafts_BxG, rank=2, kind="i")
@@ -218,4 +219,5 @@ def verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B,
   keys_B = validation.row_keys("keys", keys_B, b)
   return _verify_step_jit(target, cache, jnp.asarray(last_B, jnp.int32),
                           jnp.asarray(drafts_BxG, jnp.int32),
-                          jnp.asarray(q_BxGxV, jnp.float32), keys_B, sampling)
+                          jnp.asarray(q_BxGxV, jnp.float32), keys_B, sampling,
+                          verifier=verifier)

@@ -1,0 +1,101 @@
+"""The verifier registry: a verifier is a static choice of the decode loop.
+
+`speculative_generate(..., verifier="block")` and `verify_step(...,
+verifier=...)` take a registry string or a `Verifier` instance. Strings are
+"name" or "name:args":
+
+  token              token-level verification (default; exact)
+  block              Sun et al.'s block verification (exact, >= token)
+  lenient:l          lossy: accept with min(1, p / (l q))
+  typical:eps,delta  lossy: Medusa's typical acceptance
+  wrong_fallback, always_accept   negative controls (never exact)
+
+Adding a verifier: subclass `Verifier` in its own module under this package,
+then add one `register_verifier` line below. The loop is not touched.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from specjax.decode.verifiers.base import Verifier
+from specjax.decode.verifiers.block import BlockVerifier
+from specjax.decode.verifiers.controls import AlwaysAcceptControl
+from specjax.decode.verifiers.controls import WrongFallbackControl
+from specjax.decode.verifiers.lossy import LenientVerifier
+from specjax.decode.verifiers.lossy import TypicalVerifier
+from specjax.decode.verifiers.token import TokenVerifier
+
+# name -> factory(args: list[str]) -> Verifier
+_REGISTRY: dict[str, Callable[[list[str]], Verifier]] = {}
+
+
+def register_verifier(name: str, factory: Callable[[list[str]], Verifier]):
+  """Registers `factory(args) -> Verifier` under `name` (args: the
+  comma-separated strings after "name:", [] when there are none)."""
+  if not isinstance(name, str) or not name or ":" in name or "," in name:
+    raise ValueError(f"verifier name must be a non-empty string without ':' "
+                     f"or ',', got {name!r}.")
+  _REGISTRY[name] = factory
+
+
+def available_verifiers() -> tuple[str, ...]:
+  """The registered names, in registration order."""
+  return tuple(_REGISTRY)
+
+
+def _no_args(cls):
+  def factory(args):
+    if args:
+      raise ValueError(f"verifier {cls.name!r} takes no arguments, got "
+                       f"{','.join(args)!r}.")
+    return cls()
+  return factory
+
+
+def _floats(name, args, count, example):
+  if len(args) != count:
+    raise ValueError(f"verifier {name!r} needs {count} comma-separated "
+                     f"number(s), e.g. {example!r}; got {args!r}.")
+  try:
+    return [float(a) for a in args]
+  except ValueError:
+    raise ValueError(f"verifier {name!r}: arguments must be numbers, e.g. "
+                     f"{example!r}; got {args!r}.") from None
+
+
+register_verifier("token", _no_args(TokenVerifier))
+register_verifier("block", _no_args(BlockVerifier))
+register_verifier("lenient", lambda args: LenientVerifier(
+    *_floats("lenient", args, 1, "lenient:0.5")))
+register_verifier("typical", lambda args: TypicalVerifier(
+    *_floats("typical", args, 2, "typical:0.09,0.3")))
+register_verifier("wrong_fallback", _no_args(WrongFallbackControl))
+register_verifier("always_accept", _no_args(AlwaysAcceptControl))
+
+
+def get_verifier(spec: str | Verifier) -> Verifier:
+  """A `Verifier` from a registry string ("block", "lenient:0.5") or itself.
+
+  Raises ValueError naming the registered verifiers for an unknown name, and
+  the verifier's own error for bad arguments.
+  """
+  if isinstance(spec, Verifier):
+    return spec
+  if not isinstance(spec, str):
+    raise TypeError(f"verifier must be a registry string (one of "
+                    f"{available_verifiers()}, e.g. 'block' or "
+                    f"'lenient:0.5') or a Verifier, got "
+                    f"{type(spec).__name__}.")
+  name, _, rest = spec.strip().partition(":")
+  if name not in _REGISTRY:
+    raise ValueError(f"unknown verifier {spec!r}; registered: "
+                     f"{available_verifiers()} (arguments after ':', e.g. "
+                     "'lenient:0.5', 'typical:0.09,0.3').")
+  args = [a.strip() for a in rest.split(",")] if rest.strip() else []
+  return _REGISTRY[name](args)
+
+
+__all__ = ["Verifier", "TokenVerifier", "BlockVerifier", "LenientVerifier",
+           "TypicalVerifier", "WrongFallbackControl", "AlwaysAcceptControl",
+           "register_verifier", "available_verifiers", "get_verifier"]

@@ -1,0 +1,110 @@
+"""What every chain verifier is: a static, hashable rule the loop calls once a round.
+
+A verifier judges gamma draft tokens against the target in one round. The
+loop (`specjax.decode.steps._verify_step`) runs the target's single forward
+pass, turns logits into p with the sampling transform, draws the row's
+uniforms and hands everything to the verifier, which decides how many drafts
+to keep and which token to emit after them. Everything around that decision
+(the forward pass, the uniforms, the bonus sampler, the stats, the commit) is
+shared, so a new verifier is one module plus one line in the registry.
+
+A verifier is a frozen dataclass: hashable, so the loop takes it as a static
+`jax.jit` argument and compiles once per verifier.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+# sample(u_x, probs_xV) -> int32 [...]: the loop's sampler (inverse CDF, with
+# the greedy shortcut), so every verifier samples exactly as the baseline.
+Sampler = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verifier:
+  """Base class of chain verifiers (subclass it, then register the subclass).
+
+  Class attributes:
+    name: registry name ("token", "block", "lenient", ...).
+    exact: True when the emitted text is distributed exactly as the target's
+      (proved on the lab, `specjax.lab.verifiers`); False for lossy
+      baselines, whose distortion the lab measures and prints.
+  """
+  name: ClassVar[str] = ""
+  exact: ClassVar[bool] = True
+
+  @property
+  def spec(self) -> str:
+    """The registry string that rebuilds this verifier (e.g. "lenient:0.5")."""
+    return self.name
+
+  def num_uniforms(self, gamma: int) -> int:
+    """How many uniforms per row a round needs (the loop draws them)."""
+    raise NotImplementedError
+
+  def verify(self, u_BxN: jax.Array, p_BxG1xV: jax.Array,
+             q_BxGxV: jax.Array, drafts_BxG: jax.Array,
+             sample: Sampler) -> tuple[jax.Array, jax.Array]:
+    """Judges one round of gamma >= 1 drafts per row.
+
+    Args:
+      u_BxN: float32 `[B, num_uniforms(G)]` uniforms in [0, 1), row b's own.
+      p_BxG1xV: float32 `[B, G+1, V]`, the target's law after the last
+        committed token and after each draft (row G: the bonus position).
+      q_BxGxV: float32 `[B, G, V]`, the laws the drafts were drawn from.
+      drafts_BxG: int32 `[B, G]`.
+      sample: the loop's sampler.
+
+    Returns:
+      (emitted_BxG1 int32 `[B, G+1]`, num_accepted_B int32 `[B]` in [0, G]):
+      the row emits its first num_accepted drafts, then
+      emitted[b, num_accepted[b]]; entries past that are ignored.
+    """
+    raise NotImplementedError
+
+  def __str__(self) -> str:
+    return self.spec
+
+
+def gather(probs_xV: jax.Array, token_x: jax.Array) -> jax.Array:
+  """probs_xV[..., token_x]: the probability of each drafted token."""
+  return jnp.take_along_axis(probs_xV, token_x[..., None], axis=-1)[..., 0]
+
+
+def prefix_length(accepted_BxG: jax.Array) -> jax.Array:
+  """Index of the first False per row, or G if none: int32 `[B]`."""
+  gamma = accepted_BxG.shape[1]
+  return jnp.where(jnp.all(accepted_BxG, axis=1), gamma,
+                   jnp.argmax(~accepted_BxG, axis=1)).astype(jnp.int32)
+
+
+def take_position(x_BxGx: jax.Array, index_B: jax.Array) -> jax.Array:
+  """x[b, index[b]] for `[B, G, ...]` arrays."""
+  idx = index_B.reshape((-1,) + (1,) * (x_BxGx.ndim - 1))
+  return jnp.take_along_axis(x_BxGx, idx, axis=1)[:, 0]
+
+
+def emit(drafts_BxG: jax.Array, num_accepted_B: jax.Array,
+         last_token_B: jax.Array) -> jax.Array:
+  """`[B, G+1]`: the drafts with `last_token` written at num_accepted."""
+  gamma = drafts_BxG.shape[1]
+  emitted_BxG1 = jnp.concatenate([drafts_BxG, last_token_B[:, None]], axis=1)
+  return jnp.where(jnp.arange(gamma + 1) == num_accepted_B[:, None],
+                   last_token_B[:, None], emitted_BxG1).astype(jnp.int32)
+
+
+def residual(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
+  """Unnormalised (p - q)+, or p itself where it has no mass.
+
+  `sample` reads the total off the CDF, so no division is needed; a zero
+  residual means no rejection can happen except by rounding, and p is then
+  the right law to fall back to.
+  """
+  excess_xV = jnp.maximum(p_xV - q_xV, 0.0)
+  has_mass_x1 = jnp.sum(excess_xV, axis=-1, keepdims=True) > 0
+  return jnp.where(has_mass_x1, excess_xV, p_xV)

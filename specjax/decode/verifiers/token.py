@@ -1,0 +1,60 @@
+"""Token verification (Leviathan et al. 2023; Chen et al. 2023): the default.
+
+Drafts are judged left to right; x_i is kept with probability
+min(1, p(x_i) / q(x_i)); the first rejection emits one draw from the residual
+(p - q)+ and ends the round; if all are kept a bonus token is drawn from p.
+Exact for any draft.
+
+The per-position rule is a `coupling_rule(u_accept, u_residual, p, q, x) ->
+(token, accepted)` (default `specjax.coupling._coupling`, the maximal
+coupling), so tests can build negative controls by swapping in a wrong rule
+(see `specjax.decode.verifiers.controls`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax.numpy as jnp
+
+from specjax import coupling
+from specjax.decode.verifiers import base
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenVerifier(base.Verifier):
+  """Token-level verification with a per-position coupling rule.
+
+  Uniform layout per row (kept from the original loop so seeds reproduce):
+  `[accept_1..accept_G, residual_1..residual_G, bonus]`.
+  """
+  name = "token"
+  coupling_rule: Callable = coupling._coupling
+
+  @property
+  def exact(self) -> bool:  # a swapped-in rule is a control, not exact
+    return self.coupling_rule is coupling._coupling
+
+  @property
+  def spec(self) -> str:
+    if self.coupling_rule is coupling._coupling:
+      return "token"
+    return f"token[{getattr(self.coupling_rule, '__name__', 'custom')}]"
+
+  def num_uniforms(self, gamma: int) -> int:
+    return 2 * gamma + 1
+
+  def verify(self, u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG, sample):
+    gamma = drafts_BxG.shape[1]
+    bonus_B = sample(u_BxN[:, 2 * gamma], p_BxG1xV[:, gamma])
+    # Every position gets its own coupling draw; only those up to the first
+    # rejection are used, which is what judging left to right produces.
+    coupled_BxG, accepted_BxG = self.coupling_rule(
+        u_BxN[:, :gamma], u_BxN[:, gamma:2 * gamma], p_BxG1xV[:, :gamma],
+        q_BxGxV, drafts_BxG)
+    num_accepted_B = base.prefix_length(accepted_BxG)
+    rejected_B = base.take_position(coupled_BxG,
+                                    jnp.minimum(num_accepted_B, gamma - 1))
+    last_B = jnp.where(num_accepted_B < gamma, rejected_B, bonus_B)
+    return base.emit(drafts_BxG, num_accepted_B, last_B), num_accepted_B

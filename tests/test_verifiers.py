@@ -1,0 +1,259 @@
+"""Verifiers (`specjax.decode.verifiers`): exactness on the lab, the JAX
+implementation against the lab's laws, and the REAL compiled loop on the
+lab's Markov chains, with negative controls that must fail the same tests."""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import lab
+from specjax import sampling as sampling_lib
+from specjax import testing
+from specjax.decode import steps
+from specjax.decode import verifiers as vf
+from specjax.lab import models as lab_models
+from specjax.lab import verifiers as lv
+
+TOL = 1e-12
+EXACT = ("token", "block")
+LOSSY = ("lenient:0.5", "typical:0.09,0.3")
+CONTROLS = ("wrong_fallback", "always_accept")
+
+
+# ---------------------------------------------------------------- registry
+
+def test_registry_builds_every_verifier_and_labels_lossy_ones():
+  assert set(vf.available_verifiers()) >= {"token", "block", "lenient",
+                                            "typical"}
+  for spec in EXACT:
+    v = vf.get_verifier(spec)
+    assert v.exact and v.spec == spec and vf.get_verifier(v) is v
+  for spec in LOSSY + CONTROLS:
+    v = vf.get_verifier(spec)
+    assert not v.exact, spec
+    assert vf.get_verifier(v.spec) == v  # spec round-trips
+  assert hash(vf.get_verifier("lenient:0.5")) == hash(vf.LenientVerifier(0.5))
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("tree", "unknown verifier"), ("lenient", "needs 1"),
+    ("lenient:2", r"\(0, 1\]"), ("lenient:x", "numbers"),
+    ("typical:0.1", "needs 2"), ("block:3", "takes no arguments"),
+    (3, "registry string")])
+def test_bad_verifier_names_the_fix(spec, match):
+  with pytest.raises((ValueError, TypeError), match=match):
+    vf.get_verifier(spec)
+
+
+def test_speculative_generate_validates_verifier_before_tracing():
+  model = lab_models.markov_lms(lab.make_markov_pair())[0]
+  with pytest.raises(ValueError, match="unknown verifier"):
+    sj.speculative_generate(model, model, np.ones((1, 2), np.int32), [2],
+                            jax.random.key(0), gamma=2, max_new_tokens=3,
+                            verifier="blokc")
+
+
+# ------------------------------------------------------------- lab (exact)
+
+def test_paper_example_is_10_9_and_11_9():
+  pair, gamma = lv.paper_example()
+  token = lv.expected_accepted(pair, gamma, "token")
+  block = lv.expected_accepted(pair, gamma, "block")
+  np.testing.assert_allclose(token, 10 / 9, rtol=0, atol=TOL)
+  np.testing.assert_allclose(block, 11 / 9, rtol=0, atol=TOL)
+  for spec in EXACT:
+    assert lv.verifier_tv(pair, gamma, 6, spec) <= TOL
+
+
+def test_token_law_matches_the_independent_lab_enumeration():
+  pair = lab.make_markov_pair(1.5, 0.5, 3)
+  for gamma, seq_len in ((1, 3), (3, 4)):
+    np.testing.assert_allclose(
+        lv.process_law(pair, gamma, seq_len, "token"),
+        lab.speculative_distribution(pair, gamma, seq_len), atol=1e-15)
+
+
+def _grid_check(records):
+  by_setting = collections.defaultdict(dict)
+  for r in records:
+    key = (r["certainty"], r["draft_match"], r["seed"], r["gamma"],
+           r["seq_len"])
+    by_setting[key][r["verifier"]] = r
+  assert len(by_setting) >= 1000
+  worst = {spec: max(s[spec]["tv"] for s in by_setting.values())
+           for spec in EXACT}
+  assert max(worst.values()) <= TOL, worst
+  # Block >= token in expected tokens per round, in every setting and every
+  # context (Sun et al.'s Theorem 2), up to float64 rounding.
+  gaps = [s["block"]["tokens_per_round"] - s["token"]["tokens_per_round"]
+          for s in by_setting.values()]
+  assert min(g.min() for g in gaps) >= -1e-12
+  assert max(g.max() for g in gaps) > 0.05  # and strictly better somewhere
+  return worst
+
+
+def test_block_and_token_are_exact_and_block_never_loses_on_the_grid():
+  # gamma <= 3 and 4 seeds: 1,296 settings in well under a minute; the slow
+  # test below adds gamma = 4.
+  _grid_check(lv.audit_grid(EXACT, num_seeds=4, gammas=(1, 2, 3)))
+
+
+@pytest.mark.slow
+def test_full_grid_with_gamma_4():
+  _grid_check(lv.audit_grid(EXACT, num_seeds=3, gammas=(1, 2, 3, 4)))
+
+
+def test_lossy_verifiers_and_controls_have_positive_tv():
+  pair = lab.make_markov_pair(1.5, 0.5, 0)
+  for spec in LOSSY + CONTROLS:
+    assert lv.verifier_tv(pair, 3, 4, spec) > 0.01, spec
+  # lenient:1 is token verification.
+  assert lv.verifier_tv(pair, 3, 4, "lenient:1") <= TOL
+
+
+# ------------------------------------------- JAX verifiers vs the lab's law
+
+N_ROUNDS = 100_000
+
+
+@pytest.mark.parametrize("spec", list(EXACT) + [
+    pytest.param(spec, marks=pytest.mark.slow) for spec in LOSSY])
+def test_jax_verifier_round_matches_lab_law(spec):
+  """One round with fixed drafts, 10^5 draws of the verifier's uniforms: the
+  JAX verdict (tau, emitted token) must follow the lab's closed form."""
+  verifier = vf.get_verifier(spec)
+  pair = lab.make_markov_pair(2.0, 0.4, 1)
+  gamma, ctx = 3, 2
+  rng = np.random.default_rng(0)
+  drafts = [ctx]
+  for _ in range(gamma):  # a draft block drawn from q
+    drafts.append(int(rng.choice(8, p=pair.draft_trans_VxV[drafts[-1]])))
+  contexts = np.array(drafts)
+  p_G1xV = pair.target_trans_VxV[contexts]
+  q_GxV = pair.draft_trans_VxV[contexts[:-1]]
+  x_G = contexts[1:]
+  tau_law, corr_law = lv.verifier_law(verifier, p_G1xV, q_GxV, x_G)
+  expected = (tau_law[:, None] * corr_law).reshape(-1)  # id = tau * V + y
+
+  keys = jax.random.split(jax.random.key(7), N_ROUNDS)
+  u = jax.vmap(lambda k: jax.random.uniform(
+      k, (verifier.num_uniforms(gamma),)))(keys)
+  tile = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.float32),
+                                    (N_ROUNDS,) + a.shape)
+  sampling = sj.SamplingConfig()
+  emitted, tau = jax.jit(lambda u, p, q, x: verifier.verify(
+      u, p, q, x, lambda uu, pp: steps._sample(uu, pp, sampling)))(
+          u, tile(p_G1xV), tile(q_GxV),
+          jnp.broadcast_to(jnp.asarray(x_G, jnp.int32), (N_ROUNDS, gamma)))
+  emitted, tau = np.asarray(emitted), np.asarray(tau)
+  y = emitted[np.arange(N_ROUNDS), tau]
+  kept = np.arange(gamma)[None] < tau[:, None]
+  assert np.all(emitted[:, :gamma][kept]
+                == np.broadcast_to(x_G, (N_ROUNDS, gamma))[kept])
+  result = testing.check_distribution(tau * 8 + y, expected)
+  assert result.passed, f"{spec}: {result}"
+
+
+def test_block_keeps_more_than_token_in_the_loop():
+  pair = lab.make_markov_pair(1.5, 0.5, 0)
+  target, draft = lab_models.markov_lms(pair)
+  prompts = np.full((2000, 1), 3, np.int32)
+  kept = {}
+  for spec in EXACT:
+    out = sj.speculative_generate(target, draft, prompts,
+                                  np.ones(2000, np.int32), jax.random.key(1),
+                                  gamma=3, max_new_tokens=12, verifier=spec)
+    s = out.summary()
+    kept[spec] = s["tokens_per_target_call"]
+  assert kept["block"] > kept["token"], kept
+
+
+def test_greedy_block_equals_greedy_autoregressive():
+  pair = lab.make_markov_pair(1.5, 0.5, 0)
+  target, draft = lab_models.markov_lms(pair)
+  prompts = np.array([[1, 2, 3], [4, 0, 0]], np.int32)
+  base = sj.generate(target, prompts, [3, 1], jax.random.key(0),
+                     max_new_tokens=9, sampling=sj.GREEDY)
+  for spec in EXACT:
+    out = sj.speculative_generate(target, draft, prompts, [3, 1],
+                                  jax.random.key(5), gamma=3,
+                                  max_new_tokens=9, sampling=sj.GREEDY,
+                                  verifier=spec)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+
+
+# --------------------------------------------- the REAL loop on the lab
+
+REAL_N = 100_000
+EOS = 0
+
+
+def _loop_law(pair, gamma, k, contexts, weights, eos_id):
+  """Exact law of (context group, first k tokens) with EOS absorbing; ids
+  are group * (V+1)**k + sum_t token_t (V+1)**(k-1-t), pad = V."""
+  vocab = pair.vocab_size
+  seqs = np.array(np.unravel_index(np.arange(vocab ** k), (vocab,) * k)).T
+  if eos_id is not None:
+    after = np.cumsum(seqs == eos_id, axis=1) - (seqs == eos_id) > 0
+    seqs = np.where(after, vocab, seqs)
+  base = (vocab + 1) ** np.arange(k - 1, -1, -1)
+  ids = seqs @ base
+  law = np.zeros(len(contexts) * (vocab + 1) ** k)
+  for g, (ctx, w) in enumerate(zip(contexts, weights)):
+    # The target's own law: every exact verifier must match it.
+    probs = lv.target_law(pair, k, ctx).reshape(-1)
+    np.add.at(law, g * (vocab + 1) ** k + ids, w * probs)
+  return law, base
+
+
+@pytest.fixture(scope="module")
+def lab_loop():
+  pair = lab.make_markov_pair(1.5, 0.5, 0, vocab_size=4)
+  target, draft = lab_models.markov_lms(pair)
+  # Ragged prompts: 4 groups of lengths 1..4, ending in 4 different tokens.
+  rng = np.random.default_rng(0)
+  groups = [np.array([2]), np.array([1, 3]), np.array([3, 0, 1]),
+            np.array([0, 2, 1, 0])]
+  which = rng.integers(0, len(groups), REAL_N)
+  prompts = np.zeros((REAL_N, 4), np.int32)
+  lengths = np.zeros(REAL_N, np.int32)
+  for g, prompt in enumerate(groups):
+    prompts[which == g, :len(prompt)] = prompt
+    lengths[which == g] = len(prompt)
+  weights = np.bincount(which, minlength=len(groups)) / REAL_N
+  return pair, target, draft, prompts, lengths, which, [
+      int(p[-1]) for p in groups], weights
+
+
+def _run_loop(lab_loop, spec, gamma, eos_id):
+  pair, target, draft, prompts, lengths, which, contexts, weights = lab_loop
+  k = 2 * (gamma + 1)  # covers rounds after full accepts
+  vocab = pair.vocab_size
+  out = sj.speculative_generate(
+      target, draft, prompts, lengths, jax.random.key(gamma), gamma=gamma,
+      max_new_tokens=k, eos_id=eos_id, pad_id=vocab, verifier=spec)
+  law, base = _loop_law(pair, gamma, k, contexts, weights, eos_id)
+  ids = which * (vocab + 1) ** k + np.asarray(out.tokens) @ base
+  return testing.check_distribution(ids, law), out
+
+
+@pytest.mark.parametrize("spec", EXACT)
+@pytest.mark.parametrize("gamma, eos_id", [
+    (2, EOS), pytest.param(2, None, marks=pytest.mark.slow),
+    pytest.param(3, EOS, marks=pytest.mark.slow)])
+def test_real_loop_on_the_lab_is_exact(lab_loop, spec, gamma, eos_id):
+  result, out = _run_loop(lab_loop, spec, gamma, eos_id)
+  assert result.passed, f"{spec} gamma={gamma} eos={eos_id}: {result}"
+  if eos_id is not None:  # EOS really stopped some rows early
+    assert np.asarray(out.lengths).min() < 2 * (gamma + 1)
+
+
+@pytest.mark.parametrize("spec", list(CONTROLS) + [
+    pytest.param(spec, marks=pytest.mark.slow) for spec in LOSSY])
+def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
+  result, _ = _run_loop(lab_loop, spec, 2, EOS)
+  assert not result.passed, f"{spec}: {result}"
