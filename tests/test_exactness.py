@@ -1,14 +1,20 @@
 """Whole generations are exact samples from the target (statistical tests).
 
-A tiny Transformer target (V = 8) lets us enumerate the exact law of the first
-three generated tokens from the target's own forward passes. 10^5 speculative
-generations (batch rows are independent samples) must pass the harness in
-`specjax.testing`; the same program with a deliberately wrong coupling rule
-(resample from p on rejection; always accept) must fail it.
+Tiny Transformers (V = 4) let us enumerate the exact law of whole generations
+of K >= 2 (gamma + 1) tokens from the target's own forward passes, so rounds
+that follow a full accept (bonus token, draft catch-up window) are covered.
+Every batch mixes two prompts of different lengths (ragged rows in one
+compiled program), and token `EOS` ends a row, so the law is over sequences
+cut at the first EOS (the rest is `pad_id`). 10^5 generations (batch rows are
+independent samples) must pass the harness in `specjax.testing`; the same
+compiled loop with a negative control (`specjax.lab.controls`) as its
+coupling rule must fail it.
 """
 
 import itertools
+from typing import Any
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,12 +24,14 @@ import specjax as sj
 from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import loop
+from specjax.lab import controls
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 
-V, K, N = 8, 3, 100_000
-PROMPT = np.array([1, 2, 3], np.int32)
+V, N, EOS, PAD = 4, 100_000, 3, 4
+# Ragged: row 2i gets PROMPTS[0], row 2i + 1 gets PROMPTS[1].
+PROMPTS = (np.array([1, 2, 0], np.int32), np.array([2, 0, 1, 1, 3, 2], np.int32))
 
 
 def _model(seed, flavour):
@@ -34,7 +42,7 @@ def _model(seed, flavour):
   # Random init gives nearly uniform next-token laws, under which every rule
   # looks exact; scaling the embeddings makes p and q peaked and different.
   state = jax.tree_util.tree_map_with_path(
-      lambda path, x: 6.0 * x if "embed" in jax.tree_util.keystr(path) else x,
+      lambda path, x: 4.0 * x if "embed" in jax.tree_util.keystr(path) else x,
       model.state)
   return model.replace(state=state)
 
@@ -44,65 +52,86 @@ def models():
   return _model(0, "gpt2"), _model(1, "llama")
 
 
-def _exact_law(target, sampling):
-  """float64 [V**K]: P(first K tokens = s) under target-only sampling."""
-  seqs_SxK = np.array(list(itertools.product(range(V), repeat=K)), np.int32)
-  full = np.concatenate([np.tile(PROMPT, (len(seqs_SxK), 1)), seqs_SxK], 1)
+def _outcome_ids(tokens_NxK):
+  """Sequence ids in radix V + 1 (PAD = V marks the positions after EOS)."""
+  tokens_NxK = np.asarray(tokens_NxK, np.int64)
+  k = tokens_NxK.shape[1]
+  return (tokens_NxK * (V + 1) ** np.arange(k - 1, -1, -1)).sum(1)
+
+
+def _exact_law(target, sampling, prompt, k):
+  """(ids [M], float64 law [M]) of the first k tokens, cut after an EOS."""
+  seqs_SxK = np.array(list(itertools.product(range(V), repeat=k)), np.int32)
+  full = np.concatenate([np.tile(prompt, (len(seqs_SxK), 1)), seqs_SxK], 1)
   p = np.asarray(sampling_lib.probabilities(target.logits(jnp.asarray(full)),
                                             sampling), np.float64)
   rows = np.arange(len(seqs_SxK))
   law = np.ones(len(seqs_SxK))
-  for k in range(K):
-    law *= p[rows, len(PROMPT) - 1 + k, seqs_SxK[:, k]]
-  return law
+  ended = np.zeros(len(seqs_SxK), bool)
+  cut = seqs_SxK.copy()
+  for i in range(k):
+    law *= np.where(ended, 1.0, p[rows, len(prompt) - 1 + i, seqs_SxK[:, i]])
+    cut[ended, i] = PAD
+    ended |= seqs_SxK[:, i] == EOS
+  # Sequences that differ only after their EOS are one outcome: keep one.
+  ids, first = np.unique(_outcome_ids(cut), return_index=True)
+  return ids, law[first]
 
 
-def _sequence_ids(tokens):
-  tokens = np.asarray(tokens)
-  assert tokens.shape[1] == K
-  return (tokens * V ** np.arange(K - 1, -1, -1)).sum(1)
-
-
-def _run(target, draft, sampling, gamma, coupling_rule=None):
-  prompts = np.tile(PROMPT, (N, 1))
-  lengths = np.full(N, len(PROMPT), np.int32)
+def _run(target, draft, sampling, gamma, k, coupling_rule=None, seed=0, n=N):
+  prompts = np.zeros((n, max(map(len, PROMPTS))), np.int32)
+  lengths = np.zeros(n, np.int32)
+  for i, prompt in enumerate(PROMPTS):
+    prompts[i::2, :len(prompt)] = prompt
+    lengths[i::2] = len(prompt)
+  kwargs = dict(max_new_tokens=k, sampling=sampling, eos_id=EOS, pad_id=PAD)
+  key = jax.random.key(seed)
   if coupling_rule is None:
-    return sj.speculative_generate(target, draft, prompts, lengths,
-                                   jax.random.key(gamma), gamma=gamma,
-                                   max_new_tokens=K, sampling=sampling)
+    return sj.speculative_generate(target, draft, prompts, lengths, key,
+                                   gamma=gamma, **kwargs)
   prompts, lengths, keys, *_ = loop._prepare(
-      target, prompts, lengths, jax.random.key(gamma), max_new_tokens=K,
-      lookahead=gamma, sampling=sampling, eos_id=None, pad_id=0, models=())
+      target, prompts, lengths, key, lookahead=gamma, models=(), **kwargs)
   return loop._generate(target, draft, prompts, lengths, keys, gamma=gamma,
-                        max_new_tokens=K, sampling=sampling, eos_id=None,
-                        pad_id=0, coupling_rule=coupling_rule)
+                        coupling_rule=coupling_rule, **kwargs)
 
 
-def _gather(probs, token):
-  return jnp.take_along_axis(probs, token[..., None], axis=-1)[..., 0]
+def _check(target, out, sampling, k):
+  """Both prompts' rows against their exact laws; returns the results."""
+  results = []
+  ids_N = _outcome_ids(out.tokens)
+  for i, prompt in enumerate(PROMPTS):
+    ids_M, law_M = _exact_law(target, sampling, prompt, k)
+    # Index every sample into the law's outcomes; an id outside it (an
+    # impossible sequence) goes to an extra outcome of probability 0.
+    pos = np.clip(np.searchsorted(ids_M, ids_N[i::2]), 0, len(ids_M) - 1)
+    index = np.where(ids_M[pos] == ids_N[i::2], pos, len(ids_M))
+    results.append(testing.check_distribution(index, np.append(law_M, 0.0)))
+  return results
 
 
-def _wrong_fallback(u_accept, u_residual, p, q, draft):
-  accepted = u_accept * _gather(q, draft) < _gather(p, draft)
-  resampled = sampling_lib.sample_from_probs(u_residual, p)  # not (p - q)+
-  return jnp.where(accepted, draft, resampled), accepted
-
-
-def _always_accept(u_accept, u_residual, p, q, draft):
-  del u_accept, u_residual, p, q
-  return draft, jnp.ones(draft.shape, bool)
+def _assert_covers_full_accepts_and_eos(out, gamma, k):
+  """The batch exercised what the test is for: rounds after a full accept,
+  rows ended by EOS, and rows that ran to the budget."""
+  hist = np.asarray(out.stats.accept_hist)
+  rounds = np.asarray(out.stats.rounds)
+  lengths = np.asarray(out.lengths)
+  assert k >= 2 * (gamma + 1)
+  assert ((hist[:, gamma] >= 1) & (rounds > hist[:, gamma])).sum() > 1000
+  assert (hist[:, gamma] >= 2).sum() > 100  # back-to-back full accepts
+  assert 1000 < (lengths < k).sum() < N - 1000
 
 
 @pytest.mark.parametrize("sampling, gamma", [
     (sj.SamplingConfig(temperature=1.0), 3),
-    (sj.SamplingConfig(temperature=0.7, top_k=5, top_p=0.9), 2),
+    (sj.SamplingConfig(temperature=0.7, top_k=3, top_p=0.9), 2),
 ])
 def test_speculative_generations_are_exact(models, sampling, gamma):
   target, draft = models
-  out = _run(target, draft, sampling, gamma)
-  result = testing.check_distribution(_sequence_ids(out.tokens),
-                                      _exact_law(target, sampling))
-  assert result.passed, str(result)
+  k = 2 * (gamma + 1)
+  out = _run(target, draft, sampling, gamma, k)
+  for result in _check(target, out, sampling, k):
+    assert result.passed, str(result)
+  _assert_covers_full_accepts_and_eos(out, gamma, k)
   s = out.summary()
   # The draft is far enough from the target that the controls below bite.
   assert s["one_minus_tv"] < 0.9, s
@@ -112,8 +141,26 @@ def test_speculative_generations_are_exact(models, sampling, gamma):
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
 
-def _draft_kinds():
-  """Every draft kind the loop supports, built for the V = 8 toy vocabulary."""
+class LyingOneHot(flax.struct.PyTreeNode):
+  """A draft that declares `one_hot_q` but returns `model`'s soft logits.
+
+  Its proposals are the argmax (what the loop does for a one-hot draft), so
+  the law they follow is one_hot(proposal), not softmax(logits).
+  """
+  model: Any
+  one_hot_q = True
+  vocab_size = property(lambda self: self.model.vocab_size)
+  max_positions = property(lambda self: self.model.max_positions)
+
+  def init_cache(self, batch_size, max_len):
+    return self.model.init_cache(batch_size, max_len)
+
+  def __call__(self, tokens_BxT, cache):
+    return self.model(tokens_BxT, cache)
+
+
+def _draft_kinds(models):
+  """Every draft kind the loop supports, built for the V = 4 vocabulary."""
   corpus = np.random.default_rng(0).integers(0, V, size=2000)
   return {
       "bigram": NGramLM.fit(corpus, V, order=2),
@@ -121,25 +168,31 @@ def _draft_kinds():
       "prompt_lookup": PromptLookupDraft(V, max_ngram=2),
       "prompt_lookup+unigram": PromptLookupDraft(
           V, max_ngram=2, fallback=NGramLM.fit(corpus, V, order=1)),
+      # Declares one_hot_q, returns soft logits: verified against
+      # one_hot(proposal) all the same.
+      "lying_one_hot": LyingOneHot(models[1]),
   }
 
 
 @pytest.mark.parametrize("kind", ["bigram", "prompt_lookup",
-                                  "prompt_lookup+unigram"])
+                                  "prompt_lookup+unigram", "lying_one_hot"])
 def test_every_draft_kind_is_exact(models, kind):
   target, _ = models
   sampling = sj.SamplingConfig(temperature=1.0)
-  out = _run(target, _draft_kinds()[kind], sampling, 2)
-  result = testing.check_distribution(_sequence_ids(out.tokens),
-                                      _exact_law(target, sampling))
-  assert result.passed, f"{kind}: {result}"
+  gamma, k = 2, 6
+  out = _run(target, _draft_kinds(models)[kind], sampling, gamma, k, seed=7)
+  for result in _check(target, out, sampling, k):
+    assert result.passed, f"{kind}: {result}"
 
 
-@pytest.mark.parametrize("rule", [_wrong_fallback, _always_accept])
-def test_negative_controls_are_rejected(models, rule):
+@pytest.mark.parametrize("name", controls.NAMES)
+def test_negative_controls_are_rejected(models, name):
   target, draft = models
   sampling = sj.SamplingConfig(temperature=1.0)
-  out = _run(target, draft, sampling, 3, coupling_rule=rule)
-  result = testing.check_distribution(_sequence_ids(out.tokens),
-                                      _exact_law(target, sampling))
-  assert not result.passed, str(result)
+  gamma, k = 2, 6
+  # A fifth of the samples: the controls are far off, and the test must
+  # reject them with less data than the exact rule is checked with.
+  out = _run(target, draft, sampling, gamma, k,
+             coupling_rule=controls.coupling_rule(name), n=N // 5)
+  results = _check(target, out, sampling, k)
+  assert not any(r.passed for r in results), "\n".join(map(str, results))

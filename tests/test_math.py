@@ -442,21 +442,66 @@ def test_probabilities_are_normalised_and_keep_the_argmax(logits, temperature,
     sampling.GREEDY,
 ])
 def test_same_transform_for_target_and_draft(config):
-  # A draft with the target's logits is a perfect draft: identical
-  # probabilities, acceptance 1, and the coupling keeps every draft token.
-  logits = jnp.asarray(np.random.default_rng(9).normal(size=(4, 32)),
-                       jnp.float32)
-  p = sampling.probabilities(logits, config)
-  q = sampling.probabilities(jnp.array(logits), config)
-  np.testing.assert_array_equal(p, q)
-  np.testing.assert_allclose(specjax.acceptance_probability(p, q), 1.0,
-                             atol=1e-6)
-  draft = sampling.sample(jax.random.key(0), jnp.broadcast_to(
-      q, (2000, 4, 32)))
-  tok, acc = _jit_coupling(jax.random.key(1), jnp.broadcast_to(
-      p, (2000, 4, 32)), jnp.broadcast_to(q, (2000, 4, 32)), draft)
-  assert np.all(acc)
-  np.testing.assert_array_equal(tok, draft)
+  # The decode loop must turn target and draft logits into p and q by the
+  # same transform: with the target as its own draft, p == q at every
+  # verified position, so sum_x min(p, q) is 1 and every draft is kept. A
+  # transform applied to one side only (or differently) makes q != p and
+  # both numbers drop below 1 (the wrong-temperature control below).
+  model = specjax.TransformerLM.create(specjax.TransformerConfig(
+      vocab_size=32, d_model=16, num_layers=1, num_heads=2,
+      max_positions=32), 3)
+  prompts = np.tile(np.arange(1, 5, dtype=np.int32), (4, 1))
+  lengths = np.full(4, 4, np.int32)
+  out = specjax.speculative_generate(model, model, prompts, lengths,
+                                     jax.random.key(0), gamma=3,
+                                     max_new_tokens=8, sampling=config)
+  s = out.summary()
+  assert s["alpha_hat"] == 1.0, s
+  assert s["one_minus_tv"] == pytest.approx(1.0, abs=1e-5), s
+  # Control: scaling only the draft's logits (a different temperature) is
+  # visible in the same statistic.
+  hotter = model.replace(state=jax.tree_util.tree_map_with_path(
+      lambda path, x: 0.5 * x if "embed" in jax.tree_util.keystr(path) else x,
+      model.state))
+  other = specjax.speculative_generate(model, hotter, prompts, lengths,
+                                       jax.random.key(0), gamma=3,
+                                       max_new_tokens=8, sampling=config)
+  if not config.greedy:
+    assert other.summary()["one_minus_tv"] < 0.999
+
+
+def _reference_probabilities(logits_xV, config):
+  """float64 numpy reference of temperature -> top-k -> top-p (ties kept)."""
+  z = np.asarray(logits_xV, np.float64)
+  if config.greedy:
+    return np.eye(z.shape[-1])[z.argmax(-1)]
+  keep = np.ones_like(z, bool)
+  if config.top_k:
+    keep = z >= np.sort(z, -1)[..., -config.top_k][..., None]
+  z = np.where(keep, (z - z.max(-1, keepdims=True)) / config.temperature,
+               -np.inf)
+  p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+  if config.top_p < 1.0:
+    sorted_ = -np.sort(-p, -1)
+    kept = np.cumsum(sorted_, -1) - sorted_ < config.top_p
+    threshold = np.where(kept, sorted_, np.inf).min(-1, keepdims=True)
+    p = np.where(p >= threshold, p, 0.0)
+    p = p / p.sum(-1, keepdims=True)
+  return p
+
+
+@pytest.mark.parametrize("config", [
+    sampling.SamplingConfig(),
+    sampling.SamplingConfig(temperature=0.6, top_k=5, top_p=0.8),
+    sampling.SamplingConfig(temperature=1.3, top_p=0.5),
+    sampling.GREEDY,
+])
+def test_probabilities_match_a_float64_reference(config):
+  logits = np.random.default_rng(9).normal(size=(16, 32)).astype(np.float32)
+  np.testing.assert_allclose(sampling.probabilities(jnp.asarray(logits),
+                                                    config),
+                             _reference_probabilities(logits, config),
+                             atol=2e-6)
 
 
 def test_sampling_config_rejects_bad_values():
