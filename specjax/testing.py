@@ -56,7 +56,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax import sampling
 from specjax.lab import controls
 
 DEFAULT_SIGNIFICANCE = 1e-6

@@ -380,7 +380,7 @@ def _read_ngram(name: str, directory: str, verbose: bool) -> NGramLM:
 
 def _fit_ngram(name: str, directory: str, corpus, verbose: bool) -> None:
   _say(verbose, f"fitting {name} on the {corpus.source} corpus' training "
-       f"split (seconds) into {directory}")
+       f"split (seconds) into {directory.removesuffix('.partial')}")
   model = NGramLM.fit(corpus.tokens("train").astype(np.int32),
                       data.BYTE_VOCAB_SIZE, order=NGRAMS[name])
   os.makedirs(directory, exist_ok=True)

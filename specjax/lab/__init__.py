@@ -6,7 +6,9 @@ the full speculative process (`speculative_distribution`), its exact TV to the
 target (`exact_tv`, 0 up to rounding for the residual rule and clearly positive
 for the negative controls), the exact outcome of one coupling step for
 checking samplers (`coupling_table`), and a seeded trace with a cost ledger
-(`run_trace`). `python -m experiments.lab_audit` runs the full audit.
+(`run_trace`). `specjax.lab.audit` is the full audit (`python -m
+experiments.lab_audit` prints it); `specjax.lab.controls` defines the negative
+controls once for the lab, the harness (`specjax.testing`) and the tests.
 """
 
 from specjax.lab.exact import CouplingTable

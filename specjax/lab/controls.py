@@ -109,6 +109,3 @@ def rule_tables(name: str, p_xV: np.ndarray, exact_accept_xV: np.ndarray
                else exact_accept_xV)
   return accept_xV, np.asarray(p_xV)
 
-
-__all__ = ["CONTROLS", "NAMES", "Control", "coupling_rule", "rule_tables",
-           "wrong_fallback_rule", "always_accept_rule"]
