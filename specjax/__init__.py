@@ -16,6 +16,11 @@ from specjax.decode import draft_step
 from specjax.decode import generate
 from specjax.decode import speculative_generate
 from specjax.decode import verify_step
+from specjax.decode.tree import TreeTopology
+from specjax.decode.verifiers import Verifier
+from specjax.decode.verifiers import available_verifiers
+from specjax.decode.verifiers import get_verifier
+from specjax.decode.verifiers import register_verifier
 from specjax.models import CausalLM
 from specjax.models import KVCache
 from specjax.models import TransformerConfig

@@ -29,3 +29,7 @@ from specjax.lab.markov import make_markov_pair
 from specjax.lab.trace import DEFAULT_NUM_TOKENS
 from specjax.lab.trace import Trace
 from specjax.lab.trace import run_trace
+from specjax.lab.verifiers import paper_example
+from specjax.lab.verifiers import process_law
+from specjax.lab.verifiers import round_law
+from specjax.lab.verifiers import verifier_tv

@@ -215,6 +215,16 @@ def process_law(pair: markov.MarkovPair, gamma: int, seq_len: int,
       "context", context, low=0, high=vocab - 1)
   if blocks is None:
     blocks, _ = round_law(pair, gamma, verifier)
+  return chain_rounds(blocks, vocab, seq_len, None if start == vocab else start)
+
+
+def chain_rounds(blocks, vocab: int, seq_len: int, context=None) -> np.ndarray:
+  """Chains one round's law over committed prefixes, truncating at N.
+
+  `blocks[k - 1]`: `[V + 1] + [V] * k`, P(a round emits these k tokens |
+  context) (BOS context last). Returns float64 `[V] * seq_len`.
+  """
+  start = vocab if context is None else int(context)
   final = np.zeros(vocab ** seq_len)
   boundary = {0: np.ones(1)}
   for length in range(seq_len):

@@ -21,6 +21,10 @@ With r_i = p(x_i | x_<i) / q(x_i | x_<i) the algorithm is, per row:
 where p_i, q_i are the target and draft laws after x_1..x_i (p_0, q_0: after
 the last committed token). h_i = 0 where R_i + 1 - w_i = 0 (then R_i = 0: a
 stop there has no residual to draw from and never happens).
+
+Stats: num_accepted = tau and num_verified = min(tau + 1, G), as for token
+verification, so `alpha_hat` (accepted / verified) can exceed `one_minus_tv`
+under block verification: it keeps drafts token verification would reject.
 """
 
 from __future__ import annotations

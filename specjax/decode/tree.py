@@ -1,0 +1,220 @@
+"""Exact draft trees: static topologies, and their verification math in JAX.
+
+A tree round drafts several candidate continuations at once and keeps one
+path. The topology is static (one compile per topology):
+
+  `TreeTopology.from_branching((3, 2, 1, 1))`: the root (the last committed
+  token) has 3 children, each of those 2, then 1, then 1 (21 nodes);
+  `TreeTopology((-1, -1, 0, 0, 1))`: a parent array, node i's parent is
+  parents[i] (-1: the root), parents[i] < i (nodes in breadth-first order
+  are not required, only topological order).
+
+The children of one node are drafted from the draft's law q at that node,
+either i.i.d. (`mode="iid"`) or without replacement (`mode="wor"`, the
+Gumbel-top-k trick: draw x_1 ~ q, then x_2 ~ q without x_1, ...).
+Verification walks down from the root; at a node with target law p it runs
+recursive rejection sampling over the children in order:
+
+  r = p;  for child j: q_j = q (iid) or q without x_1..x_{j-1}, renormalised
+  (wor); keep x_j with probability min(1, r(x_j) / q_j(x_j)) and descend into
+  child j; else r <- (r - q_j)+ normalised.  If every child is rejected emit
+  one token from r (at a leaf, r = p: the bonus token).
+
+This is SpecInfer's multi-step speculative sampling for i.i.d. children and
+RSD's recursive rejection sampling (Jeon et al. 2024, arXiv 2402.14160) for
+children drawn without replacement; both are exact, checked by exhaustive
+enumeration in `specjax.lab.trees` and by sampling in tests/test_trees.py.
+A child drawn where q has no mass left (wor with fewer than k tokens of
+positive q) is skipped: it is rejected without changing r.
+
+Model side (NOT in this module yet): scoring all nodes in one target pass
+needs a tree attention mask and positions = depth in the Transformer, and
+the accepted path's KV entries moved into the row's contiguous cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import _checks
+from specjax import sampling as sampling_lib
+
+MODES = ("iid", "wor")
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeTopology:
+  """A static draft tree: `parents[i]` is node i's parent (-1 = the root).
+
+  Hashable (a static jit argument). Derived, all static numpy / tuples:
+    depth[i]: 1 for the root's children; max_depth; children[u] (u = -1 is
+    the root) in node order; max_children.
+  """
+  parents: tuple[int, ...]
+
+  def __post_init__(self):
+    parents = tuple(self.parents)
+    if not parents:
+      raise ValueError("a tree needs at least one node, e.g. parents=(-1,).")
+    for i, parent in enumerate(parents):
+      if isinstance(parent, bool) or not isinstance(parent, (int, np.integer)):
+        raise TypeError(f"parents[{i}] must be an int, got {parent!r}.")
+      if not -1 <= parent < i:
+        raise ValueError(f"parents[{i}] = {parent}: each parent must be -1 "
+                         f"(the root) or an earlier node in [0, {i}).")
+    object.__setattr__(self, "parents", tuple(int(p) for p in parents))
+
+  @classmethod
+  def from_branching(cls, branching) -> "TreeTopology":
+    """Every node at depth d has branching[d] children (depth 0: the root)."""
+    branching = tuple(_checks.check_int(f"branching[{d}]", b, low=1)
+                      for d, b in enumerate(branching))
+    if not branching:
+      raise ValueError("branching must name at least one level, e.g. (2, 1).")
+    parents, frontier = [], [-1]
+    for b in branching:
+      level = []
+      for u in frontier:
+        for _ in range(b):
+          parents.append(u)
+          level.append(len(parents) - 1)
+      frontier = level
+    return cls(tuple(parents))
+
+  @property
+  def num_nodes(self) -> int:
+    return len(self.parents)
+
+  @property
+  def depth(self) -> tuple[int, ...]:
+    out = []
+    for parent in self.parents:
+      out.append(1 if parent < 0 else out[parent] + 1)
+    return tuple(out)
+
+  @property
+  def max_depth(self) -> int:
+    return max(self.depth)
+
+  def children(self, node: int) -> tuple[int, ...]:
+    """Children of `node` (-1: the root), in node order."""
+    return tuple(i for i, p in enumerate(self.parents) if p == node)
+
+  @property
+  def max_children(self) -> int:
+    return max(len(self.children(u)) for u in range(-1, self.num_nodes))
+
+  def children_table(self) -> np.ndarray:
+    """int32 `[N + 1, K]`: row u + 1 lists u's children, -1 padded."""
+    table = -np.ones((self.num_nodes + 1, self.max_children), np.int32)
+    for u in range(-1, self.num_nodes):
+      kids = self.children(u)
+      table[u + 1, :len(kids)] = kids
+    return table
+
+
+def check_mode(mode: str) -> str:
+  if mode not in MODES:
+    raise ValueError(f"mode must be one of {MODES} ('iid': children i.i.d. "
+                     f"from q, SpecInfer; 'wor': without replacement, RSD), "
+                     f"got {mode!r}.")
+  return mode
+
+
+def draft_children(u_BxK, gumbel_BxKxV, q_BxV, k: int, mode: str, sample):
+  """k children of one node per row: int32 `[B, k]`, and valid `[B, k]`.
+
+  iid: inverse-CDF draws with `u_BxK`; wor: the k largest of log q + Gumbel
+  (a draw without replacement); a wor child beyond q's support is invalid.
+  """
+  if mode == "iid":
+    tokens_BxK = sample(u_BxK[:, :k], jnp.broadcast_to(
+        q_BxV[:, None], (q_BxV.shape[0], k, q_BxV.shape[-1])))
+    return tokens_BxK.astype(jnp.int32), jnp.ones(tokens_BxK.shape, bool)
+  logq_BxV = jnp.where(q_BxV > 0, jnp.log(jnp.where(q_BxV > 0, q_BxV, 1.0)),
+                       -jnp.inf)
+  scores_BxV = logq_BxV + gumbel_BxKxV[:, 0]
+  _, tokens_BxK = jax.lax.top_k(scores_BxV, k)
+  valid_BxK = jnp.take_along_axis(q_BxV, tokens_BxK, axis=1) > 0
+  return tokens_BxK.astype(jnp.int32), valid_BxK
+
+
+def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
+                topology: TreeTopology, mode: str, sample):
+  """Recursive rejection sampling down a static tree, vectorised over rows.
+
+  Args:
+    u_BxNx2: float32 uniforms, `[B, N + 1, 2]`: [:, i, 0] judges node i,
+      [:, u + 1, 1] draws the token emitted when node u (or the root, u =
+      -1 -> index 0) keeps none of its children.
+    p_BxN1xV, q_BxN1xV: float32 `[B, N + 1, V]`: target / draft laws after
+      the root (index 0) and after each node i (index i + 1).
+    tokens_BxN: int32 `[B, N]` node tokens; valid_BxN: bool `[B, N]`.
+    topology, mode: static.
+    sample: the loop's sampler.
+
+  Returns:
+    (path_BxD int32 `[B, D]`: kept node ids per depth, -1 past the end;
+     emitted_BxD1 int32 `[B, D + 1]`: the kept tokens then the final token;
+     num_accepted_B int32 `[B]`).
+  """
+  mode = check_mode(mode)
+  batch = tokens_BxN.shape[0]
+  table = jnp.asarray(topology.children_table())  # [N + 1, K]
+  rows = jnp.arange(batch)
+  node_B = -jnp.ones((batch,), jnp.int32)  # current node (-1: root)
+  alive_B = jnp.ones((batch,), bool)       # still descending
+  depth = topology.max_depth
+  path, emitted = [], []
+  final_B = jnp.zeros((batch,), jnp.int32)
+  for _ in range(depth + 1):
+    r_BxV = p_BxN1xV[rows, node_B + 1]
+    q_BxV = q_BxN1xV[rows, node_B + 1]
+    kids_BxK = table[node_B + 1]
+    taken_BxV = jnp.zeros(q_BxV.shape, bool)
+    chosen_B = -jnp.ones((batch,), jnp.int32)
+    for j in range(table.shape[1]):
+      kid_B = kids_BxK[:, j]
+      has_B = (kid_B >= 0) & (chosen_B < 0)
+      safe_kid_B = jnp.maximum(kid_B, 0)
+      x_B = tokens_BxN[rows, safe_kid_B]
+      if mode == "wor":
+        q_j_BxV = jnp.where(taken_BxV, 0.0, q_BxV)
+        mass_B1 = jnp.sum(q_j_BxV, axis=-1, keepdims=True)
+        q_j_BxV = q_j_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0)
+      else:
+        q_j_BxV = q_BxV
+      has_B = has_B & valid_BxN[rows, safe_kid_B]
+      q_x_B = q_j_BxV[rows, x_B]
+      r_x_B = r_BxV[rows, x_B]
+      keep_B = has_B & (u_BxNx2[rows, safe_kid_B, 0] * q_x_B < r_x_B)
+      chosen_B = jnp.where(keep_B, kid_B, chosen_B)
+      reject_B = has_B & ~keep_B
+      excess_BxV = jnp.maximum(r_BxV - q_j_BxV, 0.0)
+      mass_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
+      new_r_BxV = jnp.where(mass_B1 > 0,
+                            excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0),
+                            r_BxV)
+      r_BxV = jnp.where(reject_B[:, None], new_r_BxV, r_BxV)
+      if mode == "wor":
+        taken_BxV = taken_BxV | (reject_B[:, None]
+                                 & (jnp.arange(q_BxV.shape[-1]) == x_B[:, None]))
+    stop_B = alive_B & (chosen_B < 0)
+    y_B = sample(u_BxNx2[rows, node_B + 1, 1], r_BxV)
+    final_B = jnp.where(stop_B, y_B, final_B)
+    descend_B = alive_B & (chosen_B >= 0)
+    path.append(jnp.where(descend_B, chosen_B, -1))
+    emitted.append(jnp.where(descend_B, tokens_BxN[rows, jnp.maximum(
+        chosen_B, 0)], 0))
+    node_B = jnp.where(descend_B, chosen_B, node_B)
+    alive_B = descend_B
+  path_BxD = jnp.stack(path[:depth], axis=1)
+  num_accepted_B = jnp.sum(path_BxD >= 0, axis=1).astype(jnp.int32)
+  emitted_BxD1 = jnp.stack(emitted[:depth] + [final_B], axis=1)
+  emitted_BxD1 = jnp.where(jnp.arange(depth + 1) == num_accepted_B[:, None],
+                           final_B[:, None], emitted_BxD1)
+  return path_BxD, emitted_BxD1.astype(jnp.int32), num_accepted_B

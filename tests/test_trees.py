@@ -1,0 +1,179 @@
+"""Exact draft trees: the lab's enumeration (worst TV over >= 1,000 settings)
+and the JAX recursive rejection sampling (`specjax.decode.tree`) against it."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import lab
+from specjax import sampling as sampling_lib
+from specjax import testing
+from specjax.decode import tree as tree_lib
+from specjax.lab import trees as lt
+from specjax.lab import verifiers as lv
+
+TOL = 1e-12
+PAIRS = [(1.5, 0.5, 0), (0.0, 0.3, 1), (1000.0, 0.5, 2), (3.0, 0.0, 3),
+         (2.0, 1.0, 4), (8.0, 0.8, 5)]
+
+
+def test_topology_from_branching_and_validation():
+  topo = tree_lib.TreeTopology.from_branching((3, 2, 1, 1))
+  assert topo.num_nodes == 21 and topo.max_depth == 4
+  assert topo.children(-1) == (0, 1, 2) and topo.max_children == 3
+  assert tree_lib.TreeTopology.from_branching((1, 1, 1)).parents == (-1, 0, 1)
+  with pytest.raises(ValueError, match="earlier node"):
+    tree_lib.TreeTopology((-1, 3, 0))
+  with pytest.raises(ValueError, match="mode must be"):
+    tree_lib.check_mode("topk")
+  assert len(lt.small_topologies(7)) >= 40
+
+
+def test_a_chain_tree_is_token_verification():
+  pair = lab.make_markov_pair(1.5, 0.5, 0)
+  chain = tree_lib.TreeTopology.from_branching((1, 1, 1))
+  for mode in tree_lib.MODES:
+    blocks, expected = lt.tree_round_law(pair, chain, mode)
+    token_blocks, token_expected = lv.round_law(pair, 3, "token")
+    np.testing.assert_allclose(expected, token_expected, atol=1e-14)
+    for a, b in zip(blocks, token_blocks):
+      np.testing.assert_allclose(a, b, atol=1e-15)
+
+
+def _tree_grid(topologies, pairs, seq_lens=(2, 3, 4)):
+  worst, settings = 0.0, 0
+  for certainty, match, seed in pairs:
+    pair = lab.make_markov_pair(certainty, match, seed)
+    for topo in topologies:
+      for mode in tree_lib.MODES:
+        blocks, _ = lt.tree_round_law(pair, topo, mode)
+        for seq_len in seq_lens:
+          law = lt.tree_process_law(pair, topo, seq_len, mode, blocks=blocks)
+          worst = max(worst, lab.tv(law, lv.target_law(pair, seq_len)))
+          settings += 1
+  return worst, settings
+
+
+def test_trees_are_exact_on_the_lab():
+  # Depth <= 3 keeps the laws small (V**4 sequences) for the default run;
+  # the slow test covers every tree of <= 7 nodes.
+  topologies = [t for t in lt.small_topologies(7) if t.max_depth <= 3]
+  worst, settings = _tree_grid(topologies, PAIRS[:3])
+  assert settings >= 200 and worst <= TOL, (worst, settings)
+
+
+@pytest.mark.slow
+def test_trees_up_to_7_nodes_are_exact_on_1000_settings():
+  worst, settings = _tree_grid(lt.small_topologies(7), PAIRS)
+  assert settings >= 1000 and worst <= TOL, (worst, settings)
+
+
+def test_wider_trees_emit_more_tokens_than_the_chain():
+  pair = lab.make_markov_pair(1.5, 0.5, 0)
+  _, chain = lv.round_law(pair, 2, "token")
+  for mode in tree_lib.MODES:
+    _, tree = lt.tree_round_law(pair, (3, 1), mode)
+    assert np.all(tree >= chain - 1e-12) and tree.mean() > chain.mean()
+
+
+# --------------------------------------------------- JAX vs the lab law
+
+N = 100_000
+
+
+def _draft_and_verify(pair, topo, mode, ctx, key):
+  """One tree round from context `ctx` for N rows, on the pair's tables."""
+  p_rows = jnp.asarray(pair.target_trans_VxV, jnp.float32)
+  q_rows = jnp.asarray(pair.draft_trans_VxV, jnp.float32)
+  sampling = sampling_lib.SamplingConfig()
+  sample = lambda u, probs: sampling_lib.sample_from_probs(u, probs)
+  vocab, n = pair.vocab_size, topo.num_nodes
+  k_draft, k_gumbel, k_verify = jax.random.split(key, 3)
+  u_draft = jax.random.uniform(k_draft, (N, n + 1, topo.max_children))
+  gumbel = jax.random.gumbel(k_gumbel, (N, n + 1, 1, vocab))
+  u_verify = jax.random.uniform(k_verify, (N, n + 1, 2))
+  del sampling
+
+  @jax.jit
+  def run(u_draft, gumbel, u_verify):
+    tokens = jnp.zeros((N, n), jnp.int32)
+    valid = jnp.ones((N, n), bool)
+    node_token = lambda u: (jnp.full((N,), ctx, jnp.int32) if u < 0
+                            else tokens[:, u])
+    # Level by level (node order is topological): children of each node.
+    for u in range(-1, n):
+      kids = topo.children(u)
+      if not kids:
+        continue
+      q = q_rows[node_token(u)]
+      x, ok = tree_lib.draft_children(u_draft[:, u + 1], gumbel[:, u + 1], q,
+                                      len(kids), mode, sample)
+      tokens = tokens.at[:, list(kids)].set(x)
+      valid = valid.at[:, list(kids)].set(ok & (
+          True if u < 0 else valid[:, u][:, None]))
+    ctx_N1 = jnp.concatenate([jnp.full((N, 1), ctx, jnp.int32), tokens], 1)
+    return tree_lib.tree_verify(u_verify, p_rows[ctx_N1], q_rows[ctx_N1],
+                                tokens, valid, topo, mode, sample)
+
+  return run(u_draft, gumbel, u_verify)
+
+
+@pytest.mark.parametrize("branching_or_parents, mode", [
+    ((2, 2), "iid"), ((2, 2), "wor"),
+    pytest.param((-1, 0, 1, 2, -1, 4, -1), "iid", marks=pytest.mark.slow),
+    ((-1, 0, 1, 2, -1, 4, -1), "wor"),
+    pytest.param((4,), "wor", marks=pytest.mark.slow)])
+def test_jax_tree_round_matches_lab_law(branching_or_parents, mode):
+  pair = lab.make_markov_pair(2.0, 0.4, 1, vocab_size=4)
+  if isinstance(branching_or_parents[0], int) and branching_or_parents[0] < 0:
+    topo = tree_lib.TreeTopology(branching_or_parents)
+  else:
+    topo = tree_lib.TreeTopology.from_branching(branching_or_parents)
+  ctx = 2
+  blocks, _ = lt.tree_round_law(pair, topo, mode)
+  vocab, depth = pair.vocab_size, topo.max_depth
+  _, emitted, accepted = _draft_and_verify(pair, topo, mode, ctx,
+                                           jax.random.key(3))
+  emitted, accepted = np.asarray(emitted), np.asarray(accepted)
+  # id: offset for the emitted length, then the tokens in base V.
+  offsets = np.cumsum([0] + [vocab ** (k + 1) for k in range(depth + 1)])
+  ids = offsets[accepted].copy()
+  for t in range(depth + 1):
+    live = t <= accepted
+    ids[live] += emitted[live, t] * vocab ** (accepted[live] - t)
+  expected = np.concatenate([b[ctx].reshape(-1) for b in blocks])
+  result = testing.check_distribution(ids, expected)
+  assert result.passed, f"{topo.parents} {mode}: {result}"
+
+
+def test_jax_tree_negative_control_is_rejected():
+  """Treating 'wor' drafts as i.i.d. (no renormalisation) is not exact."""
+  pair = lab.make_markov_pair(2.0, 0.4, 1, vocab_size=4)
+  topo = tree_lib.TreeTopology.from_branching((3,))
+  blocks, _ = lt.tree_round_law(pair, topo, "wor")
+  # Verify wor-drafted children with the iid rule by drafting wor but
+  # judging as iid: compare against the wor law.
+  _, emitted, accepted = _wrong_mode(pair, topo)
+  vocab = pair.vocab_size
+  ids = np.where(np.asarray(accepted) == 0, np.asarray(emitted)[:, 0],
+                 vocab + np.asarray(emitted)[:, 0] * vocab
+                 + np.asarray(emitted)[:, 1])
+  expected = np.concatenate([blocks[0][2].reshape(-1),
+                             blocks[1][2].reshape(-1)])
+  assert not testing.check_distribution(ids, expected).passed
+
+
+def _wrong_mode(pair, topo):
+  p_rows = jnp.asarray(pair.target_trans_VxV, jnp.float32)
+  q_rows = jnp.asarray(pair.draft_trans_VxV, jnp.float32)
+  sample = sampling_lib.sample_from_probs
+  vocab, n, ctx = pair.vocab_size, topo.num_nodes, 2
+  kg, kv = jax.random.split(jax.random.key(9))
+  gumbel = jax.random.gumbel(kg, (N, 1, vocab))
+  u_verify = jax.random.uniform(kv, (N, n + 1, 2))
+  q = jnp.broadcast_to(q_rows[ctx], (N, vocab))
+  x, ok = tree_lib.draft_children(None, gumbel, q, n, "wor", sample)
+  ctx_N1 = jnp.concatenate([jnp.full((N, 1), ctx, jnp.int32), x], 1)
+  return tree_lib.tree_verify(u_verify, p_rows[ctx_N1], q_rows[ctx_N1], x, ok,
+                              topo, "iid", sample)
