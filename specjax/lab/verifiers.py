@@ -30,6 +30,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax.decode import verifiers as verifiers_lib
+from specjax.lab import controls
 from specjax.lab import exact
 from specjax.lab import markov
 
@@ -137,10 +138,10 @@ def verifier_law(verifier, p_xG1xV, q_xGxV, drafts_xG):
   if v.name == "typical":
     thr = np.minimum(v.epsilon, v.delta * np.exp(-_entropy(p_xGxV)))
     return _token_like((p_at > thr).astype(np.float64), p_xGxV, bonus)
-  if v.name == "wrong_fallback":
-    return _token_like(_safe_ratio(p_at, q_at), p_xGxV, bonus)
-  if v.name == "always_accept":
-    return _token_like(np.ones_like(p_at), p_xGxV, bonus)
+  if v.name in controls.CONTROLS:  # the controls' one definition
+    accept, fallback = controls.rule_tables(v.name, p_xGxV,
+                                            _safe_ratio(p_at, q_at))
+    return _token_like(accept, fallback, bonus)
   raise ValueError(f"the lab has no law for verifier {v.spec!r}; add one to "
                    "specjax.lab.verifiers.verifier_law.")
 

@@ -4,37 +4,23 @@ exactness test must REJECT (`exact = False`; never use them to decode).
   wrong_fallback  token verification, but a rejection resamples from p
                   instead of the residual (p - q)+.
   always_accept   every draft is kept.
+
+The rules themselves are defined once, in `specjax.lab.controls`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
-
-from specjax import sampling as sampling_lib
-from specjax.decode.verifiers import base
 from specjax.decode.verifiers import token
-
-
-def wrong_fallback_rule(u_accept, u_residual, p, q, draft):
-  """A coupling rule whose rejection draws from p, not (p - q)+."""
-  accepted = u_accept * base.gather(q, draft) < base.gather(p, draft)
-  resampled = sampling_lib.sample_from_probs(u_residual, p)
-  return jnp.where(accepted, draft, resampled).astype(jnp.int32), accepted
-
-
-def always_accept_rule(u_accept, u_residual, p, q, draft):
-  """A coupling rule that keeps every draft."""
-  del u_accept, u_residual, p, q
-  return draft.astype(jnp.int32), jnp.ones(draft.shape, bool)
+from specjax.lab import controls
 
 
 @dataclasses.dataclass(frozen=True)
 class WrongFallbackControl(token.TokenVerifier):
   """Negative control: resample from p on rejection."""
   name = "wrong_fallback"
-  coupling_rule: object = wrong_fallback_rule
+  coupling_rule: object = controls.wrong_fallback_rule
 
   @property
   def spec(self) -> str:
@@ -45,7 +31,7 @@ class WrongFallbackControl(token.TokenVerifier):
 class AlwaysAcceptControl(token.TokenVerifier):
   """Negative control: keep every draft."""
   name = "always_accept"
-  coupling_rule: object = always_accept_rule
+  coupling_rule: object = controls.always_accept_rule
 
   @property
   def spec(self) -> str:
