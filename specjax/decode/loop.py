@@ -22,6 +22,7 @@ import numpy as np
 from specjax import _checks
 from specjax import coupling
 from specjax import sampling as sampling_lib
+from specjax import sharding
 from specjax.decode import state as state_lib
 from specjax.decode import steps
 from specjax.decode import validation
@@ -186,9 +187,13 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
           draft, prompts_BxP, buffer_len,
           jnp.maximum(prompt_lengths_B - 2, 0))),
       stats=state_lib.RowStats.zeros(batch, gamma))
-  body = functools.partial(_round, target=target, draft=draft, gamma=gamma,
-                           max_new_tokens=max_new_tokens, sampling=sampling,
-                           eos_id=eos_id, coupling_rule=coupling_rule)
+  # Under a mesh (`mesh=`), the carry is pinned to the rules' shardings
+  # (batch on `data`, kv heads on `model`); without one these are no-ops.
+  state = sharding.constrain_decode_state(state)
+  round_fn = functools.partial(_round, target=target, draft=draft, gamma=gamma,
+                               max_new_tokens=max_new_tokens, sampling=sampling,
+                               eos_id=eos_id, coupling_rule=coupling_rule)
+  body = lambda s: sharding.constrain_decode_state(round_fn(s))
   # Every active row commits >= 1 token a round, so max_new_tokens rounds
   # always suffice; the loop usually exits much earlier.
   state = jax.lax.while_loop(
@@ -198,8 +203,8 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   out_BxN = jnp.take_along_axis(
       state.tokens, state.prompt_lengths[:, None] + cols_N[None, :], axis=1)
   out_BxN = jnp.where(cols_N < generated_B[:, None], out_BxN, pad_id)
-  return state_lib.GenerationResult(tokens=out_BxN, lengths=generated_B,
-                                    stats=state.stats)
+  return sharding.constrain_replicated(state_lib.GenerationResult(
+      tokens=out_BxN, lengths=generated_B, stats=state.stats))
 
 
 def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
@@ -237,8 +242,8 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
 def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
                          gamma: int, max_new_tokens: int,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
-                         eos_id: int | None = None, pad_id: int = 0
-                         ) -> state_lib.GenerationResult:
+                         eos_id: int | None = None, pad_id: int = 0,
+                         mesh=None) -> state_lib.GenerationResult:
   """Samples continuations from `target`, speculating with `draft`.
 
   The output is distributed exactly as `generate(target, ...)` with the same
@@ -255,9 +260,14 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     sampling: the transform applied to target and draft logits alike.
     eos_id: a row stops after emitting this token (it is included).
     pad_id: fills `tokens` past each row's length.
+    mesh: a `jax.sharding.Mesh` or a spec like "data:2,model:4" to run the
+      same compiled loop sharded (see `specjax.sharding`); None uses the mesh
+      of an enclosing `jax.set_mesh`, or one device. A row's output for a
+      given key does not depend on the mesh.
 
   Returns:
-    `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`.
+    `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`
+    (replicated on every device of the mesh).
   """
   validation.check_model("target", target)
   validation.check_model("draft", draft)
@@ -270,14 +280,18 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=gamma, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("target", target), ("draft", draft)))
-  return _generate(target, draft, prompts, lengths, keys, gamma=gamma,
-                   max_new_tokens=max_new_tokens, sampling=sampling,
-                   eos_id=eos_id, pad_id=pad_id)
+  mesh = sharding.as_mesh(mesh)
+  (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
+      mesh, (target, draft), (prompts, lengths, keys))
+  with sharding.using(mesh):
+    return _generate(target, draft, prompts, lengths, keys, gamma=gamma,
+                     max_new_tokens=max_new_tokens, sampling=sampling,
+                     eos_id=eos_id, pad_id=pad_id)
 
 
 def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
              sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
-             eos_id: int | None = None, pad_id: int = 0
+             eos_id: int | None = None, pad_id: int = 0, mesh=None
              ) -> state_lib.GenerationResult:
   """Autoregressive sampling from `model`: the baseline, one token per pass.
 
@@ -288,6 +302,10 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
       model, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=0, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("model", model),))
-  return _generate(model, None, prompts, lengths, keys, gamma=0,
-                   max_new_tokens=max_new_tokens, sampling=sampling,
-                   eos_id=eos_id, pad_id=pad_id)
+  mesh = sharding.as_mesh(mesh)
+  (model,), (prompts, lengths, keys) = sharding.place_decode_inputs(
+      mesh, (model,), (prompts, lengths, keys))
+  with sharding.using(mesh):
+    return _generate(model, None, prompts, lengths, keys, gamma=0,
+                     max_new_tokens=max_new_tokens, sampling=sampling,
+                     eos_id=eos_id, pad_id=pad_id)

@@ -50,6 +50,8 @@ FORMAT = "specjax.train/1"
 ARRAY_ITEMS = ("params", "opt_state")
 ITEMS = ARRAY_ITEMS + ("metadata",)
 CHECKPOINTS_SUBDIR = "checkpoints"
+# TransformerConfig fields that checkpoints written before them lack.
+_LATER_FIELDS = ("param_dtype",)
 
 
 class CheckpointError(ValueError):
@@ -252,8 +254,13 @@ class Checkpointer:
                          model_config: transformer_lib.TransformerConfig
                          ) -> None:
     """Raises CheckpointError naming the differing fields, if any."""
-    diff = config_diff(metadata.get("model_config") or {},
-                       model_config_dict(model_config))
+    # Fields added to TransformerConfig after a checkpoint was written take
+    # their defaults (so older checkpoints still load).
+    stored = {f.name: f.default
+              for f in dataclasses.fields(transformer_lib.TransformerConfig)
+              if f.name in _LATER_FIELDS}
+    stored.update(metadata.get("model_config") or {})
+    diff = config_diff(stored, model_config_dict(model_config))
     if diff:
       raise CheckpointError(
           f"Checkpoint {self.step_dir(step)!r} holds a different model than "
