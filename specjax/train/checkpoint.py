@@ -334,12 +334,16 @@ def abstract_model(config: transformer_lib.TransformerConfig
   return nnx.split(module)
 
 
-def load_model(directory: str, step: int | None = None
+def load_model(directory: str, step: int | None = None, *, mesh: Any = None,
+               rules: Any = None
                ) -> tuple[transformer_lib.TransformerLM, dict]:
   """A trained `TransformerLM` from a workdir (or its checkpoints/ dir).
 
   Reads only the parameters (not the optimizer state), verified against the
-  stored checksum.
+  stored checksum. With `mesh` (a `Mesh` or a spec like "data:4,model:2")
+  the parameters are restored straight onto it, sharded by `rules`
+  (default `specjax.sharding.RULES`), whatever mesh they were saved from;
+  without, onto the default device.
 
   Returns:
     `(model, metadata)`; `metadata["model_config"]`, `["corpus"]` and
@@ -356,6 +360,16 @@ def load_model(directory: str, step: int | None = None
           f"The model config stored in {ckpt.step_dir(step)!r} is not valid "
           f"for this version of specjax: {e}") from e
     graphdef, abstract = abstract_model(config)
+    if mesh is not None:
+      from specjax import sharding  # pylint: disable=g-import-not-at-top
+      shapes = transformer_lib.TransformerLM(config=config, graphdef=graphdef,
+                                             state=abstract)
+      shardings = sharding.model_shardings(
+          shapes, sharding.as_mesh(mesh),
+          rules=sharding.RULES if rules is None else rules).state
+      abstract = jax.tree.map(
+          lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+          abstract, shardings)
     state, metadata = ckpt.restore({"params": abstract}, step=step)
   finally:
     ckpt.close()
