@@ -160,7 +160,6 @@ def param_bytes():
 def decode():
   target, draft = gqa_models()
   results = {spec: generations(target, draft, _mesh(spec)) for spec in MESHES}
-  results["none"] = generations(target, draft, None)
   return {"tokens": results, "chi_square": chi_square_2x4(),
           "param_bytes": param_bytes()}
 
