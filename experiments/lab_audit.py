@@ -24,6 +24,7 @@ from absl import app
 from absl import flags
 import numpy as np
 
+from specjax import distributed
 from specjax import lab
 from specjax.lab import exact as lab_exact
 
@@ -47,6 +48,7 @@ flags.DEFINE_integer("grid_seeds", 2,
                      "settings.")
 flags.DEFINE_integer("min_grid_settings", 1000,
                      "The audit fails if the grid is smaller than this.")
+distributed.define_flags()
 
 # float64 rounding of sums over <= 8**6 terms stays near 1e-15; 1e-12 leaves
 # three orders of margin while a real bug (e.g. the wrong fallback) shows up
@@ -335,6 +337,9 @@ def _match_table(certainty, gamma, draft_cost, seq_len, seed, trace_tokens):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.initialize_from_flags()
+  if not distributed.is_primary():
+    return  # a host-side numpy audit: process 0 alone
   kwargs = dict(certainty=FLAGS.certainty, draft_match=FLAGS.draft_match,
                 gamma=FLAGS.gamma, draft_cost=FLAGS.draft_cost,
                 seq_len=FLAGS.seq_len, seed=FLAGS.seed,
