@@ -110,7 +110,8 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
       `data` over every device and `model` of size 1. The product of the
       sizes must equal the device count; one size may be -1 (the rest).
       Axes `data` and `model` are always present (size 1 if not named), so
-      the rules apply to any spec.
+      the rules apply to any spec. A product smaller than the device count
+      uses the first devices.
     devices: the devices to use, in mesh order.
 
   Returns:
@@ -137,11 +138,17 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
       raise ValueError(f"mesh spec {spec!r}: the named sizes ({known} devices)"
                        f" do not divide the {n} devices.")
     sizes = tuple(n // known if s == -1 else s for s in sizes)
-  if int(np.prod(sizes)) != n:
+  if int(np.prod(sizes)) < n and -1 not in sizes:
+    # A smaller mesh on the first devices (e.g. "data:1,model:1" on a host
+    # with 8): what the spec asks for, said once.
+    logging.info("make_mesh(%r): using %d of %d devices.", spec,
+                 int(np.prod(sizes)), n)
+    devices = devices[:int(np.prod(sizes))]
+  elif int(np.prod(sizes)) != n:
     raise ValueError(
         f"mesh spec {spec!r} needs {int(np.prod(sizes))} devices but {n} are "
         f"available ({devices[0].platform}); make the product of the sizes "
-        f"{n}, or use -1 for one axis.")
+        f"at most {n}, or use -1 for one axis.")
   try:
     return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names),
                          devices=devices)
