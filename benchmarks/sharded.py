@@ -35,7 +35,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import specjax as sj
 from specjax import coupling
@@ -113,12 +112,12 @@ def run(meshes, *, target_preset="byte-3m-llama", draft_preset="none",
     mesh = sharding.make_mesh(spec)
     kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, mesh=mesh)
     if draft is None:
-      call = lambda: sj.generate(target, prompts, lengths, jax.random.key(0),
-                                 **kwargs)
+      call = lambda kw=kwargs: sj.generate(target, prompts, lengths,
+                                           jax.random.key(0), **kw)
     else:
-      call = lambda: sj.speculative_generate(
+      call = lambda kw=kwargs: sj.speculative_generate(
           target, draft, prompts, lengths, jax.random.key(0), gamma=gamma,
-          **kwargs)
+          **kw)
     # The compiled program the call runs, for its memory and HLO.
     padded, lens, keys, *_ = decode_loop._prepare(  # pylint: disable=protected-access
         target, prompts, lengths, jax.random.key(0),

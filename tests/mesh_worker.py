@@ -22,12 +22,12 @@ import sys
 # different algorithms by load.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import specjax as sj  # noqa: E402
-from specjax import sharding  # noqa: E402
+import specjax as sj
+from specjax import sharding
 
 MESHES = ("data:1,model:1", "data:8,model:1", "data:2,model:4",
           "data:4,model:2")
