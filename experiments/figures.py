@@ -13,16 +13,21 @@ import os
 from absl import app
 from absl import flags
 
+from specjax import distributed
 from specjax import figures
 
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", "results/quick", "Directory holding sweep.jsonl and "
     "metadata.json; the figures and tables are written there too.")
+distributed.define_flags()
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.initialize_from_flags()
+  if not distributed.is_primary():
+    return  # drawing is host work: process 0 alone
   paths = figures.make_all(_RESULTS_DIR.value)
   with open(os.path.join(_RESULTS_DIR.value, "summary.txt"),
             encoding="utf-8") as fh:

@@ -15,6 +15,7 @@ import sys
 from absl import app
 from absl import flags
 
+from specjax import distributed
 from specjax import lab
 from specjax.lab import audit
 
@@ -38,6 +39,7 @@ flags.DEFINE_integer("grid_seeds", 2,
                      "settings.")
 flags.DEFINE_integer("min_grid_settings", 1000,
                      "The audit fails if the grid is smaller than this.")
+distributed.define_flags()
 
 # Kept importable from here for older callers.
 run_audit = audit.run_audit
@@ -46,6 +48,9 @@ run_audit = audit.run_audit
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.initialize_from_flags()
+  if not distributed.is_primary():
+    return  # a host-side numpy audit: process 0 alone
   kwargs = dict(certainty=FLAGS.certainty, draft_match=FLAGS.draft_match,
                 gamma=FLAGS.gamma, draft_cost=FLAGS.draft_cost,
                 seq_len=FLAGS.seq_len, seed=FLAGS.seed,

@@ -17,7 +17,9 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from specjax import distributed
 from specjax import figures
+from specjax import sharding
 from specjax import sweep
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,6 +27,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
+distributed.define_flags()
 
 
 def main(argv):
@@ -33,8 +36,13 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   start = time.time()
   config = _CONFIG.value
+  distributed.initialize_from_flags()
   results_dir = _RESULTS_DIR.value or config.results_dir
-  sweep.run_config(config, results_dir)
+  # SPMD: every process sweeps (sharded over --mesh); process 0 writes.
+  with sharding.using(distributed.mesh_from_flags()):
+    sweep.run_config(config, distributed.output_dir(results_dir))
+  if not distributed.is_primary():
+    return
   written = figures.make_all(results_dir)
   with open(f"{results_dir}/summary.txt") as fh:
     print(fh.read())

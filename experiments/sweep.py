@@ -17,20 +17,30 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from specjax import distributed
+from specjax import sharding
 from specjax import sweep
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/reproduce.py:quick", "Sweep config.", lock_config=True)
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
+distributed.define_flags()
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  distributed.initialize_from_flags()
   results_dir = _RESULTS_DIR.value or _CONFIG.value.results_dir
-  rows = sweep.run_config(_CONFIG.value, results_dir)
+  # Every process runs the same sweep (SPMD); with --mesh each generation is
+  # one program sharded over all processes' devices. Process 0 writes.
+  with sharding.using(distributed.mesh_from_flags()):
+    rows = sweep.run_config(_CONFIG.value,
+                            distributed.output_dir(results_dir))
+  if not distributed.is_primary():
+    return
   print(f"{len(rows)} cells -> {results_dir}/sweep.jsonl")
 
 

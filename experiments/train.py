@@ -16,6 +16,7 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
+from specjax import distributed
 from specjax import train as train_lib
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -25,6 +26,7 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints and metrics.jsonl; rerunning "
     "with the same workdir resumes from its latest checkpoint.")
 flags.mark_flags_as_required(["config", "workdir"])
+distributed.define_flags()
 
 
 def _drop_library_info(record: std_logging.LogRecord) -> bool:
@@ -39,7 +41,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.get_absl_handler().python_handler.addFilter(_drop_library_info)
-  model, metrics = train_lib.train(_CONFIG.value, _WORKDIR.value)
+  distributed.initialize_from_flags()
+  # --mesh overrides config.mesh (the config is locked; pass the mesh).
+  model, metrics = train_lib.train(_CONFIG.value, _WORKDIR.value,
+                                   mesh=distributed.mesh_from_flags())
+  if not distributed.is_primary():
+    return
   final_bpb = (metrics["eval_bpb"][max(metrics["eval_bpb"])]
                if metrics["eval_bpb"] else float("nan"))
   last_loss = (metrics["train_loss"][-1] if len(metrics["train_loss"])

@@ -31,5 +31,6 @@ from specjax.sampling import GREEDY
 from specjax.sampling import SamplingConfig
 from specjax.sampling import probabilities
 from specjax.sampling import sample
+from specjax.sharding import make_mesh
 
 __version__ = "0.1.0"

@@ -22,6 +22,7 @@ import numpy as np
 from specjax import _checks
 from specjax import coupling
 from specjax import sampling as sampling_lib
+from specjax import sharding
 from specjax.decode import state as state_lib
 from specjax.decode import steps
 from specjax.decode import validation
@@ -193,10 +194,14 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
           draft, prompts_BxP, buffer_len,
           jnp.maximum(prompt_lengths_B - 2, 0))),
       stats=state_lib.RowStats.zeros(batch, gamma))
-  body = functools.partial(_round, target=target, draft=draft, gamma=gamma,
-                           max_new_tokens=max_new_tokens, sampling=sampling,
-                           eos_id=eos_id, coupling_rule=coupling_rule,
-                           verifier=verifier)
+  # Under a mesh (`mesh=`), the carry is pinned to the rules' shardings
+  # (batch on `data`, kv heads on `model`); without one these are no-ops.
+  state = sharding.constrain_decode_state(state)
+  round_fn = functools.partial(_round, target=target, draft=draft, gamma=gamma,
+                               max_new_tokens=max_new_tokens, sampling=sampling,
+                               eos_id=eos_id, coupling_rule=coupling_rule,
+                               verifier=verifier)
+  body = lambda s: sharding.constrain_decode_state(round_fn(s))
   # Every active row commits >= 1 token a round, so max_new_tokens rounds
   # always suffice; the loop usually exits much earlier.
   state = jax.lax.while_loop(
@@ -206,8 +211,8 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   out_BxN = jnp.take_along_axis(
       state.tokens, state.prompt_lengths[:, None] + cols_N[None, :], axis=1)
   out_BxN = jnp.where(cols_N < generated_B[:, None], out_BxN, pad_id)
-  return state_lib.GenerationResult(tokens=out_BxN, lengths=generated_B,
-                                    stats=state.stats)
+  return sharding.constrain_replicated(state_lib.GenerationResult(
+      tokens=out_BxN, lengths=generated_B, stats=state.stats))
 
 
 def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
@@ -247,7 +252,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                          eos_id: int | None = None, pad_id: int = 0,
                          verifier: str | verifiers_lib.Verifier = "token",
-                         on_nonfinite: str = "raise"
+                         on_nonfinite: str = "raise", mesh=None
                          ) -> state_lib.GenerationResult:
   """Samples continuations from `target`, speculating with `draft`.
 
@@ -276,9 +281,14 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       raises `NonFiniteLogitsError` naming the rows and the model, or with
       "warn" issues a `RuntimeWarning` and returns the result (the counts are
       in `stats.target_nonfinite` / `stats.draft_nonfinite`).
+    mesh: a `jax.sharding.Mesh` or a spec like "data:2,model:4" to run the
+      same compiled loop sharded (see `specjax.sharding`); None uses the mesh
+      of an enclosing `jax.set_mesh`, or one device. A row's output for a
+      given key does not depend on the mesh.
 
   Returns:
-    `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`.
+    `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`
+    (replicated on every device of the mesh).
   """
   verifier = verifiers_lib.get_verifier(verifier)
   validation.check_model("target", target)
@@ -293,9 +303,13 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=gamma, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("target", target), ("draft", draft)))
-  result = _generate(target, draft, prompts, lengths, keys, gamma=gamma,
-                     max_new_tokens=max_new_tokens, sampling=sampling,
-                     eos_id=eos_id, pad_id=pad_id, verifier=verifier)
+  mesh = sharding.as_mesh(mesh)
+  (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
+      mesh, (target, draft), (prompts, lengths, keys))
+  with sharding.using(mesh):
+    result = _generate(target, draft, prompts, lengths, keys, gamma=gamma,
+                       max_new_tokens=max_new_tokens, sampling=sampling,
+                       eos_id=eos_id, pad_id=pad_id, verifier=verifier)
   validation.check_finite_logits(result.stats, "speculative_generate",
                                  on_nonfinite)
   return result
@@ -304,7 +318,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
 def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
              sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
              eos_id: int | None = None, pad_id: int = 0,
-             on_nonfinite: str = "raise"
+             on_nonfinite: str = "raise", mesh=None
              ) -> state_lib.GenerationResult:
   """Autoregressive sampling from `model`: the baseline, one token per pass.
 
@@ -317,8 +331,12 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
       model, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=0, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("model", model),))
-  result = _generate(model, None, prompts, lengths, keys, gamma=0,
-                     max_new_tokens=max_new_tokens, sampling=sampling,
-                     eos_id=eos_id, pad_id=pad_id)
+  mesh = sharding.as_mesh(mesh)
+  (model,), (prompts, lengths, keys) = sharding.place_decode_inputs(
+      mesh, (model,), (prompts, lengths, keys))
+  with sharding.using(mesh):
+    result = _generate(model, None, prompts, lengths, keys, gamma=0,
+                       max_new_tokens=max_new_tokens, sampling=sampling,
+                       eos_id=eos_id, pad_id=pad_id)
   validation.check_finite_logits(result.stats, "generate", on_nonfinite)
   return result

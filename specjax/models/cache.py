@@ -79,14 +79,15 @@ class KVCache:
     not changed (the model advances it once, after all layers). Inside a
     jitted loop that carries the cache the update is in place.
     """
-    num_kv_heads = k_BxTxKxH.shape[2]
-    batch_Bx1x1 = jnp.arange(self.batch_size, dtype=jnp.int32)[:, None, None]
-    head_1xKx1 = jnp.arange(num_kv_heads, dtype=jnp.int32)[None, :, None]
-    idx = (batch_Bx1x1, head_1xKx1, positions_BxT[:, None, :])
+    # One scatter per row (vmapped, so the batch is a scatter batching
+    # dimension): under a mesh each device writes its own rows, where an
+    # explicit batch index made XLA all-gather every row's keys and values.
+    def put_row(cache_KxSxH, new_KxTxH, positions_T):
+      return cache_KxSxH.at[:, positions_T].set(new_KxTxH, mode="drop")
 
     def put(layers, new_BxTxKxH):
       new_BxKxTxH = new_BxTxKxH.transpose(0, 2, 1, 3).astype(layers[layer].dtype)
-      updated = layers[layer].at[idx].set(new_BxKxTxH, mode="drop")
+      updated = jax.vmap(put_row)(layers[layer], new_BxKxTxH, positions_BxT)
       return layers[:layer] + (updated,) + layers[layer + 1:]
 
     return self.replace(k=put(self.k, k_BxTxKxH), v=put(self.v, v_BxTxKxH))

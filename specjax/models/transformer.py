@@ -75,8 +75,11 @@ class TransformerConfig:
     tie_embeddings: whether the LM head is the transposed token embedding;
       None means True for 'gpt2' and False for 'llama'.
     dtype: compute dtype name ('float32' default; 'bfloat16' is several
-      times slower on XLA CPU). Parameters are always float32 and logits are
-      returned as float32.
+      times slower on XLA CPU). Logits are always returned as float32, and
+      attention scores and softmax run in float32.
+    param_dtype: storage dtype of the parameters ('float32' default;
+      'bfloat16' halves parameter memory and bandwidth). Training keeps
+      its optimizer moments in this dtype too.
   """
   vocab_size: int
   d_model: int
@@ -91,6 +94,7 @@ class TransformerConfig:
   norm_eps: float = 1e-5
   tie_embeddings: bool | None = None
   dtype: str = "float32"
+  param_dtype: str = "float32"
 
   def __post_init__(self):
     # Derived fields are filled in here, so every consumer sees final values
@@ -131,14 +135,9 @@ class TransformerConfig:
                                            self.rope_theta))
     set_("norm_eps", _checks.check_float("TransformerConfig.norm_eps",
                                          self.norm_eps))
-    try:
-      dtype = np.dtype(jnp.dtype(self.dtype)).name
-    except TypeError:
-      raise ValueError(f"TransformerConfig.dtype {self.dtype!r} is not a dtype."
-                       ) from None
-    if not jnp.issubdtype(dtype, jnp.floating):
-      raise ValueError(f"TransformerConfig.dtype must be floating, got {dtype}.")
-    set_("dtype", dtype)
+    for field in ("dtype", "param_dtype"):
+      set_(field, _float_dtype_name(f"TransformerConfig.{field}",
+                                    getattr(self, field)))
 
   @classmethod
   def preset(cls, name: str, **overrides) -> TransformerConfig:
@@ -146,6 +145,18 @@ class TransformerConfig:
     if name not in PRESETS:
       raise ValueError(f"Unknown preset {name!r}; choose from {sorted(PRESETS)}.")
     return cls(**{**PRESETS[name], **overrides})
+
+
+def _float_dtype_name(name: str, value: Any) -> str:
+  """The canonical name ('float32', 'bfloat16', ...) of a floating dtype."""
+  try:
+    dtype = np.dtype(jnp.dtype(value)).name
+  except TypeError:
+    raise ValueError(f"{name} {value!r} is not a dtype; use e.g. 'float32' or "
+                     "'bfloat16'.") from None
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise ValueError(f"{name} must be a floating dtype, got {dtype}.")
+  return dtype
 
 
 # Byte-level vocabulary: 256 bytes + 3 specials (bos, eos, pad).
@@ -172,16 +183,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 def _linear(config: TransformerConfig, d_in: int, d_out: int,
             rngs: nnx.Rngs, *, std: float = 0.02) -> nnx.Linear:
   return nnx.Linear(d_in, d_out, use_bias=config.flavour == "gpt2",
-                    dtype=config.dtype, param_dtype=jnp.float32,
+                    dtype=config.dtype, param_dtype=config.param_dtype,
                     kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
 
 def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
   if config.flavour == "gpt2":
     return nnx.LayerNorm(config.d_model, epsilon=config.norm_eps,
-                         dtype=config.dtype, rngs=rngs)
+                         dtype=config.dtype, param_dtype=config.param_dtype,
+                         rngs=rngs)
   return nnx.RMSNorm(config.d_model, epsilon=config.norm_eps,
-                     dtype=config.dtype, rngs=rngs)
+                     dtype=config.dtype, param_dtype=config.param_dtype,
+                     rngs=rngs)
 
 
 def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
@@ -298,17 +311,19 @@ class Transformer(nnx.Module):
     c = config
     self.config = config
     self.embed = nnx.Embed(c.vocab_size, c.d_model, dtype=c.dtype,
+                           param_dtype=c.param_dtype,
                            embedding_init=nnx.initializers.normal(0.02),
                            rngs=rngs)
     if c.flavour == "gpt2":
       self.pos_embed = nnx.Embed(c.max_positions, c.d_model, dtype=c.dtype,
+                                 param_dtype=c.param_dtype,
                                  embedding_init=nnx.initializers.normal(0.01),
                                  rngs=rngs)
     self.blocks = nnx.List([Block(c, rngs) for _ in range(c.num_layers)])
     self.final_norm = _norm(c, rngs)
     if not c.tie_embeddings:
       self.lm_head = nnx.Linear(c.d_model, c.vocab_size, use_bias=False,
-                                dtype=c.dtype,
+                                dtype=c.dtype, param_dtype=c.param_dtype,
                                 kernel_init=nnx.initializers.normal(0.02),
                                 rngs=rngs)
 
@@ -342,6 +357,28 @@ class Transformer(nnx.Module):
     else:
       logits_BxTxV = self.lm_head(x_BxTxD)
     return logits_BxTxV.astype(jnp.float32), cache
+
+
+# (module, parameter) -> logical axis names, for `TransformerLM.logical_axes`.
+_PARAM_AXES = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("pos_embed", "embedding"): ("length", "embed"),
+    ("query", "kernel"): ("embed", "heads"),
+    ("query", "bias"): ("heads",),
+    ("key", "kernel"): ("embed", "kv_heads"),
+    ("key", "bias"): ("kv_heads",),
+    ("value", "kernel"): ("embed", "kv_heads"),
+    ("value", "bias"): ("kv_heads",),
+    ("out", "kernel"): ("heads", "embed"),
+    ("out", "bias"): ("embed",),
+    ("up", "kernel"): ("embed", "mlp"),
+    ("up", "bias"): ("mlp",),
+    ("gate", "kernel"): ("embed", "mlp"),
+    ("gate", "bias"): ("mlp",),
+    ("down", "kernel"): ("mlp", "embed"),
+    ("down", "bias"): ("embed",),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+}
 
 
 class TransformerLM(struct.PyTreeNode):
@@ -390,6 +427,25 @@ class TransformerLM(struct.PyTreeNode):
   @property
   def max_positions(self) -> int:
     return self.config.max_positions
+
+  def logical_axes(self) -> TransformerLM:
+    """This model with a tuple of logical axis names at every parameter.
+
+    The names (see `specjax.sharding`): `vocab`, `embed`, `length` (the
+    position table), `heads` / `kv_heads` (the fused `heads * head_dim`
+    projection widths; `sharding` splits them only at head boundaries) and
+    `mlp`. A parameter this table does not know is replicated (None).
+    """
+    def names(path, x):
+      # Dict keys name modules and parameters; attribute keys (a Variable's
+      # `.value`) do not.
+      keys = [str(getattr(k, "key", getattr(k, "idx", "")))
+              for k in path if not isinstance(k, jax.tree_util.GetAttrKey)]
+      if len(keys) >= 2 and keys[-2].endswith("norm") and np.ndim(x) == 1:
+        return ("embed",)  # LayerNorm / RMSNorm scale and bias
+      return _PARAM_AXES.get(tuple(keys[-2:]))
+    return self.replace(state=jax.tree_util.tree_map_with_path(names,
+                                                               self.state))
 
   def param_count(self) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state))

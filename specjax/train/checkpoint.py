@@ -50,6 +50,8 @@ FORMAT = "specjax.train/1"
 ARRAY_ITEMS = ("params", "opt_state")
 ITEMS = ARRAY_ITEMS + ("metadata",)
 CHECKPOINTS_SUBDIR = "checkpoints"
+# TransformerConfig fields that checkpoints written before them lack.
+_LATER_FIELDS = ("param_dtype",)
 
 
 class CheckpointError(ValueError):
@@ -252,8 +254,13 @@ class Checkpointer:
                          model_config: transformer_lib.TransformerConfig
                          ) -> None:
     """Raises CheckpointError naming the differing fields, if any."""
-    diff = config_diff(metadata.get("model_config") or {},
-                       model_config_dict(model_config))
+    # Fields added to TransformerConfig after a checkpoint was written take
+    # their defaults (so older checkpoints still load).
+    stored = {f.name: f.default
+              for f in dataclasses.fields(transformer_lib.TransformerConfig)
+              if f.name in _LATER_FIELDS}
+    stored.update(metadata.get("model_config") or {})
+    diff = config_diff(stored, model_config_dict(model_config))
     if diff:
       raise CheckpointError(
           f"Checkpoint {self.step_dir(step)!r} holds a different model than "
@@ -327,12 +334,16 @@ def abstract_model(config: transformer_lib.TransformerConfig
   return nnx.split(module)
 
 
-def load_model(directory: str, step: int | None = None
+def load_model(directory: str, step: int | None = None, *, mesh: Any = None,
+               rules: Any = None
                ) -> tuple[transformer_lib.TransformerLM, dict]:
   """A trained `TransformerLM` from a workdir (or its checkpoints/ dir).
 
   Reads only the parameters (not the optimizer state), verified against the
-  stored checksum.
+  stored checksum. With `mesh` (a `Mesh` or a spec like "data:4,model:2")
+  the parameters are restored straight onto it, sharded by `rules`
+  (default `specjax.sharding.RULES`), whatever mesh they were saved from;
+  without, onto the default device.
 
   Returns:
     `(model, metadata)`; `metadata["model_config"]`, `["corpus"]` and
@@ -349,6 +360,16 @@ def load_model(directory: str, step: int | None = None
           f"The model config stored in {ckpt.step_dir(step)!r} is not valid "
           f"for this version of specjax: {e}") from e
     graphdef, abstract = abstract_model(config)
+    if mesh is not None:
+      from specjax import sharding  # pylint: disable=g-import-not-at-top
+      shapes = transformer_lib.TransformerLM(config=config, graphdef=graphdef,
+                                             state=abstract)
+      shardings = sharding.model_shardings(
+          shapes, sharding.as_mesh(mesh),
+          rules=sharding.RULES if rules is None else rules).state
+      abstract = jax.tree.map(
+          lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+          abstract, shardings)
     state, metadata = ckpt.restore({"params": abstract}, step=step)
   finally:
     ckpt.close()

@@ -172,6 +172,13 @@ def train_config(size: str, *, runlocal: bool = False) -> config_dict.ConfigDict
   config.max_to_keep = 3
   config.progress = True
 
+  # Devices: a mesh spec such as "data:2,model:4" (None: every device on
+  # `data`), and how parameters are sharded on it: "tp" (heads, MLP width
+  # and vocabulary on `model`), "fsdp" (also the embedding width on `data`)
+  # or "dp" (replicated). See specjax/sharding.py.
+  config.mesh = config_dict.placeholder(str)
+  config.sharding = "tp"
+
   if size == "tiny":
     config.log_every = 5
     config.eval_every = 10

@@ -51,6 +51,7 @@ from flax import nnx
 
 from specjax import _checks
 from specjax import data
+from specjax import sharding
 from specjax.models import transformer as transformer_lib
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train import losses
@@ -145,25 +146,54 @@ def corpus_tokens(corpus: data.Corpus, split: str, window: int,
 # -- state and steps -----------------------------------------------------------
 
 
+def state_shardings(model: transformer_lib.TransformerLM,
+                    optimizer: optax.GradientTransformation,
+                    mesh: jax.sharding.Mesh, *,
+                    rules: Any = None) -> dict:
+  """`NamedSharding`s of the train state under the sharding `rules`.
+
+  Parameters follow `specjax.sharding` (default `RULES`: heads, MLP width and
+  vocabulary on `model`; `FSDP_RULES` also the embedding width on `data`);
+  optimizer moments follow their parameter; everything else (the update
+  count, the step) is replicated. `rules=None` replicates everything (plain
+  data parallelism, the behaviour before meshes had a `model` axis).
+  """
+  rep = parallel.replicated(mesh)
+  if rules is None:
+    params = jax.tree.map(lambda _: rep, model.state)
+  else:
+    params = sharding.model_shardings(model, mesh, rules=rules).state
+  abstract = jax.eval_shape(optimizer.init, model.state)
+  opt_state = optax.tree_map_params(
+      optimizer, lambda _, s: s, abstract, params,
+      transform_non_params=lambda _: rep)
+  return {"params": params, "opt_state": opt_state, "step": rep}
+
+
 def init_state(model: transformer_lib.TransformerLM,
                optimizer: optax.GradientTransformation,
-               mesh: jax.sharding.Mesh) -> dict:
-  """A fresh train state (step 0) for `model`, replicated over `mesh`.
+               mesh: jax.sharding.Mesh, *, rules: Any = None) -> dict:
+  """A fresh train state (step 0) for `model`, placed by `state_shardings`.
 
   The parameters are copied, so donating the state to the train step never
   invalidates `model`'s own arrays.
   """
-  params = jax.tree.map(lambda x: jnp.array(x, copy=True), model.state)
-  return parallel.replicate({"params": params,
-                             "opt_state": optimizer.init(params),
-                             "step": jnp.zeros((), jnp.int32)}, mesh)
+  shardings = state_shardings(model, optimizer, mesh, rules=rules)
+  params = sharding.place(model.state, shardings["params"])
+  params = jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+  opt_state = jax.jit(optimizer.init, out_shardings=shardings["opt_state"])(
+      params)
+  return {"params": params, "opt_state": opt_state,
+          "step": sharding.place(jnp.zeros((), jnp.int32), shardings["step"])}
 
 
 def make_train_step(graphdef: nnx.GraphDef,
                     optimizer: optax.GradientTransformation,
                     loss_fn: losses.LossFn = losses.next_token_loss, *,
                     mesh: jax.sharding.Mesh,
-                    schedule: Any = None):
+                    schedule: Any = None,
+                    shardings: dict | None = None,
+                    aux_shardings: Any = None):
   """The jitted update `step(state, batch, rng, aux) -> (state, metrics)`.
 
   Args:
@@ -173,6 +203,10 @@ def make_train_step(graphdef: nnx.GraphDef,
     mesh: the data-parallel mesh; `batch` is sharded over `data`, the state,
       `rng` and `aux` are replicated.
     schedule: optional learning-rate schedule, to report `lr`.
+    shardings: the state's shardings (`state_shardings`); None replicates
+      the state (data parallel only).
+    aux_shardings: shardings of `aux` (e.g. a teacher placed by
+      `sharding.shard_model`); None replicates it.
 
   Returns:
     A jitted function. `state` is donated (its buffers are reused for the
@@ -200,18 +234,23 @@ def make_train_step(graphdef: nnx.GraphDef,
             "step": state["step"] + 1}, metrics
 
   rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
-  return jax.jit(step_fn, in_shardings=(rep, sharded, rep, rep),
-                 out_shardings=(rep, rep), donate_argnums=0)
+  state_sh = rep if shardings is None else shardings
+  aux_sh = rep if aux_shardings is None else aux_shardings
+  return jax.jit(step_fn, in_shardings=(state_sh, sharded, rep, aux_sh),
+                 out_shardings=(state_sh, rep), donate_argnums=0)
 
 
-def make_eval_step(graphdef: nnx.GraphDef, *, mesh: jax.sharding.Mesh):
+def make_eval_step(graphdef: nnx.GraphDef, *, mesh: jax.sharding.Mesh,
+                   param_shardings: Any = None):
   """Jitted `(params, tokens_BxT1) -> (bits, bytes)` (see `losses`)."""
 
   def eval_fn(params, tokens_BxT1):
     return losses.bits_and_bytes(nnx.merge(graphdef, params), tokens_BxT1)
 
   rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
-  return jax.jit(eval_fn, in_shardings=(rep, sharded), out_shardings=rep)
+  params_sh = rep if param_shardings is None else param_shardings
+  return jax.jit(eval_fn, in_shardings=(params_sh, sharded),
+                 out_shardings=rep)
 
 
 def eval_windows(heldout_N: np.ndarray, config: Any) -> np.ndarray:
@@ -246,10 +285,13 @@ class _MetricsLog:
             continue  # a line cut short by a crash
           if record.get("step", 0) <= keep_through_step:
             kept.append(line if line.endswith("\n") else line + "\n")
-    with open(path, "w") as fh:
-      fh.writelines(kept)
+    if jax.process_index() == 0:
+      with open(path, "w") as fh:
+        fh.writelines(kept)
 
   def write(self, **record) -> None:
+    if jax.process_index() != 0:  # one writer in multi-process runs
+      return
     with open(self.path, "a") as fh:
       fh.write(json.dumps(record) + "\n")
 
@@ -273,7 +315,14 @@ def train(config: Any, workdir: str, *,
     aux: passed to `loss_fn` unchanged (e.g. a frozen teacher model).
     corpus: a `data.Corpus` to use instead of building `config.corpus`.
     extra_metadata: JSON dict stored in every checkpoint's metadata.
-    mesh: the data-parallel mesh; default all devices on axis `data`.
+    mesh: the device mesh; default `config.mesh` (a spec such as
+      "data:2,model:4"; absent or None: all devices on axis `data`).
+      Parameters and optimizer state are sharded by `config.sharding`:
+      "tp" (default: heads, MLP width and vocabulary on `model`), "fsdp"
+      (also every parameter's embedding width on `data`) or "dp"
+      (replicated). The batch is always split over `data`; losses equal the
+      one-device run's up to float summation order. A teacher `aux` that
+      names its axes (a `TransformerLM`) is sharded by the same rules.
 
   Returns:
     `(model, metrics)`: the trained `TransformerLM`, and a dict with
@@ -288,7 +337,10 @@ def train(config: Any, workdir: str, *,
   check_config(config)
   model_config = model_config_from(config)
   check_seq_len(config.seq_len, model_config)
-  mesh = parallel.make_mesh() if mesh is None else mesh
+  if mesh is None:
+    spec = config.get("mesh")
+    mesh = parallel.make_mesh() if spec is None else sharding.make_mesh(spec)
+  rules = rules_from(config)
   parallel.check_batch_size("config.batch_size", config.batch_size, mesh)
   if config.eval_every:
     parallel.check_batch_size("config.eval_batch_size", config.eval_batch_size,
@@ -303,7 +355,8 @@ def train(config: Any, workdir: str, *,
 
   model = transformer_lib.TransformerLM.create(model_config, config.seed)
   graphdef = model.graphdef
-  state = init_state(model, optimizer, mesh)
+  shardings = state_shardings(model, optimizer, mesh, rules=rules)
+  state = init_state(model, optimizer, mesh, rules=rules)
   del model  # the state holds copies of its arrays
   metadata = checkpoint_lib.make_metadata(
       model_config=model_config, train_config=config,
@@ -316,16 +369,30 @@ def train(config: Any, workdir: str, *,
       max_to_keep=config.max_to_keep, create=True) as ckpt:
     return _loop(config, workdir, ckpt, state, graphdef, model_config,
                  metadata, optimizer, schedule, loss_fn, aux, mesh, train_N,
-                 heldout_N)
+                 heldout_N, shardings, rules)
+
+
+SHARDING_CHOICES = ("tp", "fsdp", "dp")
+
+
+def rules_from(config: Any):
+  """The sharding rules `config.sharding` names (see `train`)."""
+  choice = config.get("sharding") or "tp"
+  if choice not in SHARDING_CHOICES:
+    raise ValueError(f"config.sharding must be one of {SHARDING_CHOICES}, got "
+                     f"{choice!r}.")
+  return {"tp": sharding.RULES, "fsdp": sharding.FSDP_RULES, "dp": None}[
+      choice]
 
 
 def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
-          optimizer, schedule, loss_fn, aux, mesh, train_N, heldout_N):
+          optimizer, schedule, loss_fn, aux, mesh, train_N, heldout_N,
+          shardings, rules):
   """`train` once the checkpoint directory is open: resume, steps, saves."""
   resumed = ckpt.latest_step() is not None
   if resumed:
     state, stored = ckpt.restore(state, model_config=model_config)
-    state = parallel.replicate(state, mesh)
+    state = sharding.place(state, shardings)
     _warn_config_changes(stored, metadata, ckpt.step_dir(int(state["step"])))
     logging.info("Resumed from %s", ckpt.step_dir(int(state["step"])))
   start_step = int(state["step"])
@@ -336,13 +403,23 @@ def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
         "use a fresh --workdir.")
   log = _MetricsLog(os.path.join(workdir, METRICS_FILE), start_step)
 
+  rep, batch_sh = parallel.replicated(mesh), parallel.batch_sharded(mesh)
+  aux_sh = None
+  if aux is not None:
+    if rules is not None and hasattr(aux, "logical_axes"):
+      aux_sh = sharding.model_shardings(aux, mesh, rules=rules)
+    else:
+      aux_sh = jax.tree.map(lambda _: rep, aux)
+    aux = sharding.place(aux, aux_sh)
   train_step = make_train_step(graphdef, optimizer, loss_fn, mesh=mesh,
-                               schedule=schedule)
-  rng = parallel.replicate(jax.random.key(config.seed), mesh)
-  aux = parallel.replicate(aux, mesh) if aux is not None else None
+                               schedule=schedule, shardings=shardings,
+                               aux_shardings=aux_sh)
+  rng = sharding.place(jax.random.key(config.seed), rep)
   if config.eval_every:
-    eval_step = make_eval_step(graphdef, mesh=mesh)
-    windows = [parallel.shard_batch(w, mesh)
+    eval_step = make_eval_step(graphdef, mesh=mesh,
+                               param_shardings=shardings["params"])
+    # Each process copies only the rows its own devices hold.
+    windows = [sharding.place(w, batch_sh)
                for w in eval_windows(heldout_N, config)]
   tokens_per_step = config.batch_size * config.seq_len
 
@@ -379,9 +456,9 @@ def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
                   desc=os.path.basename(workdir) or "train")
   try:
     for step in range(start_step, config.num_steps):
-      batch = parallel.shard_batch(
+      batch = sharding.place(
           {"tokens": data.batch_at(train_N, config.batch_size, config.seq_len,
-                                   config.seed, step)}, mesh)
+                                   config.seed, step)}, {"tokens": batch_sh})
       state, step_metrics = train_step(state, batch, rng, aux)
       pending.append((step, step_metrics))
       done = step + 1

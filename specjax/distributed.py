@@ -1,0 +1,115 @@
+"""Multi-host jobs: `--distributed` flags around `jax.distributed.initialize`.
+
+Every experiment entry point calls `define_flags()` at import and
+`initialize_from_flags()` first thing in `main`:
+
+  --distributed                  join a multi-process job. On TPU pods and
+                                 under SLURM, JAX finds the coordinator,
+                                 process count and id itself (no more flags).
+  --coordinator_address=H:P      elsewhere (e.g. several GPU hosts by hand):
+  --num_processes=N              the address of process 0, the process count,
+  --process_id=I                 and this process's id.
+  --mesh=data:2,model:4          the device mesh of the job (all devices of
+                                 all processes); decoding inside the entry
+                                 point runs on it (`specjax.sharding`).
+
+After initialization `jax.devices()` lists every process's devices; the
+same program runs in every process (SPMD). Only process 0 writes results
+(`is_primary()`); orbax coordinates checkpoint writes itself.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+import jax
+from absl import flags
+from absl import logging
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """Defines the flags above (once per process; safe to call again)."""
+  if "distributed" in FLAGS:
+    return
+  flags.DEFINE_bool("distributed", False,
+                    "Join a multi-process JAX job (jax.distributed.initialize)."
+                    " No other flag is needed on TPU pods and under SLURM.")
+  flags.DEFINE_string("coordinator_address", None,
+                      "host:port of process 0 (only off TPU/SLURM).")
+  flags.DEFINE_integer("num_processes", None,
+                       "Number of processes (only off TPU/SLURM).")
+  flags.DEFINE_integer("process_id", None,
+                       "This process's id in [0, num_processes) (only off "
+                       "TPU/SLURM).")
+  flags.DEFINE_string("mesh", None,
+                      "Device mesh, e.g. 'data:2,model:4' or 'data:-1' "
+                      "(default: one device per process, unsharded).")
+
+
+def initialize(distributed: bool, coordinator_address: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None) -> None:
+  """`jax.distributed.initialize`, with explicit arguments only when given.
+
+  Raises ValueError naming the flags when only some of the three explicit
+  arguments are set, or when they are set without `distributed`.
+  """
+  explicit = {"coordinator_address": coordinator_address,
+              "num_processes": num_processes, "process_id": process_id}
+  given = [k for k, v in explicit.items() if v is not None]
+  if not distributed:
+    if given:
+      raise ValueError(f"--{' --'.join(given)} only make sense with "
+                       "--distributed.")
+    return
+  if given and len(given) != 3:
+    missing = sorted(set(explicit) - set(given))
+    raise ValueError(f"--distributed with --{' --'.join(given)} also needs "
+                     f"--{' --'.join(missing)} (or none of them on TPU pods "
+                     "and SLURM, where JAX finds them).")
+  if given and (num_processes < 1 or not 0 <= process_id < num_processes):
+    raise ValueError(f"--process_id={process_id} must be in [0, "
+                     f"--num_processes={num_processes}).")
+  # CPU devices of different processes talk through gloo (this touches only
+  # the CPU client; accelerators use their own collectives).
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if given:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes,
+                               process_id=process_id)
+  else:
+    jax.distributed.initialize()
+  logging.info("process %d of %d; %d local / %d global devices",
+               jax.process_index(), jax.process_count(),
+               jax.local_device_count(), jax.device_count())
+
+
+def initialize_from_flags() -> None:
+  """`initialize` from the parsed flags (call at the top of `main`)."""
+  initialize(FLAGS.distributed, FLAGS.coordinator_address,
+             FLAGS.num_processes, FLAGS.process_id)
+
+
+def mesh_from_flags():
+  """The `--mesh` as a `Mesh` (None when the flag is unset)."""
+  from specjax import sharding  # pylint: disable=g-import-not-at-top
+  return None if FLAGS.mesh is None else sharding.make_mesh(FLAGS.mesh)
+
+
+def is_primary() -> bool:
+  """True in process 0, the one that writes results and prints summaries."""
+  return jax.process_index() == 0
+
+
+def output_dir(results_dir: str) -> str:
+  """`results_dir` in process 0; a private scratch directory elsewhere.
+
+  Library code that writes results unconditionally (the sweep) is pointed
+  here, so other processes compute alongside process 0 without racing it on
+  the same files.
+  """
+  if is_primary():
+    return results_dir
+  return tempfile.mkdtemp(prefix=f"specjax-process{jax.process_index()}-")

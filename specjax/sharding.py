@@ -1,0 +1,444 @@
+"""Device meshes and sharding rules: the same jitted programs on 1 device or a pod.
+
+Three ideas (the vocabulary of MaxText and jax-llm-examples, not their code):
+
+1. A *mesh* with two axes, `data` and `model` (`make_mesh("data:2,model:4")`).
+2. *Logical axis names* on every parameter and cache array, saying what each
+   dimension means: batch, length, embed, vocab, heads, kv_heads, head_dim,
+   mlp, layers. A model names its parameters (`TransformerLM.logical_axes()`);
+   `KVCache.AXES` names the cache; the decode state is named here.
+3. One *rules table* (`RULES`) mapping each logical name to a mesh axis (or
+   None: replicated). `spec_for(shape, names, mesh)` turns names into a
+   `PartitionSpec` under the rules; everything else (GSPMD) is XLA's.
+
+The default rules put the batch on `data`, and attention heads, the MLP width
+and the vocabulary on `model` (tensor parallelism); `FSDP_RULES` also split
+the embedding width of every parameter over `data` (fully sharded data
+parallelism: parameters and optimizer state shrink by the `data` size, XLA
+gathers each weight before use).
+
+Where a dimension does not divide its mesh axis (a vocabulary of 259 over 4
+devices, 2 kv heads over 4 `model` devices, a batch of 3 over 2 `data`
+devices), that dimension is replicated instead and one log line says so; the
+program never fails inside XLA and computes the same values. Heads are
+checked by head *count*, not by the fused `heads * head_dim` width, so a
+head is never split across devices.
+
+Sharding never changes what is computed, only where: a row's tokens for a
+given key are the same on every mesh, up to float summation order in the
+sharded matmuls (model-axis reductions are all-reduces).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+from jax.sharding import AxisType
+from jax.sharding import Mesh
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+DATA = "data"
+MODEL = "model"
+
+# Logical dimension names used across specjax.
+LOGICAL_AXES = ("batch", "length", "embed", "vocab", "heads", "kv_heads",
+                "head_dim", "mlp", "layers")
+
+# Logical name -> mesh axis (None: replicated). Tensor parallel on `model`,
+# data parallel on `data`.
+RULES: Mapping[str, str | None] = {
+    "batch": DATA,
+    "length": None,
+    "embed": None,
+    "vocab": MODEL,
+    "heads": MODEL,
+    "kv_heads": MODEL,
+    "head_dim": None,
+    "mlp": MODEL,
+    "layers": None,
+}
+
+# The same, plus every parameter's embedding width over `data` (FSDP).
+FSDP_RULES: Mapping[str, str | None] = {**RULES, "embed": DATA}
+
+# An axis whose size must be checked in units other than its array width:
+# `heads` is a fused `num_heads * head_dim` dimension, split only at head
+# boundaries, so the *count* must divide. Maps name -> count (per call).
+Units = Mapping[str, int]
+
+
+# -- meshes --------------------------------------------------------------------
+
+
+def parse_mesh_spec(spec: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+  """`"data:2,model:4"` -> (("data", "model"), (2, 4)); a size may be -1."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise ValueError(f"mesh spec must be a string like 'data:2,model:4', got "
+                     f"{spec!r}.")
+  names, sizes = [], []
+  for part in spec.split(","):
+    m = re.fullmatch(r"\s*([A-Za-z_]\w*)\s*:\s*(-?\d+)\s*", part)
+    if not m:
+      raise ValueError(f"mesh spec {spec!r}: {part!r} is not 'name:size' "
+                       "(e.g. 'data:2,model:4'; one size may be -1 for 'the "
+                       "remaining devices').")
+    name, size = m.group(1), int(m.group(2))
+    if name in names:
+      raise ValueError(f"mesh spec {spec!r} names axis {name!r} twice.")
+    if size == 0 or size < -1:
+      raise ValueError(f"mesh spec {spec!r}: axis {name!r} has size {size}; "
+                       "sizes are >= 1, or -1 for the remaining devices.")
+    names.append(name)
+    sizes.append(size)
+  if sizes.count(-1) > 1:
+    raise ValueError(f"mesh spec {spec!r}: at most one size may be -1.")
+  return tuple(names), tuple(sizes)
+
+
+def make_mesh(spec: str | Mapping[str, int] | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A `Mesh` over `devices` (default: all devices of all processes).
+
+  Args:
+    spec: `"data:2,model:4"`, a dict `{"data": 2, "model": 4}`, or None for
+      `data` over every device and `model` of size 1. The product of the
+      sizes must equal the device count; one size may be -1 (the rest).
+      Axes `data` and `model` are always present (size 1 if not named), so
+      the rules apply to any spec. A product smaller than the device count
+      uses the first devices.
+    devices: the devices to use, in mesh order.
+
+  Returns:
+    A mesh with Auto axes (GSPMD propagates shardings; `spec_for` supplies
+    them where it matters).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if not devices:
+    raise ValueError("make_mesh needs at least one device.")
+  if spec is None:
+    spec = {DATA: -1}
+  if isinstance(spec, Mapping):
+    names, sizes = tuple(spec), tuple(int(v) for v in spec.values())
+    parse_mesh_spec(",".join(f"{n}:{s}" for n, s in zip(names, sizes)))
+  else:
+    names, sizes = parse_mesh_spec(spec)
+  for axis in (DATA, MODEL):
+    if axis not in names:
+      names, sizes = names + (axis,), sizes + (1,)
+  n = len(devices)
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if n % known:
+      raise ValueError(f"mesh spec {spec!r}: the named sizes ({known} devices)"
+                       f" do not divide the {n} devices.")
+    sizes = tuple(n // known if s == -1 else s for s in sizes)
+  if int(np.prod(sizes)) < n and -1 not in sizes:
+    # A smaller mesh on the first devices (e.g. "data:1,model:1" on a host
+    # with 8): what the spec asks for, said once.
+    logging.info("make_mesh(%r): using %d of %d devices.", spec,
+                 int(np.prod(sizes)), n)
+    devices = devices[:int(np.prod(sizes))]
+  elif int(np.prod(sizes)) != n:
+    raise ValueError(
+        f"mesh spec {spec!r} needs {int(np.prod(sizes))} devices but {n} are "
+        f"available ({devices[0].platform}); make the product of the sizes "
+        f"at most {n}, or use -1 for one axis.")
+  try:
+    return jax.make_mesh(sizes, names, axis_types=(AxisType.Auto,) * len(names),
+                         devices=devices)
+  except Exception:  # pylint: disable=broad-except
+    # make_mesh insists on a physical layout for some device counts; a plain
+    # row-major mesh is always valid.
+    return Mesh(np.asarray(devices).reshape(sizes), names,
+                axis_types=(AxisType.Auto,) * len(names))
+
+
+def as_mesh(mesh: Mesh | str | None) -> Mesh | None:
+  """A `Mesh` from a mesh, a spec string, or None (the enclosing mesh, if any).
+
+  The enclosing mesh is the one set by `with jax.set_mesh(mesh):`. Axes of
+  any type are accepted; the returned mesh has Auto axes.
+  """
+  if mesh is None:
+    enclosing = jax.sharding.get_mesh()
+    if enclosing is None or enclosing.empty:
+      return None
+    mesh = enclosing
+  if isinstance(mesh, str):
+    return make_mesh(mesh)
+  if not isinstance(mesh, Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh, a spec like "
+                    f"'data:2,model:4', or None; got {type(mesh).__name__}.")
+  if any(t != AxisType.Auto for t in mesh.axis_types):
+    mesh = Mesh(mesh.devices, mesh.axis_names,
+                axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+  return mesh
+
+
+def axis_size(mesh, axis: str | None) -> int:
+  """Devices along `axis` (1 for None or an axis the mesh lacks)."""
+  if axis is None:
+    return 1
+  return int(dict(zip(mesh.axis_names, mesh.axis_sizes)).get(axis, 1))
+
+
+def describe(mesh: Mesh) -> str:
+  """`"data:2,model:4"`: the spec that rebuilds this mesh's shape."""
+  return ",".join(f"{n}:{s}" for n, s in zip(mesh.axis_names, mesh.axis_sizes))
+
+
+# -- logical names -> specs ----------------------------------------------------
+
+_logged: set = set()
+
+
+def _note_replicated(reasons: list[str]) -> None:
+  """One log line per distinct set of replicated dimensions."""
+  key = tuple(sorted(set(reasons)))
+  if key and key not in _logged:
+    _logged.add(key)
+    logging.warning("sharding: replicating %s (size does not divide the mesh "
+                    "axis).", "; ".join(key))
+
+
+def spec_for(shape: Sequence[int], names: Sequence[str | None], mesh, *,
+             rules: Mapping[str, str | None] = RULES,
+             units: Units | None = None,
+             reasons: list[str] | None = None) -> P:
+  """The `PartitionSpec` of an array with logical axis `names` under `rules`.
+
+  A dimension is sharded over its rule's mesh axis when that axis exists,
+  has more than one device, is not already used by an earlier dimension,
+  and divides the dimension (in `units[name]` for fused axes such as
+  `heads`). Otherwise it is replicated; the reason is appended to `reasons`.
+  """
+  if len(names) != len(shape):
+    raise ValueError(f"logical names {tuple(names)} do not match an array of "
+                     f"shape {tuple(shape)}.")
+  out, used = [], set()
+  for dim, name in zip(shape, names):
+    axis = None if name is None else rules.get(name)
+    size = axis_size(mesh, axis)
+    count = (units or {}).get(name, dim)
+    if axis is None or size == 1 or axis in used:
+      out.append(None)
+    elif count % size:
+      if reasons is not None:
+        reasons.append(f"{name}={count} over {axis}:{size}")
+      out.append(None)
+    else:
+      used.add(axis)
+      out.append(axis)
+  while out and out[-1] is None:
+    out.pop()
+  return P(*out)
+
+
+def tree_specs(tree: Any, names_tree: Any, mesh, *,
+               rules: Mapping[str, str | None] = RULES,
+               units: Units | None = None) -> Any:
+  """`PartitionSpec`s for every array of `tree`, named by `names_tree`.
+
+  `names_tree` has the structure of `tree` with a tuple of names (or None:
+  replicated) at each leaf. Logs once if some dimension is replicated.
+  """
+  reasons: list[str] = []
+  flat, treedef = jax.tree.flatten(tree)
+  try:
+    flat_names = treedef.flatten_up_to(names_tree)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"logical names do not match the tree's structure: {e}"
+                     ) from e
+  specs = [P() if names is None else
+           spec_for(np.shape(x), names, mesh, rules=rules, units=units,
+                    reasons=reasons)
+           for x, names in zip(flat, flat_names)]
+  _note_replicated(reasons)
+  return jax.tree.unflatten(treedef, specs)
+
+
+def _batch_names(x, batch: int) -> tuple | None:
+  shape = np.shape(x)
+  if shape and shape[0] == batch:
+    return ("batch",) + (None,) * (len(shape) - 1)
+  return None
+
+
+def cache_names(cache: Any, batch: int) -> Any:
+  """Logical names of a model cache.
+
+  A `KVCache` gets `KVCache.AXES` on every k/v and `("batch",)` on lengths;
+  any other cache (n-gram, prompt lookup, imported models) is split on its
+  leading axis where that axis is the batch, replicated elsewhere.
+  """
+  from specjax.models import cache as cache_lib  # pylint: disable=g-import-not-at-top
+  if isinstance(cache, cache_lib.KVCache):
+    return cache.replace(k=tuple(cache_lib.AXES for _ in cache.k),
+                         v=tuple(cache_lib.AXES for _ in cache.v),
+                         lengths=("batch",))
+  return jax.tree.map(lambda x: _batch_names(x, batch), cache)
+
+
+def model_names(model: Any) -> Any:
+  """Logical names of a model's parameters (`model.logical_axes()`), or
+  None at every leaf (replicated) for models that do not name theirs."""
+  if hasattr(model, "logical_axes"):
+    return model.logical_axes()
+  return jax.tree.map(lambda _: None, model)
+
+
+def model_units(model: Any) -> Units:
+  config = getattr(model, "config", None)
+  if config is None or not hasattr(config, "num_kv_heads"):
+    return {}
+  return {"heads": config.num_heads, "kv_heads": config.num_kv_heads}
+
+
+def model_shardings(model: Any, mesh: Mesh, *,
+                    rules: Mapping[str, str | None] = RULES) -> Any:
+  """`NamedSharding`s for every array leaf of a model pytree."""
+  specs = tree_specs(model, model_names(model), mesh, rules=rules,
+                     units=model_units(model))
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), specs)
+
+
+def shard_model(model: Any, mesh: Mesh | str, *,
+                rules: Mapping[str, str | None] = RULES) -> Any:
+  """The model with its parameters placed on `mesh` under `rules`.
+
+  A no-op for arrays already placed so (so calling it every generation is
+  cheap). Works in multi-process runs when every process holds the same
+  values (e.g. the same seed or checkpoint).
+  """
+  mesh = as_mesh(mesh)
+  return place(model, model_shardings(model, mesh, rules=rules))
+
+
+def place(tree: Any, shardings: Any) -> Any:
+  """`jax.device_put`, also from host values in multi-process runs.
+
+  Arrays already with the wanted sharding are returned as they are. Host
+  values (numpy, or arrays this process holds whole) go through
+  `make_array_from_callback`, so each process copies only the shards its
+  own devices hold; every process must pass the same values.
+  """
+  def put(x, sharding):
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+      return x
+    if (jax.process_count() == 1 or
+        (isinstance(x, jax.Array) and not x.is_fully_addressable)):
+      return jax.device_put(x, sharding)
+    host = np.asarray(x) if not jax.dtypes.issubdtype(
+        getattr(x, "dtype", np.float32), jax.dtypes.prng_key) else None
+    if host is None:  # typed PRNG keys: move their raw data, re-wrap
+      impl = jax.random.key_impl(x)
+      data = place(jax.random.key_data(x), sharding)
+      return jax.random.wrap_key_data(data, impl=impl)
+    return jax.make_array_from_callback(host.shape, sharding,
+                                        lambda idx: host[idx])
+  return jax.tree.map(put, tree, shardings)
+
+
+# -- inside a jitted program ---------------------------------------------------
+
+
+def current_mesh():
+  """The mesh of the enclosing `jax.set_mesh` (abstract inside jit), or None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh is None or mesh.empty else mesh
+
+
+def constrain(tree: Any, names_tree: Any, *,
+              rules: Mapping[str, str | None] = RULES,
+              units: Units | None = None) -> Any:
+  """`with_sharding_constraint` by logical names; a no-op without a mesh.
+
+  Called inside the decode loop so that arrays created inside the jit (the
+  caches, the token buffer) get the rules' shardings instead of whatever
+  propagation picks. Without an enclosing mesh it returns `tree` unchanged,
+  so single-device programs are untouched.
+  """
+  mesh = current_mesh()
+  if mesh is None or mesh.size == 1:
+    return tree
+  specs = tree_specs(tree, names_tree, mesh, rules=rules, units=units)
+  return jax.tree.map(jax.lax.with_sharding_constraint, tree, specs)
+
+
+def decode_state_names(state: Any) -> Any:
+  """Logical names of a `DecodeState`: every per-row array on batch."""
+  batch = state.lengths.shape[0]
+  per_row = lambda t: jax.tree.map(lambda x: _batch_names(x, batch), t)
+  return state.replace(
+      tokens=("batch", "length"), lengths=("batch",),
+      prompt_lengths=("batch",), done=("batch",), round=None,
+      row_keys=("batch",),
+      target_cache=cache_names(state.target_cache, batch),
+      draft_cache=(None if state.draft_cache is None
+                   else cache_names(state.draft_cache, batch)),
+      stats=per_row(state.stats))
+
+
+def constrain_decode_state(state: Any, units: Units | None = None) -> Any:
+  """`constrain(state, decode_state_names(state))`; no-op without a mesh."""
+  if current_mesh() is None:
+    return state
+  return constrain(state, decode_state_names(state), units=units)
+
+
+@contextlib.contextmanager
+def using(mesh: Mesh | None):
+  """`jax.set_mesh(mesh)` when a mesh is given; nothing otherwise."""
+  if mesh is None:
+    yield None
+  else:
+    with jax.set_mesh(mesh):
+      yield mesh
+
+
+# -- reporting -----------------------------------------------------------------
+
+
+def per_device_bytes(tree: Any) -> dict[Any, int]:
+  """Bytes each device holds of `tree`'s arrays (from `addressable_shards`)."""
+  out: dict[Any, int] = {}
+  for x in jax.tree.leaves(tree):
+    if not isinstance(x, jax.Array):
+      continue
+    for shard in x.addressable_shards:
+      out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
+  return out
+
+
+def constrain_replicated(tree: Any) -> Any:
+  """Every array of `tree` replicated on the enclosing mesh (no-op without).
+
+  Generation results are small (`[B, max_new_tokens]` tokens and per-row
+  counters), so every process can read them whole.
+  """
+  if current_mesh() is None:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, P()), tree)
+
+
+def place_decode_inputs(mesh: Mesh | None, models: Sequence[Any],
+                        per_row: Sequence[Any]) -> tuple[tuple, tuple]:
+  """Models placed by their rules and per-row arrays (`[B, ...]`) on `data`.
+
+  Without a mesh, returns the inputs unchanged (one device). The decode
+  loop's jit then runs with these committed input shardings.
+  """
+  if mesh is None:
+    return tuple(models), tuple(per_row)
+  models = tuple(None if m is None else shard_model(m, mesh) for m in models)
+  batch = np.shape(per_row[0])[0]
+  names = [_batch_names(x, batch) for x in per_row]
+  specs = tree_specs(list(per_row), names, mesh)
+  return models, tuple(place(list(per_row),
+                             [NamedSharding(mesh, s) for s in specs]))

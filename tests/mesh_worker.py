@@ -1,0 +1,290 @@
+"""Sharded checks run in fresh subprocesses with 8 (fake CPU) devices.
+
+`tests/test_sharding.py` starts this file with
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` (or 4 per process for
+the multi-process check), so the rest of the suite keeps one device. Each
+section prints one JSON line `RESULT {...}` that the test reads; the
+assertions live in the test, the computation here.
+
+  python tests/mesh_worker.py decode
+  python tests/mesh_worker.py train WORKDIR
+  python tests/mesh_worker.py multiproc PROCESS_ID PORT   (2 processes)
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+
+# The checks compare programs across meshes; keep XLA from choosing
+# different algorithms by load.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specjax as sj
+from specjax import sharding
+
+MESHES = ("data:1,model:1", "data:8,model:1", "data:2,model:4",
+          "data:4,model:2")
+
+
+def _mesh(spec):
+  n = int(np.prod([int(p.split(":")[1]) for p in spec.split(",")]))
+  return sharding.make_mesh(spec, devices=jax.devices()[:n])
+
+
+def gqa_models():
+  """A Llama-flavour GQA target (8 query / 2 kv heads) and a GPT-2 draft."""
+  target = sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=256, d_model=64, num_layers=2, num_heads=8, num_kv_heads=2,
+      flavour="llama", max_positions=64), 0)
+  draft = sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=256, d_model=32, num_layers=1, num_heads=4,
+      max_positions=64), 1)
+  return target, draft
+
+
+def prompts(batch=8):
+  rng = np.random.default_rng(0)
+  return (rng.integers(0, 256, (batch, 10)).astype(np.int32),
+          rng.integers(2, 11, batch).astype(np.int32))
+
+
+def generations(target, draft, mesh):
+  """{name: tokens} for greedy and T=1 generate / speculative_generate."""
+  p, lens = prompts()
+  out = {}
+  for temp in (0.0, 1.0):
+    sampling = sj.SamplingConfig(temperature=temp)
+    key = jax.random.key(7)
+    a = sj.generate(target, p, lens, key, max_new_tokens=8,
+                    sampling=sampling, mesh=mesh)
+    b = sj.speculative_generate(target, draft, p, lens, key, gamma=2,
+                                max_new_tokens=8, sampling=sampling,
+                                mesh=mesh)
+    out[f"generate_T{temp:g}"] = np.asarray(a.tokens).tolist()
+    out[f"speculative_T{temp:g}"] = np.asarray(b.tokens).tolist()
+  return out
+
+
+# -- chi-square on 2x4 ---------------------------------------------------------
+
+V, K, N = 8, 2, 40_000
+PROMPT = np.array([1, 2, 3], np.int32)
+
+
+def _peaked(seed, flavour):
+  config = sj.TransformerConfig(vocab_size=V, d_model=16, num_layers=1,
+                                num_heads=4, num_kv_heads=4, max_positions=16,
+                                flavour=flavour)
+  model = sj.TransformerLM.create(config, seed)
+  state = jax.tree_util.tree_map_with_path(
+      lambda path, x: 6.0 * x if "embed" in jax.tree_util.keystr(path) else x,
+      model.state)
+  return model.replace(state=state)
+
+
+def _exact_law(target):
+  seqs = np.array(list(itertools.product(range(V), repeat=K)), np.int32)
+  full = np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], 1)
+  p = np.asarray(jax.nn.softmax(target.logits(jnp.asarray(full)), -1),
+                 np.float64)
+  law = np.ones(len(seqs))
+  for k in range(K):
+    law *= p[np.arange(len(seqs)), len(PROMPT) - 1 + k, seqs[:, k]]
+  return law
+
+
+def _wrong_fallback(u_accept, u_residual, p, q, draft):
+  """Negative control: resample from p (not (p - q)+) on rejection."""
+  from specjax import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
+  take = lambda probs: jnp.take_along_axis(probs, draft[..., None], -1)[..., 0]
+  accepted = u_accept * take(q) < take(p)
+  return (jnp.where(accepted, draft,
+                    sampling_lib.sample_from_probs(u_residual, p)), accepted)
+
+
+def chi_square_2x4():
+  from specjax import testing  # pylint: disable=g-import-not-at-top
+  from specjax.decode import loop  # pylint: disable=g-import-not-at-top
+  mesh = _mesh("data:2,model:4")
+  target, draft = _peaked(0, "llama"), _peaked(1, "gpt2")
+  law = _exact_law(target)
+  p = np.tile(PROMPT, (N, 1))
+  lens = np.full(N, len(PROMPT), np.int32)
+  sampling = sj.SamplingConfig(temperature=1.0)
+  ids = lambda t: (np.asarray(t) * V ** np.arange(K - 1, -1, -1)).sum(1)
+  out = sj.speculative_generate(target, draft, p, lens, jax.random.key(3),
+                                gamma=3, max_new_tokens=K, sampling=sampling,
+                                mesh=mesh)
+  exact = testing.check_distribution(ids(out.tokens), law)
+  # The same sharded program with the wrong fallback must be rejected.
+  padded, lengths, keys, *_ = loop._prepare(  # pylint: disable=protected-access
+      target, p, lens, jax.random.key(3), max_new_tokens=K, lookahead=3,
+      sampling=sampling, eos_id=None, pad_id=0, models=())
+  (t, d), (padded, lengths, keys) = sharding.place_decode_inputs(
+      mesh, (target, draft), (padded, lengths, keys))
+  with sharding.using(mesh):
+    wrong = loop._generate(  # pylint: disable=protected-access
+        t, d, padded, lengths, keys, gamma=3, max_new_tokens=K,
+        sampling=sampling, eos_id=None, pad_id=0,
+        coupling_rule=_wrong_fallback)
+  control = testing.check_distribution(ids(wrong.tokens), law)
+  return {"exact_passed": bool(exact.passed), "exact": str(exact),
+          "control_passed": bool(control.passed), "control": str(control),
+          "one_minus_tv": out.summary()["one_minus_tv"],
+          "tokens_sharding": str(out.tokens.sharding.spec)}
+
+
+def param_bytes():
+  """Per-device parameter bytes of a model whose every size divides 2x4."""
+  model = sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=256, d_model=64, num_layers=2, num_heads=8, num_kv_heads=4,
+      flavour="llama", max_positions=64), 0)
+  total = sum(x.nbytes for x in jax.tree.leaves(model.state))
+  out = {"total": total}
+  for spec in ("data:2,model:4", "data:4,model:2", "data:8,model:1"):
+    placed = sharding.shard_model(model, _mesh(spec))
+    per_device = sharding.per_device_bytes(placed.state)
+    norms = sum(x.nbytes for x in jax.tree.leaves(model.state) if x.ndim == 1)
+    out[spec] = {"max": max(per_device.values()),
+                 "min": min(per_device.values()), "replicated": norms}
+  return out
+
+
+def decode():
+  target, draft = gqa_models()
+  results = {spec: generations(target, draft, _mesh(spec)) for spec in MESHES}
+  return {"tokens": results, "chi_square": chi_square_2x4(),
+          "param_bytes": param_bytes()}
+
+
+# -- training ------------------------------------------------------------------
+
+
+def _train_config(mesh_spec, rules="tp", steps=5):
+  from specjax.train import recipes  # pylint: disable=g-import-not-at-top
+  config = recipes.train_config("tiny")
+  config.model.num_heads = 4
+  config.model.num_kv_heads = 4
+  config.corpus_max_bytes = 200_000
+  config.batch_size = 8
+  config.seq_len = 32
+  config.num_steps = steps
+  config.optim.warmup_steps = 1
+  config.eval_every = 0
+  config.checkpoint_every = 0
+  config.log_every = steps
+  config.progress = False
+  config.mesh = mesh_spec
+  config.sharding = rules
+  return config
+
+
+def train(workdir):
+  from specjax import train as train_lib  # pylint: disable=g-import-not-at-top
+  from specjax.train import checkpoint, distill, optim, trainer  # pylint: disable=g-import-not-at-top
+  one = _mesh("data:1,model:1")
+  res = {}
+  m1, met1 = train_lib.train(_train_config(None), os.path.join(workdir, "one"),
+                             mesh=one)
+  m24, met24 = train_lib.train(_train_config("data:2,model:4"),
+                               os.path.join(workdir, "tp"))
+  _, metf = train_lib.train(_train_config("data:2,model:4", "fsdp"),
+                            os.path.join(workdir, "fsdp"))
+  res["loss_one"] = met1["train_loss"].tolist()
+  res["loss_tp"] = met24["train_loss"].tolist()
+  res["loss_fsdp"] = metf["train_loss"].tolist()
+  res["tp_param_specs"] = sorted({str(x.sharding.spec)
+                                  for x in jax.tree.leaves(m24.state)})
+
+  # Restore the 2x4 checkpoint onto 1x1 and 4x2.
+  saved = jax.tree.map(np.asarray, m24.state)
+  res["restore"] = {}
+  for spec in ("data:1,model:1", "data:4,model:2"):
+    mesh = _mesh(spec)
+    model, _ = checkpoint.load_model(os.path.join(workdir, "tp"), mesh=mesh)
+    same = all(np.array_equal(a, np.asarray(b)) for a, b in zip(
+        jax.tree.leaves(saved), jax.tree.leaves(model.state)))
+    on_mesh = all(x.sharding.mesh.shape == mesh.shape
+                  for x in jax.tree.leaves(model.state))
+    # The full state (optimizer moments too), restored onto this mesh.
+    config = _train_config(spec)
+    optimizer, _ = optim.make_optimizer(config.optim, config.num_steps)
+    template = trainer.init_state(model, optimizer, mesh,
+                                  rules=sharding.RULES)
+    with checkpoint.Checkpointer(os.path.join(workdir, "tp",
+                                              "checkpoints")) as ckpt:
+      state, _ = ckpt.restore(template)
+    opt_on_mesh = all(
+        a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        for a, b in zip(jax.tree.leaves(state["opt_state"]),
+                        jax.tree.leaves(template["opt_state"])))
+    res["restore"][spec] = {"params_equal": bool(same),
+                            "on_mesh": bool(on_mesh),
+                            "opt_state_on_mesh": bool(opt_on_mesh),
+                            "step": int(state["step"])}
+
+  # Distillation: teacher forward + student step, sharded vs one device.
+  loss_fn = distill.distillation_loss("forward_kl")
+  dist = {}
+  for name, spec, mesh in (("one", None, one),
+                           ("tp", "data:2,model:4", None)):
+    config = _train_config(spec, steps=3)
+    config.model.d_model = 16
+    config.model.num_heads = 2
+    config.model.num_kv_heads = 2
+    _, met = train_lib.train(config, os.path.join(workdir, "distill-" + name),
+                             loss_fn=loss_fn, aux=m1, mesh=mesh)
+    dist[name] = met["train_loss"].tolist()
+  res["distill"] = dist
+  return res
+
+
+# -- multi-process -------------------------------------------------------------
+
+
+def multiproc(process_id, port):
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=f"localhost:{port}",
+                             num_processes=2, process_id=process_id)
+  assert jax.process_count() == 2 and jax.device_count() == 8, (
+      jax.process_count(), jax.device_count())
+  target, draft = gqa_models()
+  p, lens = prompts()
+  res = {}
+  for name, mesh in (("global", sharding.make_mesh("data:2,model:4")),
+                     ("local", sharding.make_mesh(
+                         "data:1,model:1", devices=jax.local_devices()[:1]))):
+    greedy = sj.generate(target, p, lens, jax.random.key(7), max_new_tokens=8,
+                         sampling=sj.GREEDY, mesh=mesh)
+    sampled = sj.speculative_generate(
+        target, draft, p, lens, jax.random.key(7), gamma=2, max_new_tokens=8,
+        sampling=sj.SamplingConfig(temperature=1.0), mesh=mesh)
+    res[name] = {"greedy": np.asarray(greedy.tokens).tolist(),
+                 "sampled": np.asarray(sampled.tokens).tolist()}
+  res["process_index"] = jax.process_index()
+  jax.distributed.shutdown()
+  return res
+
+
+def main(argv):
+  section = argv[1]
+  if section == "decode":
+    result = decode()
+  elif section == "train":
+    result = train(argv[2])
+  elif section == "multiproc":
+    result = multiproc(int(argv[2]), int(argv[3]))
+  else:
+    raise SystemExit(f"unknown section {section!r}")
+  print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv)

@@ -1,0 +1,233 @@
+"""Meshes and sharding rules; sharded decoding, training and checkpoints.
+
+Rule logic is tested in-process on an `AbstractMesh` (no devices needed).
+Everything that needs several devices runs in a fresh subprocess
+(`tests/mesh_worker.py`) with `--xla_force_host_platform_device_count=8`,
+so the rest of the suite keeps one device; the multi-process test starts two
+processes of 4 CPU devices each that meet through `jax.distributed`.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh
+from jax.sharding import PartitionSpec as P
+
+import specjax as sj
+from specjax import sharding
+from conftest import REPO
+
+WORKER = REPO / "tests" / "mesh_worker.py"
+
+
+def _env(devices):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      f" --xla_force_host_platform_device_count={devices}")
+  env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def _run_worker(*args, devices=8, timeout=900):
+  proc = subprocess.run([sys.executable, str(WORKER), *map(str, args)],
+                        env=_env(devices), capture_output=True, text=True,
+                        timeout=timeout, cwd=REPO)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+  assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+  return json.loads(lines[-1][len("RESULT "):])
+
+
+# -- rules (in-process) --------------------------------------------------------
+
+MESH_2X4 = AbstractMesh((2, 4), ("data", "model"))
+
+
+def test_parse_mesh_spec_and_errors():
+  assert sharding.parse_mesh_spec("data:2,model:4") == (("data", "model"),
+                                                        (2, 4))
+  assert sharding.parse_mesh_spec(" data : -1 ") == (("data",), (-1,))
+  for bad in ("", "data", "data:0", "data:2,data:2", "data:-1,model:-1",
+              "data=2", 3):
+    with pytest.raises(ValueError, match="mesh spec"):
+      sharding.parse_mesh_spec(bad)
+
+
+def test_make_mesh_on_one_device_and_size_errors():
+  mesh = sharding.make_mesh("data:1,model:1")
+  assert dict(mesh.shape) == {"data": 1, "model": 1}
+  mesh = sharding.make_mesh()  # every device on data, model of size 1
+  assert mesh.shape["model"] == 1
+  with pytest.raises(ValueError, match="needs 8 devices"):
+    sharding.make_mesh("data:2,model:4")
+  with pytest.raises(TypeError, match="mesh must be"):
+    sharding.as_mesh(42)
+
+
+def test_rules_shard_heads_mlp_vocab_and_replicate_what_does_not_divide():
+  spec = lambda shape, names, **kw: sharding.spec_for(shape, names, MESH_2X4,
+                                                      **kw)
+  assert spec((64, 256), ("embed", "vocab")) == P(None, "model")
+  assert spec((8, 2, 32, 16), ("batch", "kv_heads", "length",
+                               "head_dim")) == P("data")  # 2 kv heads < 4
+  assert spec((8, 8, 32, 16), ("batch", "kv_heads", "length",
+                               "head_dim")) == P("data", "model")
+  assert spec((64, 259), ("embed", "vocab")) == P()  # 259 % 4
+  assert spec((3, 10), ("batch", "length")) == P()   # batch 3 over data:2
+  # Fused heads * head_dim: split only at head boundaries.
+  assert spec((64, 48), ("embed", "heads"), units={"heads": 6}) == P()
+  assert spec((64, 64), ("embed", "heads"), units={"heads": 8}) == P(
+      None, "model")
+  # FSDP also splits the embedding width over data.
+  assert spec((64, 256), ("embed", "vocab"),
+              rules=sharding.FSDP_RULES) == P("data", "model")
+  # A mesh axis is used once per array.
+  assert spec((8, 8), ("heads", "mlp")) == P("model")
+  with pytest.raises(ValueError, match="logical names"):
+    spec((2, 2), ("batch",))
+
+
+def test_replication_is_logged_once(caplog):
+  sharding._logged.clear()  # pylint: disable=protected-access
+  names = {"a": ("embed", "vocab"), "b": ("embed", "vocab")}
+  tree = {"a": np.zeros((4, 259)), "b": np.zeros((4, 259))}
+  with caplog.at_level("WARNING"):
+    sharding.tree_specs(tree, names, MESH_2X4)
+    sharding.tree_specs(tree, names, MESH_2X4)
+  lines = [r for r in caplog.records if "replicating" in r.getMessage()]
+  assert len(lines) == 1 and "vocab=259 over model:4" in lines[0].getMessage()
+
+
+def test_every_transformer_parameter_has_logical_names():
+  for flavour in ("gpt2", "llama"):
+    model = sj.TransformerLM.create(sj.TransformerConfig(
+        vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+        max_positions=32, flavour=flavour), 0)
+    names = jax.tree.leaves(model.logical_axes().state,
+                            is_leaf=lambda x: isinstance(x, tuple))
+    shapes = jax.tree.leaves(model.state)
+    assert len(names) == len(shapes)
+    for n, x in zip(names, shapes):
+      assert isinstance(n, tuple) and len(n) == x.ndim, (n, x.shape)
+      assert set(n) <= set(sharding.LOGICAL_AXES)
+    specs = sharding.tree_specs(model, model.logical_axes(), MESH_2X4,
+                                units=sharding.model_units(model))
+    flat = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, P))
+    assert P(None, "model") in flat  # query / mlp / vocab
+
+
+def test_one_device_mesh_gives_the_unmeshed_tokens():
+  model = sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=32, d_model=16, num_layers=1, num_heads=2, max_positions=32),
+      0)
+  prompts, lengths = np.array([[1, 2, 3]], np.int32), np.array([3], np.int32)
+  a = sj.generate(model, prompts, lengths, jax.random.key(0),
+                  max_new_tokens=5, sampling=sj.SamplingConfig(1.0))
+  mesh = sharding.make_mesh("data:1,model:1")
+  b = sj.generate(model, prompts, lengths, jax.random.key(0),
+                  max_new_tokens=5, sampling=sj.SamplingConfig(1.0), mesh=mesh)
+  with jax.set_mesh(mesh):  # the enclosing mesh is used when mesh=None
+    c = sj.generate(model, prompts, lengths, jax.random.key(0),
+                    max_new_tokens=5, sampling=sj.SamplingConfig(1.0))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  np.testing.assert_array_equal(a.tokens, c.tokens)
+  with pytest.raises(ValueError, match="needs 4 devices"):
+    sj.generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=5,
+                mesh="data:2,model:2")
+
+
+# -- 8 devices (subprocess) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def decode_results():
+  return _run_worker("decode")
+
+
+def test_outputs_identical_on_every_mesh(decode_results):
+  """Greedy and T = 1 tokens are the same on 1x1, 8x1, 2x4 and 4x2, for
+  generate and speculative_generate, with a GQA Llama target (1x1 equals the
+  unmeshed run: test_one_device_mesh_gives_the_unmeshed_tokens)."""
+  tokens = decode_results["tokens"]
+  assert len(tokens) == 4
+  reference = tokens["data:1,model:1"]
+  assert reference["generate_T0"] == reference["speculative_T0"]
+  for spec, got in tokens.items():
+    for name, value in got.items():
+      assert value == reference[name], (spec, name)
+  # The sampled runs are not degenerate (otherwise equality proves little).
+  assert reference["generate_T1"] != reference["generate_T0"]
+
+
+def test_chi_square_exact_on_2x4_and_control_rejected(decode_results):
+  chi = decode_results["chi_square"]
+  assert chi["exact_passed"], chi["exact"]
+  assert not chi["control_passed"], chi["control"]
+  assert chi["one_minus_tv"] < 0.9
+
+
+def test_per_device_param_bytes_shrink_by_model_axis(decode_results):
+  b = decode_results["param_bytes"]
+  for spec, model_size in (("data:2,model:4", 4), ("data:4,model:2", 2),
+                           ("data:8,model:1", 1)):
+    sharded_part = b["total"] - b[spec]["replicated"]
+    expected = sharded_part / model_size + b[spec]["replicated"]
+    assert b[spec]["max"] == b[spec]["min"] == expected, (spec, b)
+
+
+@pytest.fixture(scope="module")
+def train_results(tmp_path_factory):
+  return _run_worker("train", tmp_path_factory.mktemp("mesh-train"))
+
+
+def test_sharded_training_matches_one_device(train_results):
+  one = np.array(train_results["loss_one"])
+  for name in ("loss_tp", "loss_fsdp"):
+    np.testing.assert_allclose(train_results[name], one, rtol=1e-5,
+                               err_msg=name)
+  assert str(P(None, "model")) in train_results["tp_param_specs"]
+  dist = train_results["distill"]
+  np.testing.assert_allclose(dist["tp"], dist["one"], rtol=1e-5)
+
+
+def test_checkpoint_from_2x4_restores_on_1x1_and_4x2(train_results):
+  for spec, r in train_results["restore"].items():
+    assert r == {"params_equal": True, "on_mesh": True,
+                 "opt_state_on_mesh": True, "step": 5}, spec
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one_device():
+  """2 processes x 4 CPU devices (gloo), one 2x4 mesh across both: greedy and
+  sampled generations equal the single-device run. A hang fails on timeout."""
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, str(WORKER), "multiproc", str(i), str(port)],
+      env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=REPO) for i in range(2)]
+  outs = []
+  try:
+    for proc in procs:
+      out, err = proc.communicate(timeout=400)
+      assert proc.returncode == 0, err[-4000:]
+      outs.append(json.loads([l for l in out.splitlines()
+                              if l.startswith("RESULT ")][-1][7:]))
+  finally:
+    for proc in procs:
+      if proc.poll() is None:
+        proc.kill()
+  for res in outs:
+    assert res["global"] == res["local"]
+  assert outs[0]["global"] == outs[1]["global"]
+  assert outs[0]["global"]["sampled"] != outs[0]["global"]["greedy"]
