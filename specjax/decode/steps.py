@@ -91,8 +91,13 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   gamma = drafts_BxG.shape[1]
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
   logits_BxG1xV, cache = target(tokens_BxG1, cache)
-  p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
   u_BxN = _row_uniforms(keys_B, 2 * gamma + 1)
+  if coupling_rule is coupling._coupling:
+    # The standard rule, with only the work the config needs: the same
+    # tokens as the generic path below, token for token.
+    return _verify_token_rule(logits_BxG1xV, cache, drafts_BxG, q_BxGxV,
+                              u_BxN, sampling)
+  p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
   bonus_B = _sample(u_BxN[:, 2 * gamma], p_BxG1xV[:, gamma], sampling)
   if gamma == 0:  # plain autoregressive step: the "bonus" is the sample.
     zeros_B = jnp.zeros_like(last_B)
@@ -118,6 +123,51 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
                            last_token_B[:, None], emitted_BxG1)
   num_verified_B = jnp.minimum(num_accepted_B + 1, gamma)
   overlap_BxG = jnp.sum(jnp.minimum(p_BxGxV, q_BxGxV), axis=-1)
+  judged_BxG = positions_G1[:gamma] < num_verified_B[:, None]
+  return VerifyOutput(
+      tokens=emitted_BxG1.astype(jnp.int32), num_accepted=num_accepted_B,
+      num_verified=num_verified_B,
+      overlap=jnp.sum(jnp.where(judged_BxG, overlap_BxG, 0.0), axis=1),
+      cache=cache)
+
+
+def _verify_token_rule(logits_BxG1xV, cache, drafts_BxG, q_BxGxV, u_BxN,
+                       sampling):
+  """`_verify_step` under `coupling._coupling`, using the uniforms `u_BxN`
+  the same way: accept uniforms [0, G), residual uniforms [G, 2G), bonus 2G.
+
+  Greedy never builds p (its hot token is the argmax of the logits) and
+  never samples; otherwise one residual-or-bonus draw per row, at its first
+  rejection, instead of a residual and its CDF at all G positions.
+  """
+  gamma = drafts_BxG.shape[1]
+  batch = drafts_BxG.shape[0]
+  if sampling.greedy:
+    target_token_BxG1 = sampling_lib.greedy_token(logits_BxG1xV)
+    if gamma == 0:
+      num_accepted_B = jnp.zeros((batch,), jnp.int32)
+      last_B = target_token_BxG1[:, 0]
+      overlap_BxG = jnp.zeros((batch, 0), jnp.float32)
+    else:
+      num_accepted_B, last_B, overlap_BxG = coupling._first_rejection_one_hot_p(
+          u_BxN[:, :gamma], target_token_BxG1, q_BxGxV, drafts_BxG)
+  else:
+    p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
+    if gamma == 0:
+      num_accepted_B = jnp.zeros((batch,), jnp.int32)
+      last_B = sampling_lib.sample_from_probs(u_BxN[:, 0], p_BxG1xV[:, 0])
+      overlap_BxG = jnp.zeros((batch, 0), jnp.float32)
+    else:
+      num_accepted_B, last_B = coupling._first_rejection(
+          u_BxN[:, :gamma], u_BxN[:, gamma:2 * gamma], u_BxN[:, 2 * gamma],
+          p_BxG1xV, q_BxGxV, drafts_BxG)
+      overlap_BxG = jnp.sum(jnp.minimum(p_BxG1xV[:, :gamma], q_BxGxV),
+                            axis=-1)
+  positions_G1 = jnp.arange(gamma + 1)
+  emitted_BxG1 = jnp.concatenate([drafts_BxG, last_B[:, None]], axis=1)
+  emitted_BxG1 = jnp.where(positions_G1 == num_accepted_B[:, None],
+                           last_B[:, None], emitted_BxG1)
+  num_verified_B = jnp.minimum(num_accepted_B + 1, gamma)
   judged_BxG = positions_G1[:gamma] < num_verified_B[:, None]
   return VerifyOutput(
       tokens=emitted_BxG1.astype(jnp.int32), num_accepted=num_accepted_B,
