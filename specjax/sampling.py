@@ -291,7 +291,7 @@ def _top_p_threshold(probs_xV, top_p, method=None):
   """
   # Probabilities are >= +0, whose bit patterns already order as the floats.
   key_xV = jax.lax.bitcast_convert_type(probs_xV, jnp.uint32)
-  limit = jnp.float32(top_p)
+  limit = jnp.asarray(top_p, jnp.float32)
   return jax.lax.bitcast_convert_type(
       _min_key_with_weight_above_below(key_xV, probs_xV, limit, method),
       jnp.float32)
