@@ -91,7 +91,7 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   config.check_vocab(logits_xV.shape[-1])
   logits_xV = jnp.asarray(logits_xV).astype(jnp.float32)
   if config.greedy:
-    return jax.nn.one_hot(greedy_token(logits_xV), logits_xV.shape[-1],
+    return jax.nn.one_hot(_greedy_token(logits_xV), logits_xV.shape[-1],
                           dtype=jnp.float32)
   if config.top_k and config.top_k < logits_xV.shape[-1]:
     # Ranked on the raw logits: shifting and scaling can round distinct
@@ -114,7 +114,7 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   return probs_xV
 
 
-def greedy_token(logits_xV: jax.Array) -> jax.Array:
+def _greedy_token(logits_xV: jax.Array) -> jax.Array:
   """The greedy token of each row: int32 `[...]`, the argmax of `logits_xV`
   `[..., V]`, ties broken towards the lowest token id. `probabilities` under
   temperature 0 is exactly the one-hot vector of this index."""
@@ -137,6 +137,7 @@ def greedy_token(logits_xV: jax.Array) -> jax.Array:
 
 _INT32_MIN = -2**31
 _RADIX_BITS = (11, 11, 10)  # high to low; they sum to 32
+_MIN_RADIX_VOCAB = 2**12
 # Exact bucket masses sum 12-bit halves of significands in int32.
 _MAX_EXACT_MASS_VOCAB = 2**19
 # lax.top_k (a partial sort on CPU, O(V log k)) beats the radix select for
@@ -164,11 +165,16 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
 
   `weight_xV` is non-negative (int32 counts or float32 masses) and `limit` is
   positive, so t exists (the largest key has nothing above it). `method` is
-  "radix" (scatter-add histograms: fast on CPU) or "bisect" (masked sums:
-  no scatter); None picks by backend.
+  "radix" (scatter-add histograms: fast on CPU at large V) or "bisect"
+  (masked sums: no scatter); None picks by backend and vocabulary size.
   """
   if method is None:
-    method = "radix" if jax.default_backend() == "cpu" else "bisect"
+    # A histogram row holds 2**11 buckets: for a small vocabulary (the toy
+    # models, millions of rows in the exactness tests) that is far more
+    # memory and work than 32 masked passes over V.
+    radix = (jax.default_backend() == "cpu"
+             and key_xV.shape[-1] >= _MIN_RADIX_VOCAB)
+    method = "radix" if radix else "bisect"
   batch = key_xV.shape[:-1]
   zero = jnp.zeros((), weight_xV.dtype)
   if method == "bisect":

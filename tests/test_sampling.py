@@ -18,7 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specjax import coupling
 from specjax import sampling
+from specjax.decode import steps
 import sampling_reference as reference  # tests/ is on sys.path under pytest
 
 NEW_TOL = 2e-6  # the new code's top-p mass error, absolute (masses <= 1)
@@ -239,3 +241,54 @@ def test_probabilities_accepts_traced_top_p_threshold():
   probs = jax.nn.softmax(jnp.arange(10.0))[None]
   for t in _thresholds(probs, jnp.float32(0.5)):
     assert float(t[0]) == pytest.approx(float(probs[0, -1]))
+
+
+# --- Only the work a config needs: the verify fast paths ----------------------
+
+
+def _generic_rule(*args):
+  # Not `coupling._coupling` itself, so `_verify_step` takes its generic path
+  # (a residual and its CDF at every position, a separate bonus draw).
+  return coupling._coupling(*args)
+
+
+@pytest.mark.parametrize("config", [
+    sampling.GREEDY,
+    sampling.SamplingConfig(temperature=1.0),
+    sampling.SamplingConfig(temperature=0.7, top_k=5, top_p=0.8),
+], ids=str)
+@pytest.mark.parametrize("gamma", [0, 1, 3])
+def test_verify_fast_path_emits_what_the_generic_path_emits(config, gamma):
+  rng = np.random.default_rng(7)
+  batch, vocab, n_keys = 64, 12, 4
+  # Target logits close to the draft's, so acceptances and rejections mix.
+  draft_logits = rng.normal(size=(batch, max(gamma, 1), vocab)) * 2
+  target_logits = np.concatenate(
+      [draft_logits + rng.normal(size=draft_logits.shape) * 0.7,
+       rng.normal(size=(batch, 1, vocab))], axis=1)[:, :gamma + 1]
+  q = sampling.probabilities(jnp.asarray(draft_logits[:, :gamma],
+                                         jnp.float32), config)
+  target_logits = jnp.asarray(target_logits, jnp.float32)
+
+  def target(tokens_BxT, cache):
+    del tokens_BxT
+    return target_logits, cache
+
+  last = jnp.zeros((batch,), jnp.int32)
+  for seed in range(n_keys):
+    keys = jax.random.split(jax.random.key(seed), batch)
+    drafts = jax.vmap(lambda k, qq: jax.random.categorical(
+        k, jnp.log(qq)))(jax.random.split(jax.random.key(100 + seed), batch),
+                         q).astype(jnp.int32).reshape(batch, gamma)
+    fast = steps._verify_step(target, None, last, drafts, q, keys, config)
+    slow = steps._verify_step(target, None, last, drafts, q, keys, config,
+                              _generic_rule)
+    np.testing.assert_array_equal(fast.num_accepted, slow.num_accepted)
+    np.testing.assert_array_equal(fast.num_verified, slow.num_verified)
+    np.testing.assert_allclose(fast.overlap, slow.overlap, rtol=1e-6)
+    emitted = np.arange(gamma + 1) < np.asarray(fast.num_emitted)[:, None]
+    np.testing.assert_array_equal(np.where(emitted, fast.tokens, -1),
+                                  np.where(emitted, slow.tokens, -1))
+    if gamma:  # both outcomes occur, so both branches are compared
+      assert 0 < int(jnp.sum(fast.num_accepted)) < batch * gamma or (
+          config.greedy)

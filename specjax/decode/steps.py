@@ -143,7 +143,7 @@ def _verify_token_rule(logits_BxG1xV, cache, drafts_BxG, q_BxGxV, u_BxN,
   gamma = drafts_BxG.shape[1]
   batch = drafts_BxG.shape[0]
   if sampling.greedy:
-    target_token_BxG1 = sampling_lib.greedy_token(logits_BxG1xV)
+    target_token_BxG1 = sampling_lib._greedy_token(logits_BxG1xV)
     if gamma == 0:
       num_accepted_B = jnp.zeros((batch,), jnp.int32)
       last_B = target_token_BxG1[:, 0]
