@@ -138,6 +138,7 @@ def _greedy_token(logits_xV: jax.Array) -> jax.Array:
 _INT32_MIN = -2**31
 _RADIX_BITS = (11, 11, 10)  # high to low; they sum to 32
 _MIN_RADIX_VOCAB = 2**12
+_RADIX_CHUNK_ENTRIES = 2**18
 # Exact bucket masses sum 12-bit halves of significands in int32.
 _MAX_EXACT_MASS_VOCAB = 2**19
 # lax.top_k (a partial sort on CPU, O(V log k)) beats the radix select for
@@ -199,6 +200,28 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
   key_RxV = key_xV.reshape(-1, vocab)
   weight_RxV = weight_xV.reshape(-1, vocab)
   rows = key_RxV.shape[0]
+  # Scatters over many rows at once leave the cache (measured 4x slower at
+  # [40, 50257] than 8 chunks of 5 rows), so rows go in chunks of ~2**18
+  # entries, one after another.
+  chunk = max(1, _RADIX_CHUNK_ENTRIES // vocab)
+  if rows > chunk:
+    pad = -rows % chunk
+    key_CxRxV = jnp.pad(key_RxV, ((0, pad), (0, 0))).reshape(-1, chunk, vocab)
+    weight_CxRxV = jnp.pad(weight_RxV, ((0, pad), (0, 0))).reshape(
+        -1, chunk, vocab)
+    # Padded rows (all weight 0) have an answer too; it is dropped.
+    t_CxR = jax.lax.map(
+        lambda kw: _radix_select(kw[0], kw[1], limit), (key_CxRxV,
+                                                        weight_CxRxV))
+    return t_CxR.reshape(-1)[:rows].reshape(batch)
+  return _radix_select(key_RxV, weight_RxV, limit).reshape(batch)
+
+
+def _radix_select(key_RxV, weight_RxV, limit):
+  """The radix method of `_min_key_with_weight_above_below` on `[R, V]`."""
+  rows, vocab = key_RxV.shape
+  weight_xV = weight_RxV
+  zero = jnp.zeros((), weight_xV.dtype)
   row_Rx1 = jnp.arange(rows)[:, None]
   exact_masses = (jnp.issubdtype(weight_xV.dtype, jnp.floating)
                   and vocab <= _MAX_EXACT_MASS_VOCAB)
@@ -216,6 +239,7 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
         [significand_RxV >> 12, significand_RxV & 0xFFF], axis=-1)
   prefix_R = jnp.zeros((rows,), jnp.uint32)  # the digits found so far
   base_R = jnp.zeros((rows,), weight_xV.dtype)  # weight above the prefix
+  exponent_R = None  # the float exponent of the first-level bucket chosen
   shift = 32
   for level, bits in enumerate(_RADIX_BITS):
     shift -= bits
@@ -248,7 +272,7 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
     prefix_R = (prefix_R << bits) | digit_R.astype(jnp.uint32)
     if not level:
       exponent_R = digit_R >> 2
-  return prefix_R.reshape(batch)
+  return prefix_R
 
 
 def _scaled_significand_sum(sums_RxDx2, exponent):
