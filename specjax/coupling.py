@@ -125,3 +125,69 @@ def _coupling(u_accept_x, u_residual_x, p_xV, q_xV, draft_token_x):
   fallback_x = sampling.sample_from_probs(u_residual_x, _residual(p_xV, q_xV))
   token_x = jnp.where(accepted_x, draft_token_x, fallback_x)
   return token_x.astype(jnp.int32), accepted_x
+
+
+def _first_rejection(u_accept_BxG, u_residual_BxG, u_bonus_B, p_BxG1xV,
+                     q_BxGxV, drafts_BxG):
+  """The token-level rule of a whole round, drawing only the one token a row
+  emits after its kept drafts.
+
+  Applies `_coupling` left to right to the G drafts of each row: with the
+  same uniforms it keeps the same drafts and emits the same final token as
+  `_coupling` at every position followed by a bonus draw, but builds the
+  residual (and its CDF) only at each row's first rejection, and merges it
+  with the bonus draw into one `[B, V]` sample.
+
+  Args:
+    u_accept_BxG, u_residual_BxG: float32 uniforms of each position.
+    u_bonus_B: float32 uniform of the bonus draw.
+    p_BxG1xV: target probabilities at the G + 1 positions.
+    q_BxGxV: draft probabilities at the G drafted positions.
+    drafts_BxG: int32 draft tokens.
+
+  Returns:
+    num_accepted_B: int32 in [0, G], the kept prefix.
+    last_B: int32, the residual draw at position num_accepted (< G) or the
+      bonus draw from p at position G.
+  """
+  gamma = drafts_BxG.shape[1]
+  p_BxGxV = p_BxG1xV[:, :gamma]
+  p_BxG = _gather(p_BxGxV, drafts_BxG)
+  q_BxG = _gather(q_BxGxV, drafts_BxG)
+  accepted_BxG = u_accept_BxG * q_BxG < p_BxG  # as in `_coupling`
+  num_accepted_B = jnp.where(jnp.all(accepted_BxG, axis=1), gamma,
+                             jnp.argmax(~accepted_BxG, axis=1)).astype(jnp.int32)
+  at_B1 = jnp.minimum(num_accepted_B, gamma - 1)[:, None]
+  p_rej_BxV = jnp.take_along_axis(p_BxGxV, at_B1[..., None], axis=1)[:, 0]
+  q_rej_BxV = jnp.take_along_axis(q_BxGxV, at_B1[..., None], axis=1)[:, 0]
+  all_kept_B = num_accepted_B == gamma
+  probs_BxV = jnp.where(all_kept_B[:, None], p_BxG1xV[:, gamma],
+                        _residual(p_rej_BxV, q_rej_BxV))
+  u_B = jnp.where(all_kept_B, u_bonus_B,
+                  jnp.take_along_axis(u_residual_BxG, at_B1, axis=1)[:, 0])
+  last_B = sampling.sample_from_probs(u_B, probs_BxV)
+  return num_accepted_B, last_B.astype(jnp.int32)
+
+
+def _first_rejection_one_hot_p(u_accept_BxG, target_token_BxG1, q_BxGxV,
+                               drafts_BxG):
+  """`_first_rejection` for a one-hot p (greedy): from p's hot tokens alone.
+
+  For p one-hot on a, p(x) = [x == a], and (p - q)+ is (1 - q(a))+ at a and
+  0 elsewhere, so the residual draw (or p itself, when that mass is 0) is a
+  for any q and any uniform: no `[B, G+1, V]` p, residual or CDF is built.
+
+  Returns num_accepted_B, last_B as `_first_rejection`, and the overlap
+  sum_x min(p, q) = min(1, q(a)) of each position, float32 `[B, G]`.
+  """
+  gamma = drafts_BxG.shape[1]
+  p_BxG = (drafts_BxG == target_token_BxG1[:, :gamma]).astype(jnp.float32)
+  q_BxG = _gather(q_BxGxV, drafts_BxG)
+  accepted_BxG = u_accept_BxG * q_BxG < p_BxG
+  num_accepted_B = jnp.where(jnp.all(accepted_BxG, axis=1), gamma,
+                             jnp.argmax(~accepted_BxG, axis=1)).astype(jnp.int32)
+  last_B = jnp.take_along_axis(target_token_BxG1, num_accepted_B[:, None],
+                               axis=1)[:, 0]
+  overlap_BxG = jnp.minimum(
+      1.0, _gather(q_BxGxV, target_token_BxG1[:, :gamma]))
+  return num_accepted_B, last_B.astype(jnp.int32), overlap_BxG

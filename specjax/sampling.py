@@ -75,6 +75,14 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   Guarantees: every row is non-negative, sums to 1 up to float rounding, and
   has at least one positive entry (the argmax). Masked tokens (top-k / top-p)
   have probability exactly 0. Deterministic: no randomness is used.
+
+  The kept sets are defined as by a full sort (top-k: the k largest raw
+  logits, ties at the k-th value kept; top-p: the shortest prefix of the
+  probabilities sorted in decreasing order whose mass before each token is
+  < top_p, ties at the smallest kept probability kept) but found without one:
+  see `_kth_largest` and `_top_p_threshold`. The one place the result can
+  differ from summing a sorted prefix is a top-p boundary whose prefix mass
+  lies within float32 summation rounding of top_p (see `_top_p_threshold`).
   """
   _checks.check_array("logits", logits_xV, min_rank=1, kind="f")
   if not isinstance(config, SamplingConfig):
@@ -83,31 +91,240 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   config.check_vocab(logits_xV.shape[-1])
   logits_xV = jnp.asarray(logits_xV).astype(jnp.float32)
   if config.greedy:
-    best = jnp.argmax(logits_xV, axis=-1)  # first max: lowest id wins ties
-    return jax.nn.one_hot(best, logits_xV.shape[-1], dtype=jnp.float32)
-  if config.top_k:
+    return jax.nn.one_hot(_greedy_token(logits_xV), logits_xV.shape[-1],
+                          dtype=jnp.float32)
+  if config.top_k and config.top_k < logits_xV.shape[-1]:
     # Ranked on the raw logits: shifting and scaling can round distinct
     # logits together and let a token below the k-th largest tie into the set.
-    kth = jax.lax.top_k(logits_xV, config.top_k)[0][..., -1:]
-    in_top_k_xV = logits_xV >= kth
+    kth_x1 = _kth_largest(logits_xV, config.top_k)[..., None]
+    in_top_k_xV = logits_xV >= kth_x1
+  else:  # top_k = 0 or V: every token is in the top k.
+    in_top_k_xV = None
   # Shift before dividing: a tiny temperature then sends non-maximal logits
   # to -inf instead of overflowing every logit to inf (NaN after softmax).
   logits_xV = logits_xV - jnp.max(logits_xV, axis=-1, keepdims=True)
   logits_xV = logits_xV / config.temperature
-  if config.top_k:
+  if in_top_k_xV is not None:
     logits_xV = jnp.where(in_top_k_xV, logits_xV, -jnp.inf)
   probs_xV = jax.nn.softmax(logits_xV, axis=-1)
   if config.top_p < 1.0:
-    sorted_xV = -jnp.sort(-probs_xV, axis=-1)
-    mass_before_xV = jnp.cumsum(sorted_xV, axis=-1) - sorted_xV
-    # A sorted token is kept if the mass strictly above it is < top_p; the
-    # smallest kept probability is the threshold, so ties are all kept.
-    kept_xV = mass_before_xV < config.top_p
-    threshold = jnp.min(jnp.where(kept_xV, sorted_xV, jnp.inf), axis=-1,
-                        keepdims=True)
-    probs_xV = jnp.where(probs_xV >= threshold, probs_xV, 0.0)
+    threshold_x1 = _top_p_threshold(probs_xV, config.top_p)[..., None]
+    probs_xV = jnp.where(probs_xV >= threshold_x1, probs_xV, 0.0)
     probs_xV = probs_xV / jnp.sum(probs_xV, axis=-1, keepdims=True)
   return probs_xV
+
+
+def _greedy_token(logits_xV: jax.Array) -> jax.Array:
+  """The greedy token of each row: int32 `[...]`, the argmax of `logits_xV`
+  `[..., V]`, ties broken towards the lowest token id. `probabilities` under
+  temperature 0 is exactly the one-hot vector of this index."""
+  return jnp.argmax(logits_xV, axis=-1).astype(jnp.int32)
+
+
+# --- Selection without a sort -------------------------------------------------
+#
+# Both top-k and top-p ask for a threshold: the smallest value v such that the
+# weight of the entries strictly above v is below a limit (top-k: a count of
+# entries < k; top-p: a probability mass < top_p). Entries >= v are kept, so
+# ties at v are kept. Such a v is always one of the row's values (the weight
+# above v only changes at the values). It is found digit by digit on an
+# integer key that orders float32 values as the floats order: three rounds of
+# an 11/11/10-bit radix histogram of the weights (each a scatter-add over V),
+# or, where scatters are slow, 32 rounds of a masked reduction over V
+# (bisection). Either is O(V) per row and exact for counts; masses are float32
+# sums, so only a boundary within summation rounding of top_p can come out
+# differently from a sorted cumulative sum.
+
+_INT32_MIN = -2**31
+_RADIX_BITS = (11, 11, 10)  # high to low; they sum to 32
+_MIN_RADIX_VOCAB = 2**12
+_RADIX_CHUNK_ENTRIES = 2**18
+# Exact bucket masses sum 12-bit halves of significands in int32.
+_MAX_EXACT_MASS_VOCAB = 2**19
+# lax.top_k (a partial sort on CPU, O(V log k)) beats the radix select for
+# small k; above this it loses (measured by benchmarks/sampling.py).
+_TOP_K_PARTIAL_SORT_MAX = 64
+
+
+def _ordered_key(x_xV):
+  """float32 -> uint32 with the floats' order (and -0 == +0); NaN aside."""
+  i_xV = jax.lax.bitcast_convert_type(x_xV, jnp.int32)
+  # Negative floats order backwards in their bits; flipping the magnitude
+  # bits and adding 1 also sends -0 (0x80000000) to the key of +0.
+  s_xV = jnp.where(i_xV < 0, (i_xV ^ 0x7FFFFFFF) + 1, i_xV)
+  return jax.lax.bitcast_convert_type(s_xV ^ _INT32_MIN, jnp.uint32)
+
+
+def _key_to_float(key_x):
+  s_x = jax.lax.bitcast_convert_type(key_x, jnp.int32) ^ _INT32_MIN
+  i_x = jnp.where(s_x < 0, (s_x - 1) ^ 0x7FFFFFFF, s_x)
+  return jax.lax.bitcast_convert_type(i_x, jnp.float32)
+
+
+def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
+  """Smallest uint32 key t per row with sum(weight[key > t]) < limit: `[...]`.
+
+  `weight_xV` is non-negative (int32 counts or float32 masses) and `limit` is
+  positive, so t exists (the largest key has nothing above it). `method` is
+  "radix" (scatter-add histograms: fast on CPU at large V) or "bisect"
+  (masked sums: no scatter); None picks by backend and vocabulary size.
+  """
+  if method is None:
+    # A histogram row holds 2**11 buckets: for a small vocabulary (the toy
+    # models, millions of rows in the exactness tests) that is far more
+    # memory and work than 32 masked passes over V.
+    radix = (jax.default_backend() == "cpu"
+             and key_xV.shape[-1] >= _MIN_RADIX_VOCAB)
+    method = "radix" if radix else "bisect"
+  batch = key_xV.shape[:-1]
+  zero = jnp.zeros((), weight_xV.dtype)
+  if method == "bisect":
+    # Invariant: the answer is in [lo, hi]; hi starts at the row's largest key.
+    lo_x = jnp.zeros(batch, jnp.uint32)
+    hi_x = jnp.max(key_xV, axis=-1)
+
+    def halve(_, lo_hi):
+      lo_x, hi_x = lo_hi
+      mid_x = lo_x + (hi_x - lo_x) // 2
+      above_x = jnp.sum(jnp.where(key_xV > mid_x[..., None], weight_xV, zero),
+                        axis=-1)
+      ok_x = above_x < limit
+      return jnp.where(ok_x, lo_x, mid_x + 1), jnp.where(ok_x, mid_x, hi_x)
+
+    lo_x, _ = jax.lax.fori_loop(0, 32, halve, (lo_x, hi_x))
+    return lo_x
+  if method != "radix":
+    raise ValueError(f"method must be 'radix' or 'bisect', got {method!r}.")
+  # Flatten the batch: the histogram is a scatter into [rows, buckets].
+  vocab = key_xV.shape[-1]
+  key_RxV = key_xV.reshape(-1, vocab)
+  weight_RxV = weight_xV.reshape(-1, vocab)
+  rows = key_RxV.shape[0]
+  # Scatters over many rows at once leave the cache (measured 4x slower at
+  # [40, 50257] than 8 chunks of 5 rows), so rows go in chunks of ~2**18
+  # entries, one after another.
+  chunk = max(1, _RADIX_CHUNK_ENTRIES // vocab)
+  if rows > chunk:
+    pad = -rows % chunk
+    key_CxRxV = jnp.pad(key_RxV, ((0, pad), (0, 0))).reshape(-1, chunk, vocab)
+    weight_CxRxV = jnp.pad(weight_RxV, ((0, pad), (0, 0))).reshape(
+        -1, chunk, vocab)
+    # Padded rows (all weight 0) have an answer too; it is dropped.
+    t_CxR = jax.lax.map(
+        lambda kw: _radix_select(kw[0], kw[1], limit), (key_CxRxV,
+                                                        weight_CxRxV))
+    return t_CxR.reshape(-1)[:rows].reshape(batch)
+  return _radix_select(key_RxV, weight_RxV, limit).reshape(batch)
+
+
+def _radix_select(key_RxV, weight_RxV, limit):
+  """The radix method of `_min_key_with_weight_above_below` on `[R, V]`."""
+  rows, vocab = key_RxV.shape
+  weight_xV = weight_RxV
+  zero = jnp.zeros((), weight_xV.dtype)
+  row_Rx1 = jnp.arange(rows)[:, None]
+  exact_masses = (jnp.issubdtype(weight_xV.dtype, jnp.floating)
+                  and vocab <= _MAX_EXACT_MASS_VOCAB)
+  if exact_masses:
+    # A float32 scatter-add sums each bucket sequentially: over ~10^4 similar
+    # probabilities that drifts by ~1e-5, enough to move a boundary a sorted
+    # cumsum gets right. Every entry of a bucket shares its float exponent
+    # (the first digit holds the exponent), so its mass is an integer sum of
+    # 24-bit significands, done exactly in two int32 halves of 12 bits.
+    bits_RxV = key_RxV.astype(jnp.int32)
+    exponent_RxV = bits_RxV >> 23
+    significand_RxV = (bits_RxV & 0x7FFFFF) | jnp.where(
+        exponent_RxV > 0, 0x800000, 0)
+    halves_RxVx2 = jnp.stack(
+        [significand_RxV >> 12, significand_RxV & 0xFFF], axis=-1)
+  prefix_R = jnp.zeros((rows,), jnp.uint32)  # the digits found so far
+  base_R = jnp.zeros((rows,), weight_xV.dtype)  # weight above the prefix
+  exponent_R = None  # the float exponent of the first-level bucket chosen
+  shift = 32
+  for level, bits in enumerate(_RADIX_BITS):
+    shift -= bits
+    digit_RxV = ((key_RxV >> shift) & ((1 << bits) - 1)).astype(jnp.int32)
+    if level:
+      active_RxV = (key_RxV >> (shift + bits)) == prefix_R[:, None]
+    if exact_masses:
+      halves = halves_RxVx2 if not level else jnp.where(
+          active_RxV[..., None], halves_RxVx2, 0)
+      sums_RxDx2 = jnp.zeros((rows, 1 << bits, 2), jnp.int32).at[
+          row_Rx1, digit_RxV].add(halves)
+      # The first digit is sign, exponent and 2 significand bits; later
+      # levels stay inside one first-level bucket, so one exponent per row.
+      exponent = (jnp.arange(1 << bits)[None, :] >> 2 if not level
+                  else exponent_R[:, None])
+      hist_RxD = _scaled_significand_sum(sums_RxDx2, exponent)
+    else:
+      w_RxV = weight_RxV if not level else jnp.where(active_RxV, weight_RxV,
+                                                     zero)
+      hist_RxD = jnp.zeros((rows, 1 << bits), weight_xV.dtype).at[
+          row_Rx1, digit_RxV].add(w_RxV)
+    # above_RxD[r, d]: weight of the keys above digit d (the prefix's base
+    # plus the higher digits' buckets). The last digit has base alone, which
+    # is below the limit, so the first digit below it exists.
+    suffix_RxD = jnp.cumsum(hist_RxD[:, ::-1], axis=-1)[:, ::-1]
+    above_RxD = base_R[:, None] + jnp.concatenate(
+        [suffix_RxD[:, 1:], jnp.zeros((rows, 1), hist_RxD.dtype)], axis=-1)
+    digit_R = jnp.argmax(above_RxD < limit, axis=-1).astype(jnp.int32)
+    base_R = jnp.take_along_axis(above_RxD, digit_R[:, None], axis=-1)[:, 0]
+    prefix_R = (prefix_R << bits) | digit_R.astype(jnp.uint32)
+    if not level:
+      exponent_R = digit_R >> 2
+  return prefix_R
+
+
+def _scaled_significand_sum(sums_RxDx2, exponent):
+  """float32 mass of a bucket from its exact significand sums `[R, D, 2]`
+  (high and low 12 bits) and the float exponent its entries share."""
+  total = (sums_RxDx2[..., 0].astype(jnp.float32) * 4096.0
+           + sums_RxDx2[..., 1].astype(jnp.float32))
+  # 2**(e - 127) from its bit pattern; e = 0 (zeros, denormals) scales as
+  # e = 1. Buckets past the finite exponents are empty (probabilities are
+  # <= 1); clipping keeps their 0 * scale from being 0 * inf = NaN.
+  scale = jax.lax.bitcast_convert_type(
+      jnp.clip(exponent, 1, 254).astype(jnp.int32) << 23, jnp.float32)
+  return total * (2.0**-23) * scale
+
+
+def _kth_largest(x_xV, k, method=None):
+  """The k-th largest entry of each row (counted with multiplicity): `[...]`.
+
+  Equal to `lax.top_k(x_xV, k)[0][..., -1]` (same total order as XLA's
+  top-k, up to the sign of zero), for 1 <= k <= V.
+  """
+  if method is None and k <= _TOP_K_PARTIAL_SORT_MAX:
+    method = "top_k"
+  if method == "top_k":
+    # min, not [..., -1]: XLA CPU rewrites a slice of top_k's values into a
+    # full sort (measured 80x slower), but keeps its fast TopK for a reduce.
+    return jnp.min(jax.lax.top_k(x_xV, k)[0], axis=-1)
+  # The k-th largest is the smallest t with fewer than k entries above it.
+  key_xV = _ordered_key(x_xV)
+  ones_xV = jnp.ones(x_xV.shape, jnp.int32)
+  return _key_to_float(
+      _min_key_with_weight_above_below(key_xV, ones_xV, k, method))
+
+
+def _top_p_threshold(probs_xV, top_p, method=None):
+  """The smallest kept probability of each row under top-p: float32 `[...]`.
+
+  Keeping `probs >= threshold` keeps exactly the tokens of the shortest
+  sorted prefix whose mass before each token is < top_p, with all ties of
+  the last one. The mass above a candidate is a float32 sum (a histogram
+  and a cumulative sum over its buckets, or a masked sum), not a cumulative
+  sum along a sorted row, so where that mass is within float32 rounding of
+  top_p the boundary token can fall on the other side than a sort-based
+  implementation puts it. Such a token is kept iff this function's own
+  float32 estimate of the mass above it is < float32(top_p).
+  """
+  # Probabilities are >= +0, whose bit patterns already order as the floats.
+  key_xV = jax.lax.bitcast_convert_type(probs_xV, jnp.uint32)
+  limit = jnp.asarray(top_p, jnp.float32)
+  return jax.lax.bitcast_convert_type(
+      _min_key_with_weight_above_below(key_xV, probs_xV, limit, method),
+      jnp.float32)
 
 
 def sample_from_probs(uniform_x: jax.Array, probs_xV: jax.Array) -> jax.Array:

@@ -18,6 +18,7 @@ from specjax import coupling
 from specjax import sampling as sampling_lib
 from specjax.decode import validation
 from specjax.decode import verifiers as verifiers_lib
+from specjax.decode.verifiers import base as verifier_base
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -116,28 +117,46 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   """`verifier` (a `Verifier`, static) decides what to keep; None is token
   verification with `coupling_rule` (kept for tests' negative controls)."""
   gamma = drafts_BxG.shape[1]
+  batch = last_B.shape[0]
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
   logits_BxG1xV, cache = target(tokens_BxG1, cache)
-  p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
   nonfinite_B = jnp.sum(nonfinite_rows(logits_BxG1xV), axis=1,
                         dtype=jnp.int32)
-  if gamma == 0:  # plain autoregressive step: the "bonus" is the sample.
-    bonus_B = _sample(_row_uniforms(keys_B, 1)[:, 0], p_BxG1xV[:, 0], sampling)
-    zeros_B = jnp.zeros_like(last_B)
-    return VerifyOutput(tokens=bonus_B[:, None], num_accepted=zeros_B,
-                        num_verified=zeros_B,
-                        overlap=jnp.zeros(last_B.shape, jnp.float32),
-                        cache=cache, nonfinite=nonfinite_B)
   if verifier is None:
     verifier = verifiers_lib.TokenVerifier(coupling_rule=coupling_rule)
-  u_BxN = _row_uniforms(keys_B, verifier.num_uniforms(gamma))
-  emitted_BxG1, num_accepted_B = verifier.verify(
-      u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG,
-      lambda u_x, probs_xV: _sample(u_x, probs_xV, sampling))
-  p_BxGxV = p_BxG1xV[:, :gamma]
   positions_G1 = jnp.arange(gamma + 1)
+  if sampling.greedy and (gamma == 0 or verifier.exact):
+    # p is one-hot on the argmax a, so an exact verifier keeps the drafts
+    # that equal a and emits a: no [B, G+1, V] p, residual or CDF is built.
+    target_token_BxG1 = sampling_lib._greedy_token(logits_BxG1xV)
+    if gamma == 0:
+      num_accepted_B = jnp.zeros((batch,), jnp.int32)
+      last_token_B = target_token_BxG1[:, 0]
+      overlap_BxG = jnp.zeros((batch, 0), jnp.float32)
+    else:
+      # With p(x) in {0, 1} and q(x) <= 1, u * q(x) < p(x) holds for every u
+      # in [0, 1) exactly when p(x) = 1, so u = 0 decides the same and no
+      # uniforms need drawing.
+      num_accepted_B, last_token_B, overlap_BxG = (
+          coupling._first_rejection_one_hot_p(
+              jnp.zeros(drafts_BxG.shape, jnp.float32), target_token_BxG1,
+              q_BxGxV, drafts_BxG))
+    emitted_BxG1 = verifier_base.emit(drafts_BxG, num_accepted_B,
+                                           last_token_B)
+  elif gamma == 0:  # plain autoregressive step: the "bonus" is the sample.
+    p_BxV = sampling_lib.probabilities(logits_BxG1xV[:, 0], sampling)
+    emitted_BxG1 = sampling_lib.sample_from_probs(
+        _row_uniforms(keys_B, 1)[:, 0], p_BxV)[:, None]
+    num_accepted_B = jnp.zeros((batch,), jnp.int32)
+    overlap_BxG = jnp.zeros((batch, 0), jnp.float32)
+  else:
+    p_BxG1xV = sampling_lib.probabilities(logits_BxG1xV, sampling)
+    u_BxN = _row_uniforms(keys_B, verifier.num_uniforms(gamma))
+    emitted_BxG1, num_accepted_B = verifier.verify(
+        u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG,
+        lambda u_x, probs_xV: _sample(u_x, probs_xV, sampling))
+    overlap_BxG = jnp.sum(jnp.minimum(p_BxG1xV[:, :gamma], q_BxGxV), axis=-1)
   num_verified_B = jnp.minimum(num_accepted_B + 1, gamma)
-  overlap_BxG = jnp.sum(jnp.minimum(p_BxGxV, q_BxGxV), axis=-1)
   judged_BxG = positions_G1[:gamma] < num_verified_B[:, None]
   return VerifyOutput(
       tokens=emitted_BxG1.astype(jnp.int32),

@@ -47,6 +47,14 @@ class TokenVerifier(base.Verifier):
 
   def verify(self, u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG, sample):
     gamma = drafts_BxG.shape[1]
+    if self.coupling_rule is coupling._coupling:
+      # The maximal coupling judged left to right on the same uniforms, with
+      # one residual-or-bonus draw per row at its first rejection instead of
+      # a residual and its CDF at every position: the same tokens.
+      num_accepted_B, last_B = coupling._first_rejection(
+          u_BxN[:, :gamma], u_BxN[:, gamma:2 * gamma], u_BxN[:, 2 * gamma],
+          p_BxG1xV, q_BxGxV, drafts_BxG)
+      return base.emit(drafts_BxG, num_accepted_B, last_B), num_accepted_B
     bonus_B = sample(u_BxN[:, 2 * gamma], p_BxG1xV[:, gamma])
     # Every position gets its own coupling draw; only those up to the first
     # rejection are used, which is what judging left to right produces.
