@@ -27,9 +27,10 @@ enumeration in `specjax.lab.trees` and by sampling in tests/test_trees.py.
 A child drawn where q has no mass left (wor with fewer than k tokens of
 positive q) is skipped: it is rejected without changing r.
 
-Model side (NOT in this module yet): scoring all nodes in one target pass
-needs a tree attention mask and positions = depth in the Transformer, and
-the accepted path's KV entries moved into the row's contiguous cache.
+Model side: `TransformerLM.tree_decode(tokens, cache, depth, ancestor)`
+scores every node in ONE pass (tree attention mask from `ancestor_table`,
+positions = depth) and `KVCache.move` copies the kept path's entries into the
+row's contiguous cache. The decode loop does not run trees yet.
 """
 
 from __future__ import annotations
@@ -107,6 +108,22 @@ class TreeTopology:
   @property
   def max_children(self) -> int:
     return max(len(self.children(u)) for u in range(-1, self.num_nodes))
+
+  def ancestor_table(self) -> np.ndarray:
+    """bool `[N + 1, N + 1]` over (root, nodes): [t, u] iff u is t or an
+    ancestor of t (index 0 is the root, node i is index i + 1): the tree
+    attention mask of `TransformerLM.tree_decode`."""
+    n = self.num_nodes
+    table = np.eye(n + 1, dtype=bool)
+    table[:, 0] = True
+    for i, parent in enumerate(self.parents):
+      if parent >= 0:
+        table[i + 1] |= table[parent + 1]
+    return table
+
+  def depth_with_root(self) -> np.ndarray:
+    """int32 `[N + 1]`: 0 for the root, then each node's depth."""
+    return np.array((0,) + self.depth, np.int32)
 
   def children_table(self) -> np.ndarray:
     """int32 `[N + 1, K]`: row u + 1 lists u's children, -1 padded."""
