@@ -180,6 +180,16 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
      num_accepted_B int32 `[B]`).
   """
   mode = check_mode(mode)
+  if not isinstance(topology, TreeTopology):
+    raise TypeError("topology must be a TreeTopology (e.g. "
+                    "TreeTopology.from_branching((2, 1))), got "
+                    f"{type(topology).__name__}.")
+  if tokens_BxN.shape[1] != topology.num_nodes or p_BxN1xV.shape[1] != (
+      topology.num_nodes + 1):
+    raise ValueError(f"tokens {tuple(tokens_BxN.shape)} and p "
+                     f"{tuple(p_BxN1xV.shape)} must be [B, N] and "
+                     f"[B, N + 1, V] for the topology's N = "
+                     f"{topology.num_nodes} nodes.")
   batch = tokens_BxN.shape[0]
   table = jnp.asarray(topology.children_table())  # [N + 1, K]
   rows = jnp.arange(batch)

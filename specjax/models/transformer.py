@@ -465,6 +465,18 @@ class TransformerLM(struct.PyTreeNode):
       with `KVCache.move` before the next call.
     """
     self._check_static(tokens_BxT, cache)
+    t = tokens_BxT.shape[1]
+    depth_T = np.asarray(depth_T, np.int32)
+    ancestor_TxT = np.asarray(ancestor_TxT, bool)
+    if depth_T.shape != (t,) or ancestor_TxT.shape != (t, t):
+      raise ValueError(f"depth_T {depth_T.shape} and ancestor_TxT "
+                       f"{ancestor_TxT.shape} must be [T] and [T, T] with "
+                       f"T = {t} tree tokens; build them with "
+                       "TreeTopology.depth_with_root() / ancestor_table().")
+    if not ancestor_TxT.diagonal().all() or np.any(np.triu(ancestor_TxT, 1)):
+      raise ValueError("ancestor_TxT must be reflexive and list only earlier "
+                       "tokens (topological order): use "
+                       "TreeTopology.ancestor_table().")
     return self.module().tree_decode(tokens_BxT, cache, depth_T, ancestor_TxT)
 
   def logits(self, tokens_BxT: jax.Array) -> jax.Array:
