@@ -177,3 +177,58 @@ def _wrong_mode(pair, topo):
   ctx_N1 = jnp.concatenate([jnp.full((N, 1), ctx, jnp.int32), x], 1)
   return tree_lib.tree_verify(u_verify, p_rows[ctx_N1], q_rows[ctx_N1], x, ok,
                               topo, "iid", sample)
+
+
+# ------------------------------------------ model side: one-pass tree scoring
+
+@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+def test_tree_decode_matches_causal_paths_and_move_compacts_the_cache(flavour):
+  from specjax.models import TransformerConfig, TransformerLM
+  config = TransformerConfig(vocab_size=16, d_model=16, num_layers=2,
+                             num_heads=2, max_positions=32, flavour=flavour,
+                             num_kv_heads=1 if flavour == "llama" else None)
+  model = TransformerLM.create(config, 0)
+  topo = tree_lib.TreeTopology((-1, -1, 0, 0, 1, 2))
+  rng = np.random.default_rng(0)
+  prompt_lengths = np.array([3, 5])
+  prompts = rng.integers(0, 16, (2, 5)).astype(np.int32)
+  tree_tokens = rng.integers(0, 16, (2, topo.num_nodes + 1)).astype(np.int32)
+  # The root is the last prompt token, fed at slot lengths - 1 + 0.
+  tree_tokens[:, 0] = prompts[np.arange(2), prompt_lengths - 1]
+  call = jax.jit(lambda m, x, c: m(x, c))  # eager nnx forwards are slow
+  cache = model.init_cache(2, 32)
+  _, cache = call(model, jnp.asarray(prompts), cache)
+  cache = cache.replace(lengths=jnp.asarray(prompt_lengths - 1, jnp.int32))
+  logits, tree_cache = jax.jit(lambda m, x, c: m.tree_decode(
+      x, c, topo.depth_with_root(), topo.ancestor_table()))(
+          model, jnp.asarray(tree_tokens), cache)
+  ancestors = topo.ancestor_table()
+
+  def causal_last(seqs):
+    """Last-position logits of each sequence, in ONE causal call (right
+    padding cannot change earlier positions)."""
+    width = max(len(x) for x in seqs)
+    padded = np.zeros((len(seqs), width), np.int32)
+    for i, x in enumerate(seqs):
+      padded[i, :len(x)] = x
+    full = jax.jit(lambda m, x: m.logits(x))(model, jnp.asarray(padded))
+    return np.stack([full[i, len(x) - 1] for i, x in enumerate(seqs)])
+
+  seqs = [np.concatenate([prompts[b, :prompt_lengths[b] - 1],
+                          tree_tokens[b, np.flatnonzero(ancestors[t])]])
+          for b in range(2) for t in range(topo.num_nodes + 1)]
+  np.testing.assert_allclose(
+      np.asarray(logits).reshape(len(seqs), -1), causal_last(seqs), atol=2e-4)
+  # Keep the path root -> node 0 -> node 2 -> node 5 and move it into place.
+  path = np.flatnonzero(ancestors[6])
+  assert path.tolist() == [0, 1, 3, 6]
+  lengths = jnp.asarray(prompt_lengths - 1, jnp.int32)
+  src = lengths[:, None] + jnp.asarray(path)[None]
+  dst = lengths[:, None] + jnp.arange(len(path))[None]
+  moved = tree_cache.move(src, dst).replace(lengths=lengths + len(path))
+  nxt = rng.integers(0, 16, (2, 1)).astype(np.int32)
+  step_logits, _ = call(model, jnp.asarray(nxt), moved)
+  seqs = [np.concatenate([prompts[b, :prompt_lengths[b] - 1],
+                          tree_tokens[b, path], nxt[b]]) for b in range(2)]
+  np.testing.assert_allclose(np.asarray(step_logits)[:, 0], causal_last(seqs),
+                             atol=2e-4)

@@ -27,9 +27,10 @@ enumeration in `specjax.lab.trees` and by sampling in tests/test_trees.py.
 A child drawn where q has no mass left (wor with fewer than k tokens of
 positive q) is skipped: it is rejected without changing r.
 
-Model side (NOT in this module yet): scoring all nodes in one target pass
-needs a tree attention mask and positions = depth in the Transformer, and
-the accepted path's KV entries moved into the row's contiguous cache.
+Model side: `TransformerLM.tree_decode(tokens, cache, depth, ancestor)`
+scores every node in ONE pass (tree attention mask from `ancestor_table`,
+positions = depth) and `KVCache.move` copies the kept path's entries into the
+row's contiguous cache. The decode loop does not run trees yet.
 """
 
 from __future__ import annotations
@@ -108,6 +109,22 @@ class TreeTopology:
   def max_children(self) -> int:
     return max(len(self.children(u)) for u in range(-1, self.num_nodes))
 
+  def ancestor_table(self) -> np.ndarray:
+    """bool `[N + 1, N + 1]` over (root, nodes): [t, u] iff u is t or an
+    ancestor of t (index 0 is the root, node i is index i + 1): the tree
+    attention mask of `TransformerLM.tree_decode`."""
+    n = self.num_nodes
+    table = np.eye(n + 1, dtype=bool)
+    table[:, 0] = True
+    for i, parent in enumerate(self.parents):
+      if parent >= 0:
+        table[i + 1] |= table[parent + 1]
+    return table
+
+  def depth_with_root(self) -> np.ndarray:
+    """int32 `[N + 1]`: 0 for the root, then each node's depth."""
+    return np.array((0,) + self.depth, np.int32)
+
   def children_table(self) -> np.ndarray:
     """int32 `[N + 1, K]`: row u + 1 lists u's children, -1 padded."""
     table = -np.ones((self.num_nodes + 1, self.max_children), np.int32)
@@ -163,6 +180,16 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
      num_accepted_B int32 `[B]`).
   """
   mode = check_mode(mode)
+  if not isinstance(topology, TreeTopology):
+    raise TypeError("topology must be a TreeTopology (e.g. "
+                    "TreeTopology.from_branching((2, 1))), got "
+                    f"{type(topology).__name__}.")
+  if tokens_BxN.shape[1] != topology.num_nodes or p_BxN1xV.shape[1] != (
+      topology.num_nodes + 1):
+    raise ValueError(f"tokens {tuple(tokens_BxN.shape)} and p "
+                     f"{tuple(p_BxN1xV.shape)} must be [B, N] and "
+                     f"[B, N + 1, V] for the topology's N = "
+                     f"{topology.num_nodes} nodes.")
   batch = tokens_BxN.shape[0]
   table = jnp.asarray(topology.children_table())  # [N + 1, K]
   rows = jnp.arange(batch)

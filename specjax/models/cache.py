@@ -92,6 +92,23 @@ class KVCache:
 
     return self.replace(k=put(self.k, k_BxTxKxH), v=put(self.v, v_BxTxKxH))
 
+  def move(self, src_BxK: jax.Array, dst_BxK: jax.Array) -> KVCache:
+    """Copies every layer's entries at slots `src_BxK` to slots `dst_BxK`.
+
+    Used after a draft tree: the kept path's entries (scattered over the
+    tree's slots) move to the row's contiguous positions. All reads happen
+    before any write, so overlapping ranges are safe; out-of-range
+    destinations are dropped. `lengths` is not changed.
+    """
+    batch_Bx1x1 = jnp.arange(self.batch_size, dtype=jnp.int32)[:, None, None]
+    num_kv_heads = self.k[0].shape[1]
+    head_1xKx1 = jnp.arange(num_kv_heads, dtype=jnp.int32)[None, :, None]
+    src = (batch_Bx1x1, head_1xKx1, src_BxK[:, None, :])
+    dst = (batch_Bx1x1, head_1xKx1, dst_BxK[:, None, :])
+    move = lambda layers: tuple(x.at[dst].set(x[src], mode="drop")
+                                for x in layers)
+    return self.replace(k=move(self.k), v=move(self.v))
+
   def attention_mask(self, positions_BxT: jax.Array) -> jax.Array:
     """bool `[B, T, max_len]`: the query at position p sees cache slots <= p.
 

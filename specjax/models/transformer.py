@@ -246,7 +246,8 @@ class Attention(nnx.Module):
     self.out = _linear(c, c.num_heads * c.head_dim, c.d_model, rngs,
                        std=out_std)
 
-  def __call__(self, x_BxTxD, positions_BxT, cache: KVCache | None, layer):
+  def __call__(self, x_BxTxD, positions_BxT, cache: KVCache | None, layer,
+               tree=None):
     c = self.config
     b, t, _ = x_BxTxD.shape
     q_BxTxNxH = self.query(x_BxTxD).reshape(b, t, c.num_heads, c.head_dim)
@@ -262,9 +263,13 @@ class Attention(nnx.Module):
                          v_BxTxKxH.transpose(0, 2, 1, 3), mask_BxTxT)
     else:
       # Write first so each new token sees itself and earlier new tokens.
-      cache = cache.write(layer, k_BxTxKxH, v_BxTxKxH, positions_BxT)
+      # tree = (slots_BxT, mask_BxTxS): a draft tree's nodes go to
+      # consecutive slots but sit at positions = depth (see `tree_decode`).
+      slots_BxT = positions_BxT if tree is None else tree[0]
+      cache = cache.write(layer, k_BxTxKxH, v_BxTxKxH, slots_BxT)
       o_BxTxNH = _attend(q_BxTxNxH, cache.k[layer], cache.v[layer],
-                         cache.attention_mask(positions_BxT))
+                         cache.attention_mask(positions_BxT) if tree is None
+                         else tree[1])
     return self.out(o_BxTxNH), cache
 
 
@@ -297,9 +302,9 @@ class Block(nnx.Module):
     self.mlp_norm = _norm(config, rngs)
     self.mlp = Mlp(config, rngs)
 
-  def __call__(self, x_BxTxD, positions_BxT, cache, layer):
+  def __call__(self, x_BxTxD, positions_BxT, cache, layer, tree=None):
     h_BxTxD, cache = self.attn(self.attn_norm(x_BxTxD), positions_BxT, cache,
-                               layer)
+                               layer, tree)
     x_BxTxD = x_BxTxD + h_BxTxD
     return x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD)), cache
 
@@ -341,7 +346,24 @@ class Transformer(nnx.Module):
     logits_BxTxV, cache = self.forward(tokens_BxT, positions_BxT, cache)
     return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
 
-  def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None):
+  def tree_decode(self, tokens_BxT, cache: KVCache, depth_T, ancestor_TxT):
+    """Cached forward of a draft tree; see `TransformerLM.tree_decode`."""
+    t = tokens_BxT.shape[1]
+    slots_BxT = cache.positions(t)
+    positions_BxT = cache.lengths[:, None] + jnp.asarray(depth_T, jnp.int32)
+    slot_S = jnp.arange(cache.max_len, dtype=jnp.int32)
+    offset_BxS = slot_S[None, :] - cache.lengths[:, None]
+    in_tree_BxS = (offset_BxS >= 0) & (offset_BxS < t)
+    ancestor_BxTxS = jnp.asarray(ancestor_TxT, bool)[
+        :, jnp.clip(offset_BxS, 0, t - 1)].transpose(1, 0, 2)
+    mask_BxTxS = (offset_BxS[:, None, :] < 0) | (
+        in_tree_BxS[:, None, :] & ancestor_BxTxS)
+    logits_BxTxV, cache = self.forward(tokens_BxT, positions_BxT, cache,
+                                       tree=(slots_BxT, mask_BxTxS))
+    return logits_BxTxV, cache.replace(lengths=slots_BxT[:, -1] + 1)
+
+  def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
+              tree=None):
     x_BxTxD = self.embed(tokens_BxT)
     if self.config.flavour == "gpt2":
       # Clamped: a padded prefill may score positions past the table (their
@@ -350,7 +372,7 @@ class Transformer(nnx.Module):
                                         self.config.max_positions - 1)
       x_BxTxD = x_BxTxD + self.pos_embed(table_positions_BxT)
     for layer, block in enumerate(self.blocks):
-      x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer)
+      x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer, tree)
     x_BxTxD = self.final_norm(x_BxTxD)
     if self.config.tie_embeddings:
       logits_BxTxV = self.embed.attend(x_BxTxD)
@@ -477,6 +499,41 @@ class TransformerLM(struct.PyTreeNode):
     """
     self._check_static(tokens_BxT, cache)
     return self.module().decode(tokens_BxT, cache)
+
+  def tree_decode(self, tokens_BxT: jax.Array, cache: KVCache, depth_T,
+                  ancestor_TxT) -> tuple[jax.Array, KVCache]:
+    """Scores a static draft tree of T tokens per row in ONE pass.
+
+    Token t goes to cache slot `cache.lengths[b] + t` but sits at position
+    `cache.lengths[b] + depth_T[t]` (RoPE / learned positions), and attends
+    to the row's committed slots `< cache.lengths[b]` and to the tree tokens
+    u with `ancestor_TxT[t, u]` (its ancestors and itself). Token 0 is
+    usually the root (the last committed token, depth 0).
+
+    Args:
+      tokens_BxT: int `[B, T]`, the tree's tokens in topological order.
+      cache: a `KVCache`; depth_T: static int `[T]`; ancestor_TxT: static
+        bool `[T, T]` (reflexive, ancestors only).
+
+    Returns:
+      `(logits_BxTxV, cache)` with `lengths` advanced by T. Logits at t equal
+      the causal forward of the root-to-t path. Move the kept path's entries
+      with `KVCache.move` before the next call.
+    """
+    self._check_static(tokens_BxT, cache)
+    t = tokens_BxT.shape[1]
+    depth_T = np.asarray(depth_T, np.int32)
+    ancestor_TxT = np.asarray(ancestor_TxT, bool)
+    if depth_T.shape != (t,) or ancestor_TxT.shape != (t, t):
+      raise ValueError(f"depth_T {depth_T.shape} and ancestor_TxT "
+                       f"{ancestor_TxT.shape} must be [T] and [T, T] with "
+                       f"T = {t} tree tokens; build them with "
+                       "TreeTopology.depth_with_root() / ancestor_table().")
+    if not ancestor_TxT.diagonal().all() or np.any(np.triu(ancestor_TxT, 1)):
+      raise ValueError("ancestor_TxT must be reflexive and list only earlier "
+                       "tokens (topological order): use "
+                       "TreeTopology.ancestor_table().")
+    return self.module().tree_decode(tokens_BxT, cache, depth_T, ancestor_TxT)
 
   def logits(self, tokens_BxT: jax.Array) -> jax.Array:
     """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""
