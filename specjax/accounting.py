@@ -179,6 +179,27 @@ def loop_speedup(alpha, gamma, num_tokens, c, r, *, c_window=None,
                             * per_round)
 
 
+def batch_speedups(alpha, gamma, num_tokens, batch_sizes, c_B, r_B, *,
+                   c_window_B=None, overhead_B=None):
+  """`loop_speedup` at each batch size, with that batch's measured costs.
+
+  c_B, r_B (and c_window_B, overhead_B) are per batch size, in units of the
+  autoregressive step AT THAT BATCH SIZE: as the batch grows a step stops
+  being a weight read and becomes arithmetic, so r(B) rises towards gamma + 1
+  and speculation's gain falls. Returns float64 `[len(batch_sizes)]`.
+  """
+  b = [int(x) for x in np.asarray(batch_sizes).reshape(-1)]
+  n = len(b)
+  def per_batch(x, default):
+    return np.broadcast_to(np.asarray(default if x is None else x,
+                                      np.float64), (n,))
+  c_B, r_B = per_batch(c_B, 0), per_batch(r_B, 0)
+  cw_B, o_B = per_batch(c_window_B, c_B), per_batch(overhead_B, 0.0)
+  return np.array([loop_speedup(alpha, gamma, num_tokens, c_B[i], r_B[i],
+                                c_window=cw_B[i], overhead=o_B[i],
+                                batch_size=b[i]) for i in range(n)])
+
+
 def crossover_batch(batch_sizes, speedups) -> float | None:
   """The batch size at which speculation stops paying (speedup falls to 1).
 

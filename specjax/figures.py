@@ -548,12 +548,19 @@ def plot_round_decomposition(rows: Sequence[dict], path_stem: str,
   autoregressive step (measured): a bar below it is a speedup. Above each
   pair: the decode efficiency and, where it misses, the component off.
   """
-  fig, panels = _new_figure(
-      rows, "(f) Decode time per generated token: draft / verify / other, "
-      "predicted (left, hatched) vs measured (right)", metadata,
-      panel_width=max(5.6, 0.55 * len(rows) / max(len(_temperatures(rows)), 1)))
-  for t, ax in panels:
+  temps = _temperatures(rows)
+  per_panel = max(len([r for r in rows if r["temperature"] == t])
+                  for t in temps)
+  fig, axes = plt.subplots(len(temps), 1, squeeze=False,
+                           figsize=(max(8.0, 0.42 * per_panel + 1.5),
+                                    3.9 * len(temps)),
+                           constrained_layout=True)
+  fig.suptitle("(f) Decode time per generated token: draft / verify / other,"
+               " predicted (left, hatched) vs measured (right)\n"
+               + _provenance(rows, metadata), fontsize=10)
+  for t, ax in zip(temps, axes[:, 0]):
     cells = [c for d in _drafts(rows) for c in _cells(rows, d, t)]
+    tops = []
     for i, c in enumerate(cells):
       pred_tpr = _num(c["max_new_tokens"]) / _num(c["predicted_loop_rounds"])
       meas_tpr = _num(c["max_new_tokens"]) / _num(c["measured_loop_rounds"])
@@ -562,29 +569,35 @@ def plot_round_decomposition(rows: Sequence[dict], path_stem: str,
         bottom = 0.0
         for part, color in _PARTS:
           value = _num(c.get(f"{kind}_{part}_s"))
-          if part != "other" and not math.isfinite(value):
+          if part == "draft" and not math.isfinite(value):
+            # Round not split: draft and verify as one bar segment.
             value = _num(c[f"{kind}_round_s"]) - _num(c[f"{kind}_other_s"])
-            if part == "verify":
-              continue
+          elif part == "verify" and not math.isfinite(value):
+            continue
           ms = 1e3 * max(value, 0.0) / tpr
           ax.bar(i + offset, ms, width=0.38, bottom=bottom, color=color,
                  hatch=hatch, edgecolor="white", linewidth=0.3)
           bottom += ms
+        tops.append(bottom)
       ar_ms = 1e3 * _num(c.get("measured_ar_round_s"))
       ax.plot([i - 0.42, i + 0.42], [ar_ms, ar_ms], color="k", linewidth=1.4)
+      tops.append(ar_ms)
+    top = max([x for x in tops if math.isfinite(x)] + [1e-3])
+    for i, c in enumerate(cells):
       eff = _num(c.get("decode_efficiency"))
       off = c.get("off") or ""
-      label = f"{eff:.2f}" + (f"\n{off}" if off else "")
-      ax.annotate(label, (i, 0), xytext=(0, 2), textcoords="offset points",
-                  xycoords=("data", "axes fraction"), ha="center",
-                  va="bottom", fontsize=5.5,
-                  color="tab:red" if off else "0.2")
+      ax.text(i, 1.03 * top, f"{eff:.2f}" + (f"\n{off}" if off else ""),
+              ha="center", va="bottom", fontsize=6,
+              color="tab:red" if off else "0.2")
+    ax.set_ylim(0, 1.22 * top)
+    ax.set_xlim(-0.6, len(cells) - 0.4)
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels([f"{c['draft']} γ={c['gamma']}" for c in cells],
-                       rotation=70, ha="right", fontsize=6)
-    ax.set_ylabel("ms per generated token (decode only)")
-    ax.set_title(_temperature_label(t) + "  (numbers: decode efficiency, "
-                 "measured / predicted)", fontsize=9)
+                       rotation=60, ha="right", fontsize=6.5)
+    ax.set_ylabel("ms per generated token\n(decode only)")
+    ax.set_title(_temperature_label(t) + " · numbers: decode efficiency "
+                 "(measured / predicted speedup); red: the component off",
+                 fontsize=9)
     ax.grid(alpha=0.3, axis="y")
   handles = [matplotlib.patches.Patch(color=color, label=part)
              for part, color in _PARTS] + [
@@ -593,6 +606,72 @@ def plot_round_decomposition(rows: Sequence[dict], path_stem: str,
       Line2D([], [], color="k", linewidth=1.4,
              label="autoregressive step (measured)")]
   return _finish(fig, path_stem, handles, ncol=5)
+
+
+def plot_batch_scaling(rows: Sequence[dict], path_stem: str,
+                       metadata: dict | None = None) -> list[str]:
+  """Speedup against batch size, measured vs predicted, and c(B), r(B).
+
+  `rows` are `measure.compare` rows with a `batch_size` (benchmarks/decode.py
+  --batches). Left: decode-only and end-to-end speedups (markers, 95% CIs)
+  beside their predictions (lines) from each batch's own measured costs, the
+  break-even line and the crossover batch. Right: c(B), r(B) and the round's
+  other work, all in autoregressive steps at that batch, and the AR step.
+  """
+  rows = sorted(rows, key=lambda r: r["batch_size"])
+  b = np.array([r["batch_size"] for r in rows], np.float64)
+  meta = metadata or {}
+  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.6),
+                                constrained_layout=True)
+  fig.suptitle(f"Speculative decoding against batch size: {meta.get('target', '')}"
+               f" target, gamma {meta.get('gamma', '')}, "
+               f"{meta.get('max_new_tokens', '')} new tokens; "
+               f"{meta.get('device', '')}", fontsize=10)
+  for key, color, label in (("decode_speedup", "tab:blue", "decode only"),
+                            ("speedup", "tab:green", "end to end")):
+    pred = "predicted_" + key
+    ax.plot(b, [_num(r[pred]) for r in rows], color=color, linewidth=1.3)
+    _errorbar(ax, b, [_num(r[key]) for r in rows],
+              [r.get(key + "_se") for r in rows], color=color, marker="o",
+              label=f"{label}: measured (line: predicted)")
+  ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1.0)
+  cross = accounting.crossover_batch(b, [_num(r["decode_speedup"]) for r in rows])
+  if cross is not None:
+    ax.axvline(cross, color="tab:red", linestyle=":", linewidth=1.2,
+               label=f"speculation stops paying: B ≈ {cross:.1f}")
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(b)
+  ax.set_xticklabels([str(int(x)) for x in b])
+  ax.set_xlabel("batch size B")
+  ax.set_ylabel("speedup over autoregressive (×)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  for key, color, label in (("c", "tab:purple", "c(B): draft step / AR step"),
+                            ("r", "tab:orange", "r(B): verify / AR step")):
+    ax2.plot(b, [_num(r[key]) for r in rows], color=color, marker="o",
+             label=label)
+  ax2.plot(b, [_num(r["other_s"]) / _num(r["ar_step_s"]) for r in rows],
+           color="0.5", marker="s", label="round's other work / AR step")
+  ax2.set_xscale("log", base=2)
+  ax2.set_xticks(b)
+  ax2.set_xticklabels([str(int(x)) for x in b])
+  ax2.set_xlabel("batch size B")
+  ax2.set_ylabel("cost in autoregressive steps at B")
+  ax2.grid(alpha=0.3)
+  twin = ax2.twinx()
+  twin.plot(b, [1e3 * _num(r["ar_step_s"]) for r in rows], color="k",
+            linestyle="--", linewidth=1.0, label="AR step (ms, right axis)")
+  twin.set_ylabel("target step on 1 token (ms)")
+  handles = ax2.get_legend_handles_labels()
+  extra = twin.get_legend_handles_labels()
+  ax2.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
+  os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
+  paths = []
+  for ext in ("png", "pdf"):
+    fig.savefig(f"{path_stem}.{ext}", dpi=_DPI)
+    paths.append(f"{path_stem}.{ext}")
+  plt.close(fig)
+  return paths
 
 
 def efficiency_report(rows: Sequence[dict]) -> str:
