@@ -336,7 +336,11 @@ def single(target, draft, draft_desc, sampling):
 
 
 def scaling(target, draft, draft_desc, sampling, batches):
-  """Speedup against batch size: a table, JSON and a figure."""
+  """Speedup against batch size: a table, JSON and a figure.
+
+  The files are rewritten after every batch size, so an interrupted run
+  leaves what it measured.
+  """
   memo: dict = {}
   rows = []
   load_before = os.getloadavg()[0]
@@ -350,14 +354,17 @@ def scaling(target, draft, draft_desc, sampling, batches):
           f"{row['predicted_decode_speedup']:.2f}x)  end to end "
           f"{row['speedup']:.2f}x (predicted {row['predicted_speedup']:.2f}x)",
           flush=True)
-  load_after = os.getloadavg()[0]
+    _write_scaling(rows, target, draft_desc, sampling, load_before)
+
+
+def _write_scaling(rows, target, draft_desc, sampling, load_before):
   b = [r["batch_size"] for r in rows]
   measured = sj.crossover_batch(b, [r["decode_speedup"] for r in rows])
   predicted = sj.crossover_batch(b, [r["predicted_decode_speedup"]
                                      for r in rows])
   say = lambda x: ("beyond the grid" if x is None else f"B = {x:.1f}")
-  print(f"speculation stops paying (decode only): measured {say(measured)}, "
-        f"predicted {say(predicted)}")
+  print(f"speculation stops paying (decode only, batches {b}): measured "
+        f"{say(measured)}, predicted {say(predicted)}", flush=True)
   meta = {
       "target": _TARGET.value, "target_params": target.param_count(),
       "draft": draft_desc, "gamma": _GAMMA.value,
@@ -365,16 +372,15 @@ def scaling(target, draft, draft_desc, sampling, batches):
       "temperature": sampling.temperature, "repeats": _REPEATS.value,
       "loop_seconds": _LOOP_SECONDS.value,
       "device": f"{jax.devices()[0].platform}, {os.cpu_count()} CPUs",
-      "load_average": [load_before, load_after],
+      "load_average": [load_before, os.getloadavg()[0]],
       "crossover_measured": measured, "crossover_predicted": predicted,
       "command": "python benchmarks/decode.py " + " ".join(sys.argv[1:]),
   }
   os.makedirs(_RESULTS_DIR.value, exist_ok=True)
   with open(os.path.join(_RESULTS_DIR.value, "batch_scaling.json"), "w") as fh:
     json.dump({"metadata": meta, "rows": rows}, fh, indent=1)
-  for path in figures.plot_batch_scaling(
-      rows, os.path.join(_RESULTS_DIR.value, "fig_batch_scaling"), meta):
-    print("wrote", path)
+  figures.plot_batch_scaling(
+      rows, os.path.join(_RESULTS_DIR.value, "fig_batch_scaling"), meta)
 
 
 def main(argv):
