@@ -175,22 +175,6 @@ def pass_seconds(model, *, batch_size: int, num_tokens: int, capacity: int,
   return out
 
 
-def forward_seconds(model, *, batch_size: int, context_len: int,
-                    num_tokens: int, seconds: float = 0.1,
-                    repeats: int = 5) -> float:
-  """`pass_seconds` with a cache of exactly context_len + num_tokens slots."""
-  context_len = _checks.check_int("context_len", context_len, low=0)
-  num_tokens = _checks.check_int("num_tokens", num_tokens, low=1)
-  capacity = context_len + num_tokens
-  limit = getattr(model, "max_positions", None)
-  if limit is not None and capacity > limit:
-    raise ValueError(f"context_len + num_tokens = {capacity} exceeds the "
-                     f"model's max_positions={limit}.")
-  return pass_seconds(model, batch_size=batch_size, num_tokens=num_tokens,
-                      capacity=capacity, fill=context_len, seconds=seconds,
-                      repeats=repeats)
-
-
 # -- Shapes of a loop ----------------------------------------------------------
 
 
@@ -454,34 +438,6 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
       draft_prefill_s=prefill(spec, draft), call_s=fixed,
       ar_step_s=at(ar, target, 1), ar_other_s=ar_other,
       ar_prefill_s=prefill(ar, target), ar_call_s=ar_fixed)
-
-
-def step_costs(target, draft, *, gamma: int, context_len: int,
-               batch_size: int = 1, seconds: float = 0.1, repeats: int = 5,
-               memo: dict | None = None) -> dict[str, float]:
-  """The paper's c and r alone, on 1-token passes at a cache of context_len
-  + tokens slots (no window, no overhead; `loop_costs` is the loop's model).
-
-  Returns `target_step_s`, `verify_step_s` (gamma + 1 tokens),
-  `draft_step_s`, `c` and `r`.
-  """
-  gamma = _checks.check_int("gamma", gamma, low=1)
-  kw = dict(batch_size=batch_size, seconds=seconds, repeats=repeats, memo=memo)
-  t1 = pass_seconds(target, num_tokens=1, capacity=context_len + 1,
-                    fill=context_len, **kw)
-  tg = pass_seconds(target, num_tokens=gamma + 1,
-                    capacity=context_len + gamma + 1, fill=context_len, **kw)
-  td = pass_seconds(draft, num_tokens=1, capacity=context_len + 1,
-                    fill=context_len, **kw)
-  return cost_ratios(t1, tg, td)
-
-
-def cost_ratios(target_step_s: float, verify_step_s: float,
-                draft_step_s: float) -> dict[str, float]:
-  """The three pass times and c, r derived from them (one dict)."""
-  return {"target_step_s": target_step_s, "verify_step_s": verify_step_s,
-          "draft_step_s": draft_step_s, "c": draft_step_s / target_step_s,
-          "r": verify_step_s / target_step_s}
 
 
 # -- Prediction and its check -----------------------------------------------
