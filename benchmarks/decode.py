@@ -3,24 +3,32 @@ r"""Decode speed: `generate` vs `speculative_generate`, measured and predicted.
   python benchmarks/decode.py --target=byte-85m --draft=truncated:0 \
       --batch=1 --gamma=4 --max_new_tokens=256 --prompt_len=64 --repeats=5
 
+  # speedup against batch size, figure and JSON under results/batch_scaling:
+  python benchmarks/decode.py --batches=1,2,4,8,16,32 --max_new_tokens=64
+
 One run measures, for one target, one draft, batch and gamma (after
-compilation; every number is the median of `--repeats` runs, the variants
-interleaved so that a loaded machine slows them alike):
+compilation; the variants interleaved so that a loaded machine slows them
+alike, medians of `--repeats`):
 
 * tokens/s of whole `generate` and `speculative_generate` calls;
 * alpha (accepted / judged drafts) of the speculative run;
-* c = draft forward (T=1) / target forward (T=1), and r = target forward on
-  gamma + 1 tokens / target forward on 1 token, each timed as jitted loops of
-  cached forward passes at a cache length from the middle of the generation;
-* the speedup `walltime_improvement(alpha, gamma, c, r)` predicts from those
-  measured values, the measured speedup, and their ratio (efficiency);
+* every cost of both loops on their own shapes (`specjax.measure.loop_costs`:
+  the draft's 2-token window and 1-token steps, the verify pass, the target's
+  autoregressive step, the prefills, each at the loop's cache capacity; the
+  per-round work outside the passes and the fixed per-call cost from the
+  same loops run with `NullLM`s), and c, r from them;
+* the decode-only and end-to-end speedups `measure.predict` derives, beside
+  the measured ones, and `measure.decompose`'s account of any gap (the
+  draft's and verify's in-loop times from the same loop with a null draft);
 * the rate at which autoregressive decoding streams the target's weights
   (param bytes * target steps/s) against the machine's memory copy bandwidth
-  and against the fastest XLA reads those weights (a sum over them);
-* the share of a round spent outside the two models' forward passes
-  (sampling, coupling, token and cache bookkeeping): the same
-  `speculative_generate` with both models replaced by stubs that keep real-size
-  KV caches and write them as the models do, but compute no layers.
+  and against the fastest XLA reads those weights (a sum over them).
+
+With `--batches`, the same measurement at each batch size (without the
+bandwidth rows and the null-draft split), then c(B), r(B), the measured and
+predicted speedups and the batch at which speculation stops paying
+(`accounting.crossover_batch`), written to `--results_dir` as
+batch_scaling.json and fig_batch_scaling.{png,pdf}.
 
 Drafts (`--draft`), until trained drafts exist:
   truncated:N   the target's embeddings, first N blocks, final norm and head
@@ -42,8 +50,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
-from typing import Any, Callable, ClassVar
+import statistics
+import sys
+from typing import Any, Callable
 
 from absl import app
 from absl import flags
@@ -51,12 +62,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from flax import struct
 
 import specjax as sj
+from specjax import figures
 from specjax import measure
-from specjax.decode import loop as decode_loop
-from specjax.models import KVCache
+from specjax import stats
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
 from specjax.models import transformer as transformer_lib
@@ -79,6 +89,11 @@ _LOOP_SECONDS = flags.DEFINE_float(
     "loop_seconds", 0.5, "Duration of the timed loops of forward passes that "
     "give c and r (each is also run at twice the length; the difference is "
     "what is timed).")
+_BATCHES = flags.DEFINE_list(
+    "batches", None, "Batch sizes for the batch-scaling mode, e.g. "
+    "1,2,4,8,16,32 (default: one run at --batch).")
+_RESULTS_DIR = flags.DEFINE_string(
+    "results_dir", "results/batch_scaling", "Where --batches writes.")
 _COPY_MB = flags.DEFINE_integer(
     "copy_mb", 512, "Array size for the memory bandwidth measurement.")
 
@@ -140,46 +155,6 @@ def make_draft(spec: str, target: TransformerLM, seed: int
   return draft, f"{spec}: {what}, {draft.param_count() / 1e6:.2f}M params"
 
 
-class StubLM(struct.PyTreeNode):
-  """A `CausalLM` with a real-size KV cache but no layers: a bigram table.
-
-  Each call writes zeros into every layer of the cache at the new positions,
-  as the Transformer does, and returns `table[tokens]`; so a generation with
-  stubs costs everything a real one does except the models' arithmetic.
-  """
-  config: TransformerConfig = struct.field(pytree_node=False)
-  table: jax.Array  # float32 [V, V] logits of the next token given this one
-  one_hot_q: ClassVar[bool] = False
-
-  @property
-  def vocab_size(self) -> int:
-    return self.config.vocab_size
-
-  @property
-  def max_positions(self) -> int:
-    return self.config.max_positions
-
-  def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-    c = self.config
-    return KVCache.create(num_layers=c.num_layers, batch_size=batch_size,
-                          max_len=max_len, num_kv_heads=c.num_kv_heads,
-                          head_dim=c.head_dim, dtype=c.dtype)
-
-  def __call__(self, tokens_BxT, cache):
-    b, t = tokens_BxT.shape
-    positions_BxT = cache.positions(t)
-    c = self.config
-    kv_BxTxKxH = jnp.zeros((b, t, c.num_kv_heads, c.head_dim), c.dtype)
-    for layer in range(cache.num_layers):
-      cache = cache.write(layer, kv_BxTxKxH, kv_BxTxKxH, positions_BxT)
-    return (self.table[tokens_BxT],
-            cache.replace(lengths=positions_BxT[:, -1] + 1))
-
-
-def _stub(model: TransformerLM, table: jax.Array) -> StubLM:
-  return StubLM(config=model.config, table=table)
-
-
 # ----------------------------------------------------------------- timing --
 
 
@@ -207,13 +182,7 @@ def _copy_calls(megabytes: int) -> tuple[dict[str, Callable[[], Any]], int]:
 # ------------------------------------------------------------------- main --
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  batch, gamma, new = _BATCH.value, _GAMMA.value, _MAX_NEW.value
-  sampling = (sj.GREEDY if _TEMPERATURE.value == 0 else
-              sj.SamplingConfig(temperature=_TEMPERATURE.value))
-
+def _models():
   target = TransformerLM.create(TransformerConfig.preset(_TARGET.value),
                                 _SEED.value)
   if _LOGIT_SCALE.value != 1.0:
@@ -223,131 +192,133 @@ def main(argv):
     norm_scale.set_value(norm_scale.get_value() * scale)
     target = TransformerLM.from_module(module)
   draft, draft_desc = make_draft(_DRAFT.value, target, _SEED.value)
+  return target, draft, draft_desc
 
+
+def measure_batch(target, draft, batch: int, sampling, *, memo: dict,
+                  split_round: bool, extra: dict | None = None):
+  """One configuration: costs, interleaved timed calls, `measure.compare`.
+
+  Returns (row, times of every call in `extra` too, speculative result).
+  """
+  gamma, new, plen = _GAMMA.value, _MAX_NEW.value, _PROMPT_LEN.value
   rng = np.random.default_rng(_SEED.value)
-  prompts = rng.integers(0, 256, size=(batch, _PROMPT_LEN.value),
-                         dtype=np.int32)
-  lengths = np.full((batch,), _PROMPT_LEN.value, np.int32)
+  prompts = rng.integers(0, 256, size=(batch, plen), dtype=np.int32)
+  lengths = np.full((batch,), plen, np.int32)
   key = jax.random.key(_SEED.value)
-
-  # The generation's own cache size, and a fill from its middle.
-  width = decode_loop.prompt_bucket(_PROMPT_LEN.value)
-  cache_len = min(width + new + gamma + 1, target.max_positions)
-  fill = min(_PROMPT_LEN.value + new // 2, cache_len - gamma - 1)
-
-  rand_table = jax.random.normal(jax.random.key(1), (target.vocab_size,) * 2)
-  stub_target, stub_draft = _stub(target, rand_table), _stub(draft, rand_table)
-
+  costs = measure.loop_costs(
+      target, draft, batch_size=batch, prompt_len=plen, max_new_tokens=new,
+      gamma=gamma, sampling=sampling, seconds=_LOOP_SECONDS.value,
+      repeats=_REPEATS.value, memo=memo)
   ar = functools.partial(sj.generate, target, prompts, lengths, key,
                          max_new_tokens=new, sampling=sampling)
   spec = functools.partial(sj.speculative_generate, target, draft, prompts,
                            lengths, key, gamma=gamma, max_new_tokens=new,
                            sampling=sampling)
-  stub_spec = functools.partial(sj.speculative_generate, stub_target,
-                                stub_draft, prompts, lengths, key, gamma=gamma,
-                                max_new_tokens=new, sampling=sampling)
-  stub_ar = functools.partial(sj.generate, stub_target, prompts, lengths, key,
-                              max_new_tokens=new, sampling=sampling)
-  prefill = jax.jit(decode_loop._prefill, static_argnums=2)
-  padded = jnp.zeros((batch, width), jnp.int32).at[:, :_PROMPT_LEN.value].set(
-      prompts[:, :width])
-  lengths_j = jnp.asarray(lengths)
-  buffer_len = width + new + gamma + 1
-  fns = {
-      "generate": ar, "speculative": spec,
-      "stub speculative": stub_spec, "stub generate": stub_ar,
-  }
-  passes = {}  # name -> n: the loops "name xn" and "name x2n"
-  for name, model, tokens in (("target T=1", target, 1),
-                              (f"target T={gamma + 1}", target, gamma + 1),
-                              ("draft T=1", draft, 1)):
-    n, once, twice = measure.forward_loops(model, batch, tokens, cache_len, fill,
-                                    _LOOP_SECONDS.value)
-    passes[name] = n
-    fns[f"{name} x{n}"], fns[f"{name} x{2 * n}"] = once, twice
-  fns |= {
-      "target prefill": lambda: prefill(target, padded, buffer_len, lengths_j),
-      "draft prefill": lambda: prefill(draft, padded, buffer_len, lengths_j),
-  }
+  times = measure.interleaved_times(
+      {"generate": ar, "speculative": spec, **(extra or {})}, _REPEATS.value)
+  ar_out, spec_out = ar(), spec()
+  if sampling.greedy:  # a cheap end-to-end check of exactness
+    np.testing.assert_array_equal(ar_out.tokens, spec_out.tokens)
+  null_round = None
+  if split_round:
+    null_round = measure.null_draft_round_seconds(
+        target, draft, measure.LoopShape(batch, plen, new, gamma), sampling,
+        prompts_BxP=prompts, prompt_lengths_B=lengths, key=key, costs=costs,
+        repeats=_REPEATS.value, memo=memo)
+  row = measure.compare(costs, [ar_out], times["generate"], [spec_out],
+                        times["speculative"], null_round)
+  row["batch_size"] = batch
+  return row, times, spec_out
+
+
+def _ms(x):
+  return f"{x * 1e3:.3f} ms" if abs(x) < 1e-2 else f"{x * 1e3:.2f} ms"
+
+
+def _print(rows):
+  key_width = max(len(k) for k, _ in rows)
+  for k, v in rows:
+    print(f"{k:<{key_width}}  {v}" if k else "")
+
+
+def single(target, draft, draft_desc, sampling):
+  """One batch size, the full table (the default mode)."""
+  batch, gamma, new = _BATCH.value, _GAMMA.value, _MAX_NEW.value
   copy_fns, copy_bytes = _copy_calls(_COPY_MB.value)
-  fns.update(copy_fns)
   # The fastest XLA reads the target's weights: a sum over every array.
   params = jax.tree.leaves(target.state)
   read_all = jax.jit(lambda leaves: sum(jnp.sum(x) for x in leaves))
-  fns["read weights"] = lambda: read_all(params)
+  extra = {**copy_fns, "read weights": lambda: read_all(params)}
   load_before = os.getloadavg()[0]
-  t = measure.median_times(fns, _REPEATS.value)
+  row, times, spec_out = measure_batch(target, draft, batch, sampling,
+                                       memo={}, split_round=True, extra=extra)
   load_after = os.getloadavg()[0]
-
-  ar_out, spec_out, stub_out = ar(), spec(), stub_spec()
-  s = spec_out.summary()
-  if sampling.greedy:  # a cheap end-to-end check of exactness
-    np.testing.assert_array_equal(ar_out.tokens, spec_out.tokens)
-
-  per_pass = lambda name: (t[f"{name} x{2 * passes[name]}"]
-                           - t[f"{name} x{passes[name]}"]) / passes[name]
-  t1, tg = per_pass("target T=1"), per_pass(f"target T={gamma + 1}")
-  td = per_pass("draft T=1")
-  c, r = td / t1, tg / t1
-  alpha = s["alpha_hat"]
-  predicted = float(sj.walltime_improvement(alpha, gamma, c, r))
-  expected = float(sj.expected_tokens_per_pass(alpha, gamma))
-  tokens = int(np.asarray(ar_out.lengths).sum())
-  assert tokens == s["generated_tokens"]
-  ar_tps = tokens / t["generate"]
-  spec_tps = tokens / t["speculative"]
-  measured = spec_tps / ar_tps
-  # Decode only: the calls minus their prefills.
-  ar_decode = t["generate"] - t["target prefill"]
-  spec_decode = t["speculative"] - t["target prefill"] - t["draft prefill"]
-  measured_decode = ar_decode / spec_decode
-  # Loop iterations = the most rounds any row ran.
-  rounds = int(np.asarray(spec_out.stats.rounds).max())
-  stub_rounds = int(np.asarray(stub_out.stats.rounds).max())
-  round_s = spec_decode / rounds
-  stub_round_s = t["stub speculative"] / stub_rounds
-  ar_step_s = ar_decode / new
-  stub_ar_step_s = t["stub generate"] / new
+  t = {k: statistics.median(v) for k, v in times.items()}
+  s = stats.summarize(spec_out)
   param_bytes = sum(x.nbytes for x in params)
+  ar_step_s = row["measured_ar_round_s"]
   stream = param_bytes / ar_step_s
   read_bw = param_bytes / t["read weights"]
   bandwidth = {k: copy_bytes / t[f"copy {k}"] for k in ("numpy", "XLA")}
   copy_bw = max(bandwidth.values())
-  ms = lambda x: f"{x * 1e3:.3f} ms" if x < 1e-2 else f"{x * 1e3:.2f} ms"
-
-  rows = [
+  cap = measure.LoopShape(batch, _PROMPT_LEN.value, new, gamma).capacity(target)
+  factors = ", ".join(f"{k} {row[f'factor_{k}']:.3f}"
+                      for k in ("acceptance", "draft", "verify", "baseline"))
+  _print([
       ("target", f"{_TARGET.value}: {target.param_count() / 1e6:.2f}M params"
        + ("" if _LOGIT_SCALE.value == 1 else
           f", final-norm scale x{_LOGIT_SCALE.value:g}")),
       ("draft", draft_desc),
       ("setup", f"batch {batch}, gamma {gamma}, prompt {_PROMPT_LEN.value}, "
                 f"max_new_tokens {new}, temperature {sampling.temperature:g}"
-                f"{' (greedy)' if sampling.greedy else ''}, cache {cache_len}"
-                " slots"),
+                f"{' (greedy)' if sampling.greedy else ''}, cache {cap} slots"),
       ("machine", f"{os.cpu_count()} CPUs ({jax.devices()[0].platform}), "
                   f"load average {load_before:.1f} -> {load_after:.1f} "
                   "(shared with other jobs: timings are noisy); medians of "
                   f"{_REPEATS.value} interleaved runs"),
       ("", ""),
-      ("generate", f"{ar_tps:9.1f} tokens/s  ({t['generate'] * 1e3:.0f} ms "
-                   f"per call, prefill {t['target prefill'] * 1e3:.1f} ms)"),
+      ("generate", f"{row['ar_tokens_per_s']:9.1f} tokens/s  "
+                   f"({t['generate'] * 1e3:.0f} ms per call)"),
       ("speculative_generate",
-       f"{spec_tps:9.1f} tokens/s  ({t['speculative'] * 1e3:.0f} ms per call, "
-       f"{rounds} rounds, draft prefill {t['draft prefill'] * 1e3:.1f} ms)"),
-      ("alpha (measured)", f"{alpha:.3f}  (1 - TV {s['one_minus_tv']:.3f}; "
-                           f"{s['tokens_per_target_call']:.2f} tokens per "
-                           f"target call, formula {expected:.2f})"),
-      ("target forward T=1", f"{ms(t1)}  (cache {fill} of {cache_len} slots)"),
-      (f"target forward T={gamma + 1}", ms(tg)),
-      ("draft forward T=1", ms(td)),
-      ("c = draft / target", f"{c:.4f}"),
-      (f"r = T={gamma + 1} / T=1", f"{r:.3f}"),
-      ("speedup predicted", f"{predicted:.2f}x  = walltime_improvement("
-                            "alpha, gamma, c, r)"),
-      ("speedup measured", f"{measured:.2f}x  (whole calls; decode only, "
-                           f"prefill excluded: {measured_decode:.2f}x)"),
-      ("efficiency", f"{measured / predicted:.3f}  = measured / predicted "
-                     f"(decode only: {measured_decode / predicted:.3f})"),
+       f"{row['spec_tokens_per_s']:9.1f} tokens/s  ({t['speculative'] * 1e3:.0f}"
+       f" ms per call, {s['loop_rounds']} rounds)"),
+      ("alpha (measured)",
+       f"{row['alpha_hat']:.3f}  (1 - TV {row['one_minus_tv']:.3f}; "
+       f"{row['tokens_per_target_call']:.2f} tokens per target call, formula "
+       f"{row['predicted_tokens_per_target_call']:.2f} with the last round "
+       f"cut at the budget, {row['formula_tokens_per_target_call']:.2f} "
+       "without)"),
+      ("", ""),
+      ("part", "predicted (timed alone)   measured (in the loop)"),
+      ("draft window T=2", _ms(row["draft_window_s"])),
+      (f"draft steps {gamma - 1} x T=1", _ms((gamma - 1) * row["draft_step_s"])),
+      ("draft, per round", f"{_ms(row['predicted_draft_s'])}   "
+                           f"{_ms(row['measured_draft_s'])}"),
+      (f"verify T={gamma + 1}", f"{_ms(row['predicted_verify_s'])}   "
+                                f"{_ms(row['measured_verify_s'])}"),
+      ("other, per round", f"{_ms(row['other_s'])}  (null loops)"),
+      ("round", f"{_ms(row['predicted_round_s'])}   "
+                f"{_ms(row['measured_round_s'])}"),
+      ("loop rounds", f"{row['predicted_loop_rounds']:.1f}   "
+                      f"{row['measured_loop_rounds']:.1f}"),
+      ("AR step (T=1 + other)", f"{_ms(row['predicted_ar_round_s'])}   "
+                                f"{_ms(row['measured_ar_round_s'])}"),
+      ("prefills target / draft", f"{_ms(row['target_prefill_s'])} / "
+                                  f"{_ms(row['draft_prefill_s'])}; AR "
+                                  f"{_ms(row['ar_prefill_s'])}"),
+      ("fixed cost per call", f"{_ms(row['call_s'])} (AR {_ms(row['ar_call_s'])})"),
+      ("c = draft / target", f"{row['c']:.4f}"),
+      (f"r = T={gamma + 1} / T=1", f"{row['r']:.3f}"),
+      ("", ""),
+      ("decode speedup", f"{row['decode_speedup']:.2f}x measured, "
+                         f"{row['predicted_decode_speedup']:.2f}x predicted: "
+                         f"efficiency {row['decode_efficiency']:.3f}"),
+      ("end-to-end speedup", f"{row['speedup']:.2f}x measured, "
+                             f"{row['predicted_speedup']:.2f}x predicted: "
+                             f"efficiency {row['efficiency']:.3f}"),
+      ("factors", factors + (f"; off: {row['off']}" if row["off"] else
+                             "; every part within 10%")),
       ("", ""),
       ("copy bandwidth", f"{copy_bw / 1e9:.1f} GB/s read+write, best of numpy "
                          f"{bandwidth['numpy'] / 1e9:.1f} and XLA "
@@ -361,15 +332,70 @@ def main(argv):
       ("weight read bandwidth", f"{read_bw / 1e9:.1f} GB/s (XLA sum over the "
                                 "target's params); the stream is "
                                 f"{stream / read_bw:.0%} of it"),
-      ("AR step, real / stub", f"{ms(ar_step_s)} / {ms(stub_ar_step_s)}  "
-                               f"({stub_ar_step_s / ar_step_s:.1%})"),
-      ("round, real / stub", f"{ms(round_s)} / {ms(stub_round_s)}  "
-                             f"({stub_round_s / round_s:.1%} of a round outside"
-                             " the forward passes)"),
-  ]
-  key_width = max(len(k) for k, _ in rows)
-  for k, v in rows:
-    print(f"{k:<{key_width}}  {v}" if k else "")
+  ])
+
+
+def scaling(target, draft, draft_desc, sampling, batches):
+  """Speedup against batch size: a table, JSON and a figure.
+
+  The files are rewritten after every batch size, so an interrupted run
+  leaves what it measured.
+  """
+  memo: dict = {}
+  rows = []
+  load_before = os.getloadavg()[0]
+  for batch in batches:
+    row, _, _ = measure_batch(target, draft, batch, sampling, memo=memo,
+                              split_round=False)
+    rows.append(row)
+    print(f"batch {batch:3d}: alpha {row['alpha_hat']:.3f}  c {row['c']:.4f}"
+          f"  r {row['r']:.3f}  AR step {_ms(row['measured_ar_round_s'])}  "
+          f"decode speedup {row['decode_speedup']:.2f}x (predicted "
+          f"{row['predicted_decode_speedup']:.2f}x)  end to end "
+          f"{row['speedup']:.2f}x (predicted {row['predicted_speedup']:.2f}x)",
+          flush=True)
+    _write_scaling(rows, target, draft_desc, sampling, load_before)
+
+
+def _write_scaling(rows, target, draft_desc, sampling, load_before):
+  b = [r["batch_size"] for r in rows]
+  measured = sj.crossover_batch(b, [r["decode_speedup"] for r in rows])
+  predicted = sj.crossover_batch(b, [r["predicted_decode_speedup"]
+                                     for r in rows])
+  say = lambda x: ("beyond the grid" if x is None else f"B = {x:.1f}")
+  print(f"speculation stops paying (decode only, batches {b}): measured "
+        f"{say(measured)}, predicted {say(predicted)}", flush=True)
+  meta = {
+      "target": _TARGET.value, "target_params": target.param_count(),
+      "draft": draft_desc, "gamma": _GAMMA.value,
+      "max_new_tokens": _MAX_NEW.value, "prompt_len": _PROMPT_LEN.value,
+      "temperature": sampling.temperature, "repeats": _REPEATS.value,
+      "loop_seconds": _LOOP_SECONDS.value,
+      "device": f"{jax.devices()[0].platform}, {os.cpu_count()} CPUs",
+      "load_average": [load_before, os.getloadavg()[0]],
+      "crossover_measured": measured, "crossover_predicted": predicted,
+      "command": "python benchmarks/decode.py " + " ".join(sys.argv[1:]),
+  }
+  os.makedirs(_RESULTS_DIR.value, exist_ok=True)
+  with open(os.path.join(_RESULTS_DIR.value, "batch_scaling.json"), "w") as fh:
+    json.dump({"metadata": meta, "rows": rows}, fh, indent=1)
+  figures.plot_batch_scaling(
+      rows, os.path.join(_RESULTS_DIR.value, "fig_batch_scaling"), meta)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  sampling = (sj.GREEDY if _TEMPERATURE.value == 0 else
+              sj.SamplingConfig(temperature=_TEMPERATURE.value))
+  target, draft, draft_desc = _models()
+  if _BATCHES.value:
+    batches = sorted({int(b) for b in _BATCHES.value})
+    if batches[0] < 1:
+      raise app.UsageError("--batches must be positive integers.")
+    scaling(target, draft, draft_desc, sampling, batches)
+  else:
+    single(target, draft, draft_desc, sampling)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
 """specjax: exact speculative decoding in JAX/Flax."""
 
+from specjax.accounting import batch_speedups
+from specjax.accounting import crossover_batch
+from specjax.accounting import expected_rounds
+from specjax.accounting import expected_tokens_per_call
 from specjax.accounting import expected_tokens_per_pass
+from specjax.accounting import loop_speedup
 from specjax.accounting import operations_increase
 from specjax.accounting import optimal_gamma
+from specjax.accounting import rounds_distribution
 from specjax.accounting import walltime_improvement
 from specjax.coupling import acceptance_probability
 from specjax.coupling import coupling_sample

@@ -81,3 +81,144 @@ def optimal_gamma(alpha, c, r=1.0, max_gamma: int = 32) -> int:
   gammas = np.arange(1, max_gamma + 1)
   speed = walltime_improvement(float(alpha), gammas, float(c), float(r))
   return int(gammas[int(np.argmax(speed))])
+
+
+# -- The decode loop as it runs: a finite budget, a batch, measured costs -----
+
+
+def rounds_distribution(alpha, gamma, num_tokens) -> np.ndarray:
+  """P(a row needs exactly k rounds to emit `num_tokens` tokens), k = 0..N.
+
+  A round keeps A drafts with P(A = a) = alpha^a (1 - alpha) for a < gamma
+  and alpha^gamma for a = gamma, and emits A + 1 tokens, except that the
+  last round is cut at the budget: it emits min(A + 1, tokens left). That
+  truncation is why tokens per target call of a finite generation sit below
+  `expected_tokens_per_pass`. Scalar alpha and gamma (gamma = 0 is
+  autoregressive decoding: exactly N rounds).
+
+  Returns:
+    float64 `[num_tokens + 1]`, summing to 1.
+  """
+  a = float(_alpha(alpha))
+  g = int(_gamma(gamma))
+  n = _checks.check_int("num_tokens", num_tokens, low=0)
+  # emit_J[j] = P(a round emits j + 1 tokens, before the budget cut).
+  emit_J = np.array([a ** j * (1 - a) for j in range(g)] + [a ** g])
+  # left_N1[m] = P(m tokens still to emit after the rounds so far).
+  left_N1 = np.zeros(n + 1)
+  left_N1[n] = 1.0
+  out = np.zeros(n + 1)
+  out[0] = left_N1[0]
+  left_N1[0] = 0.0
+  for k in range(1, n + 1):
+    nxt = np.zeros(n + 1)
+    for j, pj in enumerate(emit_J):
+      # Rows with m tokens left emit min(j + 1, m): m - j - 1 left, floor 0.
+      step = j + 1
+      nxt[:max(n + 1 - step, 0)] += pj * left_N1[step:]
+      nxt[0] += pj * left_N1[1:min(step, n + 1)].sum()
+    out[k] = nxt[0]
+    nxt[0] = 0.0
+    left_N1 = nxt
+    if left_N1.sum() < 1e-15:
+      break
+  return out
+
+
+def expected_rounds(alpha, gamma, num_tokens, batch_size: int = 1) -> float:
+  """Expected while_loop iterations to emit `num_tokens` per row.
+
+  A batch runs until its slowest row is done, so for B i.i.d. rows this is
+  E[max of B draws] of `rounds_distribution` (batch_size = 1: the mean).
+  """
+  batch_size = _checks.check_int("batch_size", batch_size, low=1)
+  cdf_K = np.clip(np.cumsum(rounds_distribution(alpha, gamma, num_tokens)),
+                  0.0, 1.0)
+  # E[X] = sum_{k >= 0} P(X > k) for X on 0..N.
+  return float(np.sum(1.0 - cdf_K[:-1] ** batch_size))
+
+
+def expected_tokens_per_call(alpha, gamma, num_tokens) -> float:
+  """`num_tokens` / expected rounds: tokens per target call of a generation
+  of `num_tokens`, the last round's budget truncation counted. Tends to
+  `expected_tokens_per_pass(alpha, gamma)` as num_tokens grows."""
+  n = _checks.check_int("num_tokens", num_tokens, low=0)
+  return n / expected_rounds(alpha, gamma, n) if n else float("nan")
+
+
+def loop_speedup(alpha, gamma, num_tokens, c, r, *, c_window=None,
+                 overhead=0.0, batch_size: int = 1) -> float:
+  """Decode-only speedup of a speculative loop over the autoregressive one.
+
+  All costs are in units of one autoregressive step (the target's T = 1
+  pass plus the loop's own per-step work), measured at the batch size in
+  question, so batch-dependent c(B) and r(B) enter directly:
+
+    c:        the draft's 1-token pass (gamma - 1 of them per round),
+    c_window: the draft's 2-token catch-up pass that opens every round
+              (default c),
+    r:        the target's (gamma + 1)-token verify pass,
+    overhead: the round's work outside the passes (sampling, coupling,
+              bookkeeping).
+
+  speedup = N / (E[loop rounds] * (c_window + (gamma - 1) c + r + overhead)),
+  with E[loop rounds] from `expected_rounds` (budget truncation, and the
+  slowest of `batch_size` rows). Scalars only.
+  """
+  g = int(_gamma(gamma))
+  if g < 1:
+    raise ValueError(f"gamma must be >= 1 for a speculative loop, got {gamma}.")
+  c = float(_cost("c", c))
+  r = float(_cost("r", r))
+  cw = c if c_window is None else float(_cost("c_window", c_window))
+  o = float(_cost("overhead", overhead))
+  per_round = cw + (g - 1) * c + r + o
+  if per_round <= 0:
+    raise ValueError("the round's cost must be > 0.")
+  return int(num_tokens) / (expected_rounds(alpha, g, num_tokens, batch_size)
+                            * per_round)
+
+
+def batch_speedups(alpha, gamma, num_tokens, batch_sizes, c_B, r_B, *,
+                   c_window_B=None, overhead_B=None):
+  """`loop_speedup` at each batch size, with that batch's measured costs.
+
+  c_B, r_B (and c_window_B, overhead_B) are per batch size, in units of the
+  autoregressive step AT THAT BATCH SIZE: as the batch grows a step stops
+  being a weight read and becomes arithmetic, so r(B) rises towards gamma + 1
+  and speculation's gain falls. Returns float64 `[len(batch_sizes)]`.
+  """
+  b = [int(x) for x in np.asarray(batch_sizes).reshape(-1)]
+  n = len(b)
+  def per_batch(x, default):
+    return np.broadcast_to(np.asarray(default if x is None else x,
+                                      np.float64), (n,))
+  c_B, r_B = per_batch(c_B, 0), per_batch(r_B, 0)
+  cw_B, o_B = per_batch(c_window_B, c_B), per_batch(overhead_B, 0.0)
+  return np.array([loop_speedup(alpha, gamma, num_tokens, c_B[i], r_B[i],
+                                c_window=cw_B[i], overhead=o_B[i],
+                                batch_size=b[i]) for i in range(n)])
+
+
+def crossover_batch(batch_sizes, speedups) -> float | None:
+  """The batch size at which speculation stops paying (speedup falls to 1).
+
+  Linear interpolation in log(batch) between the last batch with speedup
+  >= 1 and the next one below 1. None if speculation never stops paying on
+  the grid; the smallest batch if it never pays.
+  """
+  b = np.asarray(batch_sizes, np.float64)
+  s = np.asarray(speedups, np.float64)
+  if b.ndim != 1 or b.shape != s.shape or b.size == 0:
+    raise ValueError("batch_sizes and speedups must be 1-D of equal length.")
+  if np.any(np.diff(b) <= 0) or np.any(b <= 0):
+    raise ValueError(f"batch_sizes must be positive and increasing, got {b}.")
+  below = np.flatnonzero(s < 1.0)
+  if below.size == 0:
+    return None
+  i = int(below[0])
+  if i == 0:
+    return float(b[0])
+  lo, hi = np.log(b[i - 1]), np.log(b[i])
+  frac = (s[i - 1] - 1.0) / (s[i - 1] - s[i])
+  return float(np.exp(lo + frac * (hi - lo)))

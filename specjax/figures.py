@@ -10,10 +10,16 @@ and `DIR/metadata.json`, and writes into `DIR`:
                                            measured vs predicted, best gamma
   fig_speedup_vs_draft_size.{png,pdf}  (d) speedup at the best gamma against
                                            draft size
+  fig_round_decomposition.{png,pdf}    (f) time per generated token, split
+                                           into draft / verify / other,
+                                           predicted beside measured, per cell
   table3.md                            (e) Leviathan et al. (2023), Table 3
                                            layout, the paper's row beside ours
   summary.txt                          one screen: best gamma per draft and
-                                       temperature, where speculation loses
+                                       temperature, where speculation loses,
+                                       and the cost model's check (efficiency
+                                       target; the component off where a
+                                       cell misses)
 
 Measured values are markers with 95% (1.96 * se) error bars; the i.i.d.
 formulas of `specjax.accounting` are lines. Nothing is refit here: every
@@ -37,11 +43,13 @@ import matplotlib
 # Agg: figures are written to files on headless machines (CI, TPU hosts);
 # set before pyplot is imported so no GUI backend is ever probed.
 matplotlib.use("Agg")
+import matplotlib.patches  # pylint: disable=g-import-not-at-top
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
 from matplotlib.lines import Line2D  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
 from specjax import accounting  # pylint: disable=g-import-not-at-top
+from specjax import stats  # pylint: disable=g-import-not-at-top
 
 SWEEP_FILE = "sweep.jsonl"
 METADATA_FILE = "metadata.json"
@@ -72,7 +80,14 @@ PAPER_ROW = {"unigram": (0.03, 0.03), "bigram": (0.05, 0.05),
 PAPER_TRANSFORMER_NAME = "GPT-like 6M"
 
 FIGURE_NAMES = ("fig_alpha_vs_overlap", "fig_tokens_per_pass",
-                "fig_speedup_vs_gamma", "fig_speedup_vs_draft_size")
+                "fig_speedup_vs_gamma", "fig_speedup_vs_draft_size",
+                "fig_round_decomposition")
+
+# The efficiency target of the cost model, over cells with alpha_hat >= 0.5.
+EFFICIENCY_ALPHA_MIN = 0.5
+EFFICIENCY_MEDIAN_BAND = (0.95, 1.05)
+EFFICIENCY_CELL_BAND = (0.9, 1.1)
+EFFICIENCY_CELL_SHARE = 0.8
 
 _DPI = 150
 
@@ -255,12 +270,10 @@ def _pooled_alpha(cells: Iterable[dict]) -> tuple[float, float, int]:
   Pooling over gamma weights each cell by how many drafts it verified, which
   is the acceptance rate per proposed token the paper's Table 3 reports.
   """
-  acc = sum(int(c["accepted"]) for c in cells)
+  cells = list(cells)
   ver = sum(int(c["verified"]) for c in cells)
-  if ver <= 0:
-    return math.nan, math.nan, 0
-  a = acc / ver
-  return a, math.sqrt(max(a * (1 - a), 0.0) / ver), ver
+  a, se = stats.pooled_alpha(sum(int(c["accepted"]) for c in cells), ver)
+  return a, se, max(ver, 0)
 
 
 def _predicted_tokens(row: dict) -> float:
@@ -415,7 +428,7 @@ def plot_tokens_per_pass(rows: Sequence[dict], path_stem: str,
     ax.set_ylabel("tokens emitted per target call")
   handles = _draft_handles(rows, colors) + [
       Line2D([], [], color="k", linestyle="-",
-             label="predicted (1 − α̂^(γ+1)) / (1 − α̂)"),
+             label="predicted from α̂, last round cut at the budget"),
       Line2D([], [], color="k", marker="o", linestyle="none",
              label="measured, ±95% CI"),
       Line2D([], [], color="0.6", linestyle=":", label="γ + 1 (ceiling)")]
@@ -516,6 +529,225 @@ def plot_speedup_vs_draft_size(rows: Sequence[dict], path_stem: str,
   return _finish(fig, path_stem, handles, ncol=4)
 
 
+_PARTS = (("draft", "tab:blue"), ("verify", "tab:orange"), ("other", "0.6"))
+
+
+def _has_decomposition(rows: Sequence[dict]) -> bool:
+  return all("predicted_round_s" in r and "measured_round_s" in r for r in rows)
+
+
+def plot_round_decomposition(rows: Sequence[dict], path_stem: str,
+                             metadata: dict | None = None) -> list[str]:
+  """(f) Where a generated token's time goes: predicted beside measured.
+
+  Per cell, two stacked bars of milliseconds per generated token (decode
+  only): left the prediction (each pass timed alone on the loop's shapes,
+  the null-loop overhead, the expected tokens per round with the budget
+  cut), right the measurement (the real loop's round split by the same loop
+  with a null draft, its measured tokens per round). The black tick is the
+  autoregressive step (measured): a bar below it is a speedup. Above each
+  pair: the decode efficiency and, where it misses, the component off.
+  """
+  temps = _temperatures(rows)
+  per_panel = max(len([r for r in rows if r["temperature"] == t])
+                  for t in temps)
+  fig, axes = plt.subplots(len(temps), 1, squeeze=False,
+                           figsize=(max(8.0, 0.42 * per_panel + 1.5),
+                                    3.9 * len(temps)),
+                           constrained_layout=True)
+  fig.suptitle("(f) Decode time per generated token: draft / verify / other,"
+               " predicted (left, hatched) vs measured (right)\n"
+               + _provenance(rows, metadata), fontsize=10)
+  for t, ax in zip(temps, axes[:, 0]):
+    cells = [c for d in _drafts(rows) for c in _cells(rows, d, t)]
+    tops = []
+    for i, c in enumerate(cells):
+      pred_tpr = _num(c["max_new_tokens"]) / _num(c["predicted_loop_rounds"])
+      meas_tpr = _num(c["max_new_tokens"]) / _num(c["measured_loop_rounds"])
+      for offset, kind, tpr, hatch in ((-0.2, "predicted", pred_tpr, "//"),
+                                       (0.2, "measured", meas_tpr, None)):
+        bottom = 0.0
+        for part, color in _PARTS:
+          value = _num(c.get(f"{kind}_{part}_s"))
+          if part == "draft" and not math.isfinite(value):
+            # Round not split: draft and verify as one bar segment.
+            value = _num(c[f"{kind}_round_s"]) - _num(c[f"{kind}_other_s"])
+          elif part == "verify" and not math.isfinite(value):
+            continue
+          ms = 1e3 * max(value, 0.0) / tpr
+          ax.bar(i + offset, ms, width=0.38, bottom=bottom, color=color,
+                 hatch=hatch, edgecolor="white", linewidth=0.3)
+          bottom += ms
+        tops.append(bottom)
+      ar_ms = 1e3 * _num(c.get("measured_ar_round_s"))
+      ax.plot([i - 0.42, i + 0.42], [ar_ms, ar_ms], color="k", linewidth=1.4)
+      tops.append(ar_ms)
+    top = max([x for x in tops if math.isfinite(x)] + [1e-3])
+    for i, c in enumerate(cells):
+      eff = _num(c.get("decode_efficiency"))
+      off = c.get("off") or ""
+      ax.text(i, 1.03 * top, f"{eff:.2f}" + (f"\n{off}" if off else ""),
+              ha="center", va="bottom", fontsize=6,
+              color="tab:red" if off else "0.2")
+    ax.set_ylim(0, 1.22 * top)
+    ax.set_xlim(-0.6, len(cells) - 0.4)
+    ax.set_xticks(range(len(cells)))
+    ax.set_xticklabels([f"{c['draft']} γ={c['gamma']}" for c in cells],
+                       rotation=60, ha="right", fontsize=6.5)
+    ax.set_ylabel("ms per generated token\n(decode only)")
+    ax.set_title(_temperature_label(t) + " · numbers: decode efficiency "
+                 "(measured / predicted speedup); red: the component off",
+                 fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+  handles = [matplotlib.patches.Patch(color=color, label=part)
+             for part, color in _PARTS] + [
+      matplotlib.patches.Patch(facecolor="white", edgecolor="k", hatch="//",
+                               label="predicted"),
+      Line2D([], [], color="k", linewidth=1.4,
+             label="autoregressive step (measured)")]
+  return _finish(fig, path_stem, handles, ncol=5)
+
+
+def plot_batch_scaling(rows: Sequence[dict], path_stem: str,
+                       metadata: dict | None = None) -> list[str]:
+  """Speedup against batch size, measured vs predicted, and c(B), r(B).
+
+  `rows` are `measure.compare` rows with a `batch_size` (benchmarks/decode.py
+  --batches). Left: decode-only and end-to-end speedups (markers, 95% CIs)
+  beside their predictions (lines) from each batch's own measured costs, the
+  break-even line and the crossover batch. Right: c(B), r(B) and the round's
+  other work, all in autoregressive steps at that batch, and the AR step.
+  """
+  rows = sorted(rows, key=lambda r: r["batch_size"])
+  b = np.array([r["batch_size"] for r in rows], np.float64)
+  meta = metadata or {}
+  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.6),
+                                constrained_layout=True)
+  fig.suptitle(f"Speculative decoding against batch size: {meta.get('target', '')}"
+               f" target, gamma {meta.get('gamma', '')}, "
+               f"{meta.get('max_new_tokens', '')} new tokens; "
+               f"{meta.get('device', '')}", fontsize=10)
+  for key, color, label in (("decode_speedup", "tab:blue", "decode only"),
+                            ("speedup", "tab:green", "end to end")):
+    pred = "predicted_" + key
+    ax.plot(b, [_num(r[pred]) for r in rows], color=color, linewidth=1.3)
+    _errorbar(ax, b, [_num(r[key]) for r in rows],
+              [r.get(key + "_se") for r in rows], color=color, marker="o",
+              label=f"{label}: measured (line: predicted)")
+  ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1.0)
+  cross = accounting.crossover_batch(b, [_num(r["decode_speedup"]) for r in rows])
+  if cross is not None:
+    ax.axvline(cross, color="tab:red", linestyle=":", linewidth=1.2,
+               label=f"speculation stops paying: B ≈ {cross:.1f}")
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(b)
+  ax.set_xticklabels([str(int(x)) for x in b])
+  ax.set_xlabel("batch size B")
+  ax.set_ylabel("speedup over autoregressive (×)")
+  ax.grid(alpha=0.3)
+  ax.legend(fontsize=7)
+  for key, color, label in (("c", "tab:purple", "c(B): draft step / AR step"),
+                            ("r", "tab:orange", "r(B): verify / AR step")):
+    ax2.plot(b, [_num(r[key]) for r in rows], color=color, marker="o",
+             label=label)
+  ax2.plot(b, [_num(r["other_s"]) / _num(r["ar_step_s"]) for r in rows],
+           color="0.5", marker="s", label="round's other work / AR step")
+  ax2.set_xscale("log", base=2)
+  ax2.set_xticks(b)
+  ax2.set_xticklabels([str(int(x)) for x in b])
+  ax2.set_xlabel("batch size B")
+  ax2.set_ylabel("cost in autoregressive steps at B")
+  ax2.grid(alpha=0.3)
+  twin = ax2.twinx()
+  twin.plot(b, [1e3 * _num(r["ar_step_s"]) for r in rows], color="k",
+            linestyle="--", linewidth=1.0, label="AR step (ms, right axis)")
+  twin.set_ylabel("target step on 1 token (ms)")
+  handles = ax2.get_legend_handles_labels()
+  extra = twin.get_legend_handles_labels()
+  ax2.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
+  os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
+  paths = []
+  for ext in ("png", "pdf"):
+    fig.savefig(f"{path_stem}.{ext}", dpi=_DPI)
+    paths.append(f"{path_stem}.{ext}")
+  plt.close(fig)
+  return paths
+
+
+def efficiency_report(rows: Sequence[dict]) -> str:
+  """The cost model's check against its target, as text.
+
+  For decode-only and end-to-end efficiency (measured / predicted speedup):
+  over cells with alpha_hat >= EFFICIENCY_ALPHA_MIN, the median and the share
+  in EFFICIENCY_CELL_BAND, against the target; then every cell whose
+  efficiency is outside the band and whose 95% interval misses 1, with the
+  component `measure.decompose` found off and by how much.
+  """
+  if not _has_decomposition(rows):
+    return ""
+  lines = ["Cost model check: efficiency = measured / predicted speedup "
+           f"(target over cells with alpha_hat >= {EFFICIENCY_ALPHA_MIN}: "
+           f"median in [{EFFICIENCY_MEDIAN_BAND[0]}, "
+           f"{EFFICIENCY_MEDIAN_BAND[1]}], >= {EFFICIENCY_CELL_SHARE:.0%} of "
+           f"cells in [{EFFICIENCY_CELL_BAND[0]}, {EFFICIENCY_CELL_BAND[1]}])"]
+  lo, hi = EFFICIENCY_CELL_BAND
+  for key, name in (("decode_efficiency", "decode only"),
+                    ("efficiency", "end to end")):
+    eff = np.array([_num(r.get(key)) for r in rows
+                    if _num(r["alpha_hat"]) >= EFFICIENCY_ALPHA_MIN])
+    eff = eff[np.isfinite(eff)]
+    if not eff.size:
+      lines.append(f"  {name}: no cells with alpha_hat >= "
+                   f"{EFFICIENCY_ALPHA_MIN}.")
+      continue
+    median = float(np.median(eff))
+    share = float(np.mean((eff >= lo) & (eff <= hi)))
+    met = (EFFICIENCY_MEDIAN_BAND[0] <= median <= EFFICIENCY_MEDIAN_BAND[1]
+           and share >= EFFICIENCY_CELL_SHARE)
+    lines.append(f"  {name:11s}: median {median:.3f}, {share:.0%} of "
+                 f"{eff.size} cells in [{lo}, {hi}] (range {eff.min():.2f}"
+                 f"-{eff.max():.2f}): target {'MET' if met else 'MISSED'}")
+  misses = []
+  for r in rows:
+    eff, se = _num(r.get("decode_efficiency")), _num(r.get("decode_efficiency_se"))
+    covers = math.isfinite(se) and abs(eff - 1) <= Z95 * se
+    if lo <= eff <= hi or covers:
+      continue
+    misses.append(f"  {r['draft']} T={r['temperature']:g} g={r['gamma']}: "
+                  f"decode {eff:.2f}"
+                  + (f" ± {Z95 * se:.2f}" if math.isfinite(se) else "")
+                  + f"; {_component_note(r)}")
+  if misses:
+    lines.append("Cells outside the band whose 95% interval misses 1 "
+                 "(decode only), and the component off:")
+    lines += misses
+  else:
+    lines.append("Every cell outside the band has a 95% interval covering 1.")
+  return "\n".join(lines) + "\n"
+
+
+def _component_note(row: dict) -> str:
+  """'verify: 0.31 ms in the loop vs 0.25 predicted (x0.81)' for a row."""
+  off = row.get("off") or ""
+  if not off:
+    return "no single component more than 10% off"
+  factor = _num(row.get(f"factor_{off}"))
+  ms = lambda x: f"{1e3 * _num(x):.3f} ms"
+  if off == "acceptance":
+    detail = (f"{_num(row['measured_loop_rounds']):.1f} rounds vs "
+              f"{_num(row['predicted_loop_rounds']):.1f} predicted from alpha_hat")
+  elif off == "baseline":
+    detail = (f"autoregressive step {ms(row['measured_ar_round_s'])} vs "
+              f"{ms(row['predicted_ar_round_s'])} predicted")
+  elif off in ("draft", "verify"):
+    detail = (f"{ms(row[f'measured_{off}_s'])} in the loop vs "
+              f"{ms(row[f'predicted_{off}_s'])} predicted")
+  else:
+    detail = (f"round {ms(row['measured_round_s'])} vs "
+              f"{ms(row['predicted_round_s'])} predicted")
+  return f"{off}: {detail} (factor {factor:.2f})"
+
+
 # --- Tables -------------------------------------------------------------------
 
 
@@ -608,15 +840,19 @@ def summary_table(rows: Sequence[dict]) -> str:
   """One screen of plain text: per draft and temperature, the best gamma.
 
   Columns: best measured gamma, alpha_hat, tokens per target pass, measured
-  speedup (±95% CI where known), predicted speedup and efficiency
-  (measured / predicted), all at that gamma; then where speculation loses.
+  end-to-end speedup (±95% CI where known), predicted speedup and efficiency
+  (measured / predicted), and, for sweeps with the loop's cost model, the
+  same three decode only (prefills and the fixed call cost removed), all at
+  that gamma; then where speculation loses.
   """
   best = best_cells(rows)
   w = max([18] + [len(d) for d in _drafts(rows)])
   # Plain ASCII headers: combining characters (alpha hat) break alignment.
+  decode = _has_decomposition(rows)
   header = (f"{'draft':<{w}} {'T':>4} {'best_g':>6} {'alpha':>6} "
             f"{'tok/pass':>8} {'speedup':>15} {'predicted':>9} "
-            f"{'effic.':>6}")
+            f"{'effic.':>6}" + (f" {'decode':>6} {'pred.':>6} {'effic.':>6}"
+                                if decode else ""))
   lines = [f"Speculative decoding sweep, target {_target_name(rows)}: "
            "best gamma by measured speedup", header, "-" * len(header)]
   for d in _drafts(rows):
@@ -633,7 +869,10 @@ def summary_table(rows: Sequence[dict]) -> str:
       lines.append(
           f"{d:<{w}} {t:>4g} {b['gamma']:>6d} {_num(b['alpha_hat']):>6.3f} "
           f"{_num(b['tokens_per_target_call']):>8.2f} {speed:>15} "
-          f"{_num(b['predicted_speedup']):>9.2f} {eff:>6.2f}")
+          f"{_num(b['predicted_speedup']):>9.2f} {eff:>6.2f}"
+          + (f" {_num(b['decode_speedup']):>6.2f} "
+             f"{_num(b['predicted_decode_speedup']):>6.2f} "
+             f"{_num(b['decode_efficiency']):>6.2f}" if decode else ""))
   lines.append("")
   losers = [f"{d} at T={t:g} (best {_num(b['speedup']):.2f}x at "
             f"gamma={b['gamma']})"
@@ -675,13 +914,18 @@ def make_all(results_dir: str) -> list[str]:
   """
   rows, metadata = load_results(results_dir)
   plots = (plot_alpha_vs_overlap, plot_tokens_per_pass,
-           plot_speedup_vs_gamma, plot_speedup_vs_draft_size)
+           plot_speedup_vs_gamma, plot_speedup_vs_draft_size,
+           plot_round_decomposition)
   paths = []
   for name, plot in zip(FIGURE_NAMES, plots):
+    if plot is plot_round_decomposition and not _has_decomposition(rows):
+      continue  # a sweep from before the loop's cost model
     paths += plot(rows, os.path.join(results_dir, name), metadata=metadata)
+  report = efficiency_report(rows)
   for name, text in (("table3.md", table3_markdown(rows, metadata)),
                      ("summary.txt", models_table(metadata)
-                      + summary_table(rows))):
+                      + summary_table(rows) + ("\n" + report if report
+                                               else ""))):
     path = os.path.join(results_dir, name)
     with open(path, "w", encoding="utf-8") as f:
       f.write(text)

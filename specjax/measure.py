@@ -1,31 +1,74 @@
-"""Wall-clock measurements the accounting formulas need: c, r and speedup.
+"""The decode loop's cost model: every part timed on the loop's own shapes.
 
-  c = (one draft step) / (one target step)            both on T = 1 token
-  r = (target pass on gamma + 1 tokens) / (target step on 1 token)
+A speculative round of `specjax.decode.loop` does, for the whole batch:
 
-Step times come from jitted `fori_loop`s of n and 2n forward passes at a
-realistic context length, each pass fed the argmax of the last (so XLA can
-neither drop nor overlap them); their difference over n is one pass without a
-call's fixed cost (dispatch, argument copies: about 1 ms, which would swamp a
-small model's pass). Medians over interleaved repeats, after a warm-up call,
-so compilation is never counted.
+  draft window   the draft's pass on 2 tokens (it re-reads the last two
+                 committed tokens, to catch up after a full accept),
+  draft steps    gamma - 1 passes on 1 token,
+  verify         the target's pass on gamma + 1 tokens,
+  other          everything outside the passes: the round's RNG, the sampling
+                 transform, the coupling, the commit, the while_loop itself.
+
+The autoregressive loop (`generate`) runs N rounds of one target pass on 1
+token plus its own `other`. Both loops start with prefills, and every call
+pays a fixed host cost (argument checks, dispatch).
+
+How each part is timed (`loop_costs`; the shapes are those `_generate`
+builds: prompt bucket, cache capacity bucket + max_new_tokens + gamma + 1
+capped at the model's max_positions, batch size):
+
+* passes and prefills (`pass_seconds`): jitted `fori_loop`s of n and 2n
+  cached passes, each pass fed the argmax of the last (so XLA can neither drop
+  nor overlap them) and its cache lengths reset after it (as a rolled-back
+  round does); their difference over n is one pass without a call's fixed
+  cost. Medians of interleaved repeats, after a warm-up call.
+* other and the fixed per-call cost (`null_loop_seconds`): the real
+  `speculative_generate` / `generate` with both models replaced by `NullLM`,
+  which computes no layers and writes no cache (so nothing a pass timing
+  already holds is counted twice), run with budgets of N and 1 token: the
+  difference over the difference in loop iterations is one round's other
+  work, and what is left of the 1-token call is the fixed cost.
+
+`predict` turns the costs and an acceptance rate into predicted decode-only
+and end-to-end speedups (`accounting.expected_rounds` counts the last round's
+budget truncation and, for a batch, waiting for the slowest row).
+`decompose` sets one measured cell beside its prediction, component by
+component, and names the component that is off.
+
+Timings are memoised in a dict keyed by everything that determines a cost:
+the model's class, pytree structure (static config included) and array
+shapes and dtypes, and the pass's batch, tokens, capacity and fill (for
+loops: also gamma, budget and sampling config). Never by `id(model)`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import statistics
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from flax import struct
 
 from specjax import _checks
+from specjax import accounting
+from specjax import sampling as sampling_lib
+from specjax import stats
+from specjax.decode import loop as loop_lib
+
+# Relative error beyond which `decompose` calls a component off.
+TOLERANCE = 0.10
 
 
-def median_times(fns: dict[str, Callable[[], Any]], repeats: int
-                  ) -> dict[str, float]:
-  """Median seconds per call; warm-up call first, then repeats interleaved."""
+def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int
+                      ) -> dict[str, list[float]]:
+  """Seconds of each call, `repeats` times, the calls taking turns (so a
+  slow spell of a shared machine hits all of them), after one warm-up call
+  of each (compilation is never timed)."""
   for fn in fns.values():
     jax.block_until_ready(fn())
   times = {name: [] for name in fns}
@@ -34,7 +77,41 @@ def median_times(fns: dict[str, Callable[[], Any]], repeats: int
       start = time.perf_counter()
       jax.block_until_ready(fn())
       times[name].append(time.perf_counter() - start)
-  return {name: statistics.median(t) for name, t in times.items()}
+  return times
+
+
+def median_times(fns: dict[str, Callable[[], Any]], repeats: int
+                 ) -> dict[str, float]:
+  """Median seconds per call of `interleaved_times`."""
+  return {name: statistics.median(t)
+          for name, t in interleaved_times(fns, repeats).items()}
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+  """`(fn(), seconds)` with the result blocked until ready."""
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - start
+
+
+def model_key(model) -> tuple:
+  """What determines a model's pass cost: class, structure, shapes, dtypes.
+
+  Two models that differ only in their weights' values cost the same, so
+  they share timings; a model with another config or size never does.
+  """
+  leaves, treedef = jax.tree.flatten(model)
+  structure = treedef
+  try:
+    hash(treedef)
+  except TypeError:  # a static field that is not hashable
+    structure = repr(treedef)
+  return (type(model).__module__, type(model).__qualname__, structure,
+          tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", "")))
+                for x in leaves))
+
+
+# -- Passes ---------------------------------------------------------------------
 
 
 def forward_loops(model, batch, tokens, cache_len, fill, seconds):
@@ -62,72 +139,518 @@ def forward_loops(model, batch, tokens, cache_len, fill, seconds):
       lengths=jnp.full((batch,), fill, jnp.int32))
   first_B = jnp.zeros((batch,), jnp.int32)
   call = lambda n: run(model, cache, first_B, jnp.int32(n))
-  n = 8
+  n = 16
   for _ in range(2):  # the first estimate is inflated by the fixed cost
-    per_pass = median_times({"": lambda: call(n)}, 3)[""] / n
-    n = max(n, int(seconds / per_pass))
+    per_pass = median_times({"": lambda: call(n)}, 1)[""] / n
+    n = max(n, int(seconds / max(per_pass, 1e-9)))
   return n, (lambda: call(n)), (lambda: call(2 * n))
 
 
-def forward_seconds(model, *, batch_size: int, context_len: int,
-                    num_tokens: int, seconds: float = 0.1,
-                    repeats: int = 5) -> float:
-  """Seconds per forward pass of `num_tokens` new tokens per row.
+def pass_seconds(model, *, batch_size: int, num_tokens: int, capacity: int,
+                 fill: int, seconds: float = 0.1, repeats: int = 5,
+                 memo: dict | None = None) -> float:
+  """Seconds of one cached pass of `num_tokens` tokens per row.
 
-  The cache holds `context_len` committed positions; the pass time is the
-  difference of loops of n and 2n passes over n (see `forward_loops`), so a
-  call's fixed cost is not counted.
+  The cache has `capacity` slots (attention spans all of them, masked), of
+  which `fill` are committed; the pass writes positions fill .. fill +
+  num_tokens - 1. A prefill is the pass with fill = 0 and num_tokens = the
+  prompt bucket. See the module docstring for the method.
   """
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
-  context_len = _checks.check_int("context_len", context_len, low=0)
   num_tokens = _checks.check_int("num_tokens", num_tokens, low=1)
-  capacity = context_len + num_tokens
-  limit = getattr(model, "max_positions", None)
-  if limit is not None and capacity > limit:
-    raise ValueError(f"context_len + num_tokens = {capacity} exceeds the "
-                     f"model's max_positions={limit}.")
+  capacity = _checks.check_int("capacity", capacity, low=1)
+  fill = _checks.check_int("fill", fill, low=0)
+  if fill + num_tokens > capacity:
+    raise ValueError(f"fill + num_tokens = {fill + num_tokens} exceeds "
+                     f"capacity={capacity}.")
+  key = ("pass", model_key(model), batch_size, num_tokens, capacity, fill)
+  if memo is not None and key in memo:
+    return memo[key]
   n, once, twice = forward_loops(model, batch_size, num_tokens, capacity,
-                                 context_len, seconds)
+                                 fill, seconds)
   t = median_times({"n": once, "2n": twice}, repeats)
-  return max(t["2n"] - t["n"], 0.0) / n
+  out = max(t["2n"] - t["n"], 0.0) / n
+  if memo is not None:
+    memo[key] = out
+  return out
 
 
-def step_costs(target, draft, *, gamma: int, context_len: int,
-               batch_size: int = 1, seconds: float = 0.1, repeats: int = 5,
-               memo: dict | None = None) -> dict[str, float]:
-  """Measured per-pass times and the ratios c and r (see the module docstring).
+# -- Shapes of a loop ----------------------------------------------------------
 
-  `memo`, if given, keeps each (model, tokens per pass) timing across calls,
-  so a grid over drafts and gammas times every distinct pass once.
 
-  Returns a dict with `target_step_s`, `verify_step_s` (gamma + 1 tokens),
-  `draft_step_s`, `c` and `r`.
+@dataclasses.dataclass(frozen=True)
+class LoopShape:
+  """The static shapes one `speculative_generate` / `generate` call runs.
+
+  gamma = 0 is the autoregressive loop. `buffer_len` and `capacity` mirror
+  `decode.loop._generate` and `_prefill`; `fill` is a cache length from the
+  middle of the generation (attention over a masked cache costs the same at
+  any fill, so one fill stands for all rounds).
+  """
+  batch_size: int
+  prompt_len: int
+  max_new_tokens: int
+  gamma: int
+
+  def __post_init__(self):
+    _checks.check_int("batch_size", self.batch_size, low=1)
+    _checks.check_int("prompt_len", self.prompt_len, low=1)
+    _checks.check_int("max_new_tokens", self.max_new_tokens, low=1)
+    _checks.check_int("gamma", self.gamma, low=0)
+
+  @property
+  def width(self) -> int:
+    return loop_lib.prompt_bucket(self.prompt_len)
+
+  @property
+  def buffer_len(self) -> int:
+    return self.width + self.max_new_tokens + self.gamma + 1
+
+  def capacity(self, model) -> int:
+    limit = getattr(model, "max_positions", None)
+    return self.buffer_len if limit is None else min(self.buffer_len, limit)
+
+  def fill(self, model, num_tokens: int) -> int:
+    mid = self.prompt_len + self.max_new_tokens // 2
+    return max(0, min(mid, self.capacity(model) - num_tokens))
+
+
+# -- The loop's work outside the passes ------------------------------------
+
+
+class NullCache(struct.PyTreeNode):
+  """A cache that stores nothing: only the protocol's `lengths[B]`."""
+  lengths: jax.Array
+  max_len: int = struct.field(pytree_node=False)
+
+
+class NullLM(struct.PyTreeNode):
+  """A `CausalLM` that computes no layers and writes no cache.
+
+  Its logits are a row of a small `[K, V]` table picked by `token % K`, so
+  they depend on the input (XLA cannot hoist the sampling out of the loop),
+  and each row is peaked, so a target and draft built from one table agree
+  (every draft is accepted) and one built from the negated table disagrees. A loop
+  run with NullLMs costs what the real loop costs outside the models' passes.
+  """
+  table: jax.Array  # float32 [K, V]
+  max_positions: int | None = struct.field(pytree_node=False, default=None)
+  one_hot_q: bool = struct.field(pytree_node=False, default=False)
+
+  @classmethod
+  def like(cls, model, seed: int = 0, rows: int = 64) -> "NullLM":
+    """A NullLM with `model`'s vocabulary, context limit and `one_hot_q`."""
+    vocab = model.vocab_size
+    rows = min(rows, vocab)
+    # Peaked rows (one logit 20 above the noise): a twin draft's token has
+    # p ~ 1 under any temperature, so it is accepted even when the draft is
+    # one_hot_q, and the negated table's argmax has p ~ 0.
+    table = jax.random.normal(jax.random.key(seed), (rows, vocab)).at[
+        jnp.arange(rows), (7 * jnp.arange(rows) + 1) % vocab].add(20.0)
+    return cls(table=table,
+               max_positions=getattr(model, "max_positions", None),
+               one_hot_q=bool(getattr(model, "one_hot_q", False)))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.table.shape[1]
+
+  def init_cache(self, batch_size: int, max_len: int) -> NullCache:
+    return NullCache(lengths=jnp.zeros((batch_size,), jnp.int32),
+                     max_len=max_len)
+
+  def __call__(self, tokens_BxT, cache):
+    logits_BxTxV = self.table[tokens_BxT % self.table.shape[0]]
+    return logits_BxTxV, cache.replace(
+        lengths=cache.lengths + tokens_BxT.shape[1])
+
+
+def _prompts(shape: LoopShape):
+  prompts_BxP = (jnp.arange(shape.batch_size * shape.prompt_len, dtype=jnp.int32)
+                 .reshape(shape.batch_size, shape.prompt_len) % 7)
+  lengths_B = jnp.full((shape.batch_size,), shape.prompt_len, jnp.int32)
+  return prompts_BxP, lengths_B
+
+
+# Logit that makes a NullLM's token certain (or impossible) under any sampling
+# config the loop accepts.
+_SURE = 1e4
+
+
+def null_loop_seconds(target, draft, shape: LoopShape,
+                      sampling: sampling_lib.SamplingConfig, *,
+                      repeats: int = 5, memo: dict | None = None
+                      ) -> tuple[float, float]:
+  """(seconds per round outside the passes, fixed seconds per call).
+
+  Runs the loop of `shape` with NullLMs in place of `target` and `draft`,
+  twice with ONE compiled program and two numbers of loop iterations, and
+  takes the per-round cost as the time difference over the iteration
+  difference; the fixed cost is what remains of the shorter call (host
+  checks, dispatch, output gather).
+
+  Speculative (gamma >= 1): the draft's table is the target's (every draft
+  accepted: ceil(N / (gamma + 1)) rounds) or its negation (a greedy draft
+  always rejected: N rounds). Autoregressive (gamma = 0, `draft` None): the
+  same `generate` program with `eos_id=0`, the table making token 0
+  impossible (N rounds) or certain (1 round); the EOS check is a few
+  elementwise ops on `[B, 1]`.
+  """
+  vocab = target.vocab_size
+  one_hot = bool(getattr(draft, "one_hot_q", False)) if draft is not None else None
+  key = ("null", shape, sampling, vocab, one_hot,
+         getattr(target, "max_positions", None))
+  if memo is not None and key in memo:
+    return memo[key]
+  null_target = NullLM.like(target)
+  prompts_BxP, lengths_B = _prompts(shape)
+  rng = jax.random.key(0)
+  if shape.gamma == 0:
+    no_eos = null_target.table.at[:, 0].set(-_SURE)
+    eos = null_target.table.at[:, 0].set(_SURE)
+
+    def call(table):
+      return lambda: loop_lib.generate(
+          null_target.replace(table=table), prompts_BxP, lengths_B, rng,
+          max_new_tokens=shape.max_new_tokens, sampling=sampling, eos_id=0)
+    long, short = call(no_eos), call(eos)
+  else:
+    def call(draft_table):
+      null_draft = null_target.replace(table=draft_table, one_hot_q=one_hot)
+      return lambda: loop_lib.speculative_generate(
+          null_target, null_draft, prompts_BxP, lengths_B, rng,
+          gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
+          sampling=sampling)
+    long, short = call(-null_target.table), call(null_target.table)
+  iters = lambda out: int(jax.device_get(out.stats.rounds).max())
+  rounds_long, rounds_short = iters(long()), iters(short())
+  t = median_times({"long": long, "short": short}, repeats)
+  per_round = (max(t["long"] - t["short"], 0.0)
+               / max(rounds_long - rounds_short, 1))
+  fixed = max(t["short"] - rounds_short * per_round, 0.0)
+  if memo is not None:
+    memo[key] = (per_round, fixed)
+  return per_round, fixed
+
+
+# -- All costs of one loop ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopCosts:
+  """Seconds of every part of a speculative loop and of its baseline.
+
+  Speculative (gamma >= 1): draft_window_s, draft_step_s, verify_s, other_s
+  per round; target_prefill_s, draft_prefill_s and call_s once per call.
+  Autoregressive baseline: ar_step_s (target, 1 token) and ar_other_s per
+  step; ar_prefill_s and ar_call_s once per call. The two loops have
+  different cache capacities (the speculative one has gamma more slots), so
+  each pass is timed at its own.
+  """
+  batch_size: int
+  prompt_len: int
+  max_new_tokens: int
+  gamma: int
+  draft_window_s: float
+  draft_step_s: float
+  verify_s: float
+  other_s: float
+  target_prefill_s: float
+  draft_prefill_s: float
+  call_s: float
+  ar_step_s: float
+  ar_other_s: float
+  ar_prefill_s: float
+  ar_call_s: float
+
+  @property
+  def draft_s(self) -> float:
+    """The draft's share of a round: the window plus gamma - 1 steps."""
+    return self.draft_window_s + (self.gamma - 1) * self.draft_step_s
+
+  @property
+  def round_s(self) -> float:
+    return self.draft_s + self.verify_s + self.other_s
+
+  @property
+  def ar_round_s(self) -> float:
+    return self.ar_step_s + self.ar_other_s
+
+  @property
+  def c(self) -> float:
+    """The paper's c: draft step / target step, both on 1 token."""
+    return self.draft_step_s / self.ar_step_s if self.ar_step_s else math.nan
+
+  @property
+  def r(self) -> float:
+    """Verify pass (gamma + 1 tokens) / target step (1 token)."""
+    return self.verify_s / self.ar_step_s if self.ar_step_s else math.nan
+
+  def as_dict(self) -> dict[str, float]:
+    """The fields plus draft_s, round_s, ar_round_s, c and r, and the
+    legacy names target_step_s / verify_step_s."""
+    out = dataclasses.asdict(self)
+    out.update(draft_s=self.draft_s, round_s=self.round_s,
+               ar_round_s=self.ar_round_s, c=self.c, r=self.r,
+               target_step_s=self.ar_step_s, verify_step_s=self.verify_s)
+    return out
+
+
+def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
+               max_new_tokens: int, gamma: int,
+               sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
+               seconds: float = 0.1, repeats: int = 5,
+               memo: dict | None = None) -> LoopCosts:
+  """Times every part of `speculative_generate(target, draft, ...)` and of
+  `generate(target, ...)` on the shapes those calls build (module docstring).
+
+  `memo` (a dict kept across calls) times each distinct pass or null loop
+  once, e.g. over a grid of drafts, gammas and temperatures.
   """
   gamma = _checks.check_int("gamma", gamma, low=1)
-  memo = {} if memo is None else memo
+  if not isinstance(sampling, sampling_lib.SamplingConfig):
+    raise TypeError("sampling must be a specjax.SamplingConfig.")
+  spec = LoopShape(batch_size, prompt_len, max_new_tokens, gamma)
+  ar = LoopShape(batch_size, prompt_len, max_new_tokens, 0)
+  kw = dict(batch_size=batch_size, seconds=seconds, repeats=repeats,
+            memo=memo)
 
-  def seconds_per_pass(model, num_tokens):
-    if (id(model), num_tokens) not in memo:
-      memo[id(model), num_tokens] = forward_seconds(
-          model, batch_size=batch_size, context_len=context_len,
-          num_tokens=num_tokens, seconds=seconds, repeats=repeats)
-    return memo[id(model), num_tokens]
+  def at(shape, model, tokens):
+    return pass_seconds(model, num_tokens=tokens,
+                        capacity=shape.capacity(model),
+                        fill=shape.fill(model, tokens), **kw)
 
-  return cost_ratios(seconds_per_pass(target, 1),
-                     seconds_per_pass(target, gamma + 1),
-                     seconds_per_pass(draft, 1))
+  def prefill(shape, model):
+    capacity = shape.capacity(model)
+    return pass_seconds(model, num_tokens=min(shape.width, capacity),
+                        capacity=capacity, fill=0, **kw)
+
+  other, fixed = null_loop_seconds(target, draft, spec, sampling,
+                                   repeats=repeats, memo=memo)
+  ar_other, ar_fixed = null_loop_seconds(target, None, ar, sampling,
+                                         repeats=repeats, memo=memo)
+  return LoopCosts(
+      batch_size=batch_size, prompt_len=prompt_len,
+      max_new_tokens=max_new_tokens, gamma=gamma,
+      draft_window_s=at(spec, draft, 2), draft_step_s=at(spec, draft, 1),
+      verify_s=at(spec, target, gamma + 1), other_s=other,
+      target_prefill_s=prefill(spec, target),
+      draft_prefill_s=prefill(spec, draft), call_s=fixed,
+      ar_step_s=at(ar, target, 1), ar_other_s=ar_other,
+      ar_prefill_s=prefill(ar, target), ar_call_s=ar_fixed)
 
 
-def cost_ratios(target_step_s: float, verify_step_s: float,
-                draft_step_s: float) -> dict[str, float]:
-  """The three pass times and c, r derived from them (one dict)."""
-  return {"target_step_s": target_step_s, "verify_step_s": verify_step_s,
-          "draft_step_s": draft_step_s, "c": draft_step_s / target_step_s,
-          "r": verify_step_s / target_step_s}
+# -- Prediction and its check -----------------------------------------------
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-  """`(fn(), seconds)` with the result blocked until ready."""
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - start
+def predict(costs: LoopCosts, alpha: float) -> dict[str, float]:
+  """What `costs` and an acceptance rate predict for one call.
+
+  Returns (seconds per call unless named otherwise):
+    loop_rounds: expected while_loop iterations (budget truncation of the
+      last round; the slowest of batch_size rows);
+    tokens_per_round: max_new_tokens / loop_rounds;
+    spec_decode_s = loop_rounds * round_s; ar_decode_s = N * ar_round_s;
+    spec_call_s, ar_call_s: the same plus prefills and the fixed call cost;
+    decode_speedup = ar_decode_s / spec_decode_s
+                   = tokens_per_round * ar_round_s / round_s;
+    speedup: end to end, ar_call_s / spec_call_s.
+  """
+  n = costs.max_new_tokens
+  rounds = accounting.expected_rounds(alpha, costs.gamma, n, costs.batch_size)
+  spec_decode = rounds * costs.round_s
+  ar_decode = n * costs.ar_round_s
+  spec_call = (costs.call_s + costs.target_prefill_s + costs.draft_prefill_s
+               + spec_decode)
+  ar_call = costs.ar_call_s + costs.ar_prefill_s + ar_decode
+  return {"loop_rounds": rounds, "tokens_per_round": n / rounds,
+          "spec_decode_s": spec_decode, "ar_decode_s": ar_decode,
+          "spec_call_s": spec_call, "ar_call_s": ar_call,
+          "decode_speedup": ar_decode / spec_decode,
+          "speedup": ar_call / spec_call}
+
+
+# The parts `decompose` can name, in the order a round is built.
+COMPONENTS = ("acceptance", "draft", "verify", "round", "baseline")
+
+
+def decompose(costs: LoopCosts, alpha: float, *, round_s: float,
+              ar_round_s: float, loop_rounds: float,
+              null_draft_round_s: float | None = None) -> dict[str, Any]:
+  """Sets a measured speculative loop beside `predict`, part by part.
+
+  Args:
+    costs, alpha: the prediction's inputs.
+    round_s: measured seconds per loop round of the speculative call, decode
+      only: (call - costs.call_s - both prefills) / its loop rounds.
+    ar_round_s: the same per step of the autoregressive call.
+    loop_rounds: measured while_loop iterations per speculative call.
+    null_draft_round_s: measured seconds per round of the same loop with the
+      draft a `NullLM` (verify + other, in the loop). It splits the round's
+      measured time into draft (round_s - it) and verify (it - other).
+      Without it the round is not split and a gap is named "round".
+
+  Returns a dict of seconds (predicted_/measured_ draft, verify, other,
+  round, ar_round), loop rounds, `decode_speedup` = N ar_round_s /
+  (loop_rounds round_s) and its prediction, `decode_efficiency`, `factors`
+  and `off`. The factors multiply to decode_efficiency exactly:
+
+    acceptance  predicted / measured loop rounds  (tokens per round),
+    baseline    measured / predicted autoregressive step,
+    draft       predicted round / round with the draft's in-loop time,
+    verify      that / measured round (verify's in-loop time; `other` is
+                measured in the loop by the null loops, so it cannot be off),
+    round       predicted / measured round, when not split.
+
+  Each is > 1 where reality favours speculation more than predicted. `off`
+  is the factor furthest from 1 when decode_efficiency or that factor is
+  more than TOLERANCE from 1, else "".
+  """
+  pred = predict(costs, alpha)
+  n = costs.max_new_tokens
+  out = {
+      "predicted_draft_s": costs.draft_s, "predicted_verify_s": costs.verify_s,
+      "predicted_other_s": costs.other_s, "predicted_round_s": costs.round_s,
+      "predicted_ar_round_s": costs.ar_round_s,
+      "predicted_loop_rounds": pred["loop_rounds"],
+      "measured_other_s": costs.other_s, "measured_round_s": round_s,
+      "measured_ar_round_s": ar_round_s,
+      "measured_loop_rounds": float(loop_rounds),
+      "predicted_decode_speedup": pred["decode_speedup"],
+      "decode_speedup": n * ar_round_s / (loop_rounds * round_s),
+  }
+  out["decode_efficiency"] = (out["decode_speedup"]
+                              / out["predicted_decode_speedup"])
+  factors = {"acceptance": pred["loop_rounds"] / loop_rounds,
+             "baseline": ar_round_s / costs.ar_round_s}
+  if null_draft_round_s is not None:
+    out["measured_draft_s"] = round_s - null_draft_round_s
+    out["measured_verify_s"] = null_draft_round_s - costs.other_s
+    after_draft = costs.round_s - costs.draft_s + out["measured_draft_s"]
+    factors["draft"] = costs.round_s / after_draft
+    factors["verify"] = after_draft / round_s
+  else:
+    out["measured_draft_s"] = out["measured_verify_s"] = math.nan
+    factors["round"] = costs.round_s / round_s
+  out["factors"] = factors
+  worst = max(factors, key=lambda k: abs(math.log(max(factors[k], 1e-12))))
+  out["off"] = (worst if abs(out["decode_efficiency"] - 1) > TOLERANCE
+                or abs(factors[worst] - 1) > TOLERANCE else "")
+  return out
+
+
+def null_draft_round_seconds(target, draft, shape: LoopShape,
+                             sampling: sampling_lib.SamplingConfig, *,
+                             prompts_BxP, prompt_lengths_B, key,
+                             costs: LoopCosts, repeats: int = 3,
+                             memo: dict | None = None) -> float:
+  """Seconds per round of the real speculative loop with the draft a NullLM.
+
+  The round then holds the target's verify pass, the loop's other work and
+  a draft that costs nothing: subtracted from the real round it gives the
+  draft's in-loop cost, and minus `costs.other_s` the verify pass's.
+  """
+  one_hot = bool(getattr(draft, "one_hot_q", False))
+  mkey = ("null-draft", model_key(target), shape, sampling, one_hot)
+  if memo is not None and mkey in memo:
+    return memo[mkey]
+  null_draft = NullLM.like(draft)
+  call = lambda: loop_lib.speculative_generate(
+      target, null_draft, prompts_BxP, prompt_lengths_B, key,
+      gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
+      sampling=sampling)
+  rounds = int(jax.device_get(call().stats.rounds).max())
+  seconds = median_times({"": call}, repeats)[""]
+  out = (seconds - costs.call_s - costs.target_prefill_s) / rounds
+  if memo is not None:
+    memo[mkey] = out
+  return out
+
+
+# -- One measured cell --------------------------------------------------------
+
+
+def _tokens_each(results) -> np.ndarray:
+  return np.array([int(np.asarray(r.lengths).sum()) for r in results])
+
+
+def _loop_rounds_each(results) -> np.ndarray:
+  return np.array([int(np.asarray(r.stats.rounds).max()) for r in results])
+
+
+def _mean_se(x) -> float | None:
+  x = np.asarray(x, np.float64)
+  return float(np.std(x, ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
+
+
+def compare(costs: LoopCosts, ar_results, ar_seconds, results,
+            spec_seconds, null_draft_round_s: float | None = None
+            ) -> dict[str, Any]:
+  """Measured beside predicted for one loop configuration (a sweep cell).
+
+  `ar_results` / `results` are the generations of the prompts (batch 1 or
+  more), `ar_seconds` / `spec_seconds` their call times, taken alternately.
+  A single result may stand for several timed calls of the same inputs and
+  key (a benchmark's repeats): its statistics are then counted once.
+  Statistics come from `specjax.stats.summarize`; the prediction and its
+  component-by-component check from `predict` / `decompose`.
+
+  Speedups are medians over prompts of per-prompt ratios (their se from the
+  spread of the ratios), so a burst of load on a shared machine moves one
+  ratio, not the cell:
+    speedup         end to end: whole calls, tokens/s over tokens/s;
+    decode_speedup  prefills and the fixed per-call cost removed, per round:
+                    N * ar_round / (loop_rounds * round), the median
+                    per-round times of the two loops.
+  """
+  s = stats.summarize(results)
+  ar_tokens, tokens = _tokens_each(ar_results), _tokens_each(results)
+  ar_rounds, rounds = _loop_rounds_each(ar_results), _loop_rounds_each(results)
+  if len(ar_results) == 1:  # one result for every timed call
+    ar_tokens, ar_rounds = (np.repeat(x, len(ar_seconds))
+                            for x in (ar_tokens, ar_rounds))
+  if len(results) == 1:
+    tokens, rounds = (np.repeat(x, len(spec_seconds)) for x in (tokens, rounds))
+  ar_fixed = costs.ar_call_s + costs.ar_prefill_s
+  spec_fixed = costs.call_s + costs.target_prefill_s + costs.draft_prefill_s
+  ar_decode_i = np.asarray(ar_seconds) - ar_fixed
+  spec_decode_i = np.asarray(spec_seconds) - spec_fixed
+  ratios = (np.asarray(ar_seconds) / ar_tokens) / (np.asarray(spec_seconds)
+                                                   / tokens)
+  decode_ratios = (ar_decode_i / ar_tokens) / (spec_decode_i / tokens)
+  alpha = s["alpha_hat"]
+  pred = predict(costs, alpha)
+  parts = decompose(
+      costs, alpha, round_s=float(np.median(spec_decode_i / rounds)),
+      ar_round_s=float(np.median(ar_decode_i / ar_rounds)),
+      loop_rounds=float(np.mean(rounds)),
+      null_draft_round_s=null_draft_round_s)
+  factors = parts.pop("factors")
+  speedup = float(np.median(ratios))
+  speedup_se = _mean_se(ratios)
+  decode_se = _mean_se(decode_ratios)
+  row = {
+      "alpha_hat": alpha, "alpha_se": s["alpha_se"],
+      "one_minus_tv": s["one_minus_tv"],
+      "verified": s["verified"], "accepted": s["accepted"],
+      "tokens_per_target_call": s["tokens_per_target_call"],
+      "tokens_per_target_call_se": s["tokens_per_target_call_se"],
+      # The formula with each row's last round cut at its budget.
+      "predicted_tokens_per_target_call": s["expected_tokens_per_target_call"],
+      "formula_tokens_per_target_call": s["formula_tokens_per_target_call"],
+      **costs.as_dict(),
+      "ar_tokens_per_s": float(ar_tokens.sum() / np.sum(ar_seconds)),
+      "spec_tokens_per_s": float(tokens.sum() / np.sum(spec_seconds)),
+      "speedup": speedup, "speedup_se": speedup_se,
+      "predicted_speedup": pred["speedup"],
+      "efficiency": speedup / pred["speedup"],
+      "efficiency_se": (None if speedup_se is None
+                        else speedup_se / pred["speedup"]),
+      **parts,
+      "decode_speedup_se": decode_se,
+      "decode_efficiency_se": (None if decode_se is None else
+                               decode_se / parts["predicted_decode_speedup"]),
+      **{f"factor_{k}": v for k, v in factors.items()},
+      "accept_hist": s["accept_hist"],
+  }
+  return row

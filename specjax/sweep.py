@@ -3,10 +3,12 @@
 For one target, each draft, each temperature and each gamma, `run` decodes
 the same held-out prompts at batch 1 (the latency setting of the papers) with
 `speculative_generate`, and the autoregressive baseline `generate` decodes
-them too, alternating prompt by prompt; it records, per cell, the acceptance statistics of
-`GenerationResult.summary()`, the step costs c and r of `measure.step_costs`,
-the measured wall-clock speedup, and what the accounting formulas predict
-from the measured alpha, c and r. A row is one cell; the field names are the
+them too, alternating prompt by prompt; it records, per cell, the acceptance
+statistics of `specjax.stats.summarize`, every cost of the loop timed on its
+own shapes by `measure.loop_costs` (c and r among them), the measured
+end-to-end and decode-only speedups, what `measure.predict` predicts for
+each from the measured alpha and costs, and `measure.decompose`'s account of
+any gap (acceptance, draft, verify or baseline). A row is one cell; the field names are the
 schema `specjax.figures` reads. `run_config` does the whole thing for a
 `configs/reproduce.py` config: models from the zoo, prompts from the corpus'
 held-out split, result files with full metadata.
@@ -17,7 +19,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import math
 import os
 import platform
 import subprocess
@@ -30,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from specjax import accounting
 from specjax import data
 from specjax import measure
 from specjax import sampling as sampling_lib
@@ -58,18 +58,6 @@ def make_draft(name: str, kind: str, model) -> Draft:
   return Draft(name=name, kind=kind, params=_param_count(model), model=model)
 
 
-def _emitted_se(hist: Sequence[int]) -> float:
-  """Standard error of the mean tokens per round from the accepted-count histogram."""
-  hist = np.asarray(hist, np.float64)
-  rounds = hist.sum()
-  if rounds < 2:
-    return float("nan")
-  emitted = np.arange(1, hist.size + 1)
-  mean = (hist * emitted).sum() / rounds
-  var = (hist * (emitted - mean) ** 2).sum() / (rounds - 1)
-  return float(math.sqrt(var / rounds))
-
-
 def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
                         prompt_len: int, seed: int):
   """Runs both decoders on each prompt at batch 1, alternating, and times them.
@@ -95,23 +83,6 @@ def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
   return out[0], np.asarray(out[1]), out[2], np.asarray(out[3])
 
 
-def _tokens_each(results) -> np.ndarray:
-  return np.array([int(r.lengths.sum()) for r in results])
-
-
-def _pooled(results) -> dict[str, Any]:
-  """Sums the per-prompt summaries into one."""
-  summaries = [r.summary() for r in results]
-  total = {k: sum(s[k] for s in summaries)
-           for k in ("generated_tokens", "rounds", "target_calls",
-                     "draft_calls", "verified", "accepted")}
-  total["overlap"] = float(sum(np.asarray(r.stats.overlap_sum).sum()
-                               for r in results))
-  total["accept_hist"] = np.sum([s["accept_hist"] for s in summaries],
-                                axis=0).tolist()
-  return total
-
-
 def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
         temperatures: Sequence[float], gammas: Sequence[int],
         max_new_tokens: int, target_name: str, seed: int = 0,
@@ -129,16 +100,19 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
     max_new_tokens: tokens generated per prompt.
     target_name: recorded in every row.
     seed: keys of the sampled runs.
-    step_seconds, step_repeats: see `measure.forward_seconds`.
+    step_seconds, step_repeats: see `measure.pass_seconds`.
     progress: called with a short description before each cell.
+
+  Every cell's costs come from `measure.loop_costs` on the loop's own shapes
+  (one memo for the grid: each distinct pass or null loop is timed once),
+  and its draft/verify split in the loop from
+  `measure.null_draft_round_seconds`.
   """
   prompts = np.asarray(prompts, np.int32)
   num_prompts, prompt_len = prompts.shape
-  context = prompt_len + max_new_tokens // 2  # a typical mid-generation cache
   target_params = _param_count(target)
   rows = []
-  # Step costs do not depend on the temperature: time each pass once.
-  pass_times: dict = {}
+  memo: dict = {}
   for temperature in temperatures:
     sampling = sampling_lib.SamplingConfig(temperature=temperature)
 
@@ -150,50 +124,31 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
       for gamma in gammas:
         if progress:
           progress(f"{draft.name}, T={temperature:g}, gamma={gamma}")
-        costs = measure.step_costs(
-            target, draft.model, gamma=gamma, context_len=context,
-            seconds=step_seconds, repeats=step_repeats, memo=pass_times)
+        costs = measure.loop_costs(
+            target, draft.model, batch_size=1, prompt_len=prompt_len,
+            max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
+            seconds=step_seconds, repeats=step_repeats, memo=memo)
         ar_results, ar_seconds, results, spec_seconds = _decode_interleaved(
             baseline,
             lambda p, l, k: loop.speculative_generate(
                 target, draft.model, p, l, k, gamma=gamma,
                 max_new_tokens=max_new_tokens, sampling=sampling),
             prompts, prompt_len, seed)
-        pooled = _pooled(results)
-        ratios = ((ar_seconds / _tokens_each(ar_results))
-                  / (spec_seconds / _tokens_each(results)))
-        ar_tok_s = _tokens_each(ar_results).sum() / ar_seconds.sum()
-        spec_tok_s = pooled["generated_tokens"] / spec_seconds.sum()
-        speedup = spec_tok_s / ar_tok_s
-        verified = pooled["verified"]
-        alpha = pooled["accepted"] / verified if verified else float("nan")
-        predicted = float(accounting.walltime_improvement(
-            alpha, gamma, costs["c"], costs["r"]))
+        null_round = measure.null_draft_round_seconds(
+            target, draft.model,
+            measure.LoopShape(1, prompt_len, max_new_tokens, gamma), sampling,
+            prompts_BxP=prompts[:1],
+            prompt_lengths_B=np.array([prompt_len], np.int32),
+            key=jax.random.key(seed), costs=costs, repeats=step_repeats,
+            memo=memo)
         rows.append({
             "draft": draft.name, "draft_kind": draft.kind,
             "draft_params": draft.params, "target": target_name,
             "target_params": target_params, "temperature": float(temperature),
             "gamma": int(gamma), "rows": int(num_prompts),
             "max_new_tokens": int(max_new_tokens),
-            "alpha_hat": alpha,
-            "alpha_se": (math.sqrt(alpha * (1 - alpha) / verified)
-                         if verified else float("nan")),
-            "one_minus_tv": pooled["overlap"] / verified if verified else float("nan"),
-            "verified": int(verified), "accepted": int(pooled["accepted"]),
-            "tokens_per_target_call": (pooled["generated_tokens"]
-                                       / pooled["target_calls"]),
-            "tokens_per_target_call_se": _emitted_se(pooled["accept_hist"]),
-            "predicted_tokens_per_target_call": float(
-                accounting.expected_tokens_per_pass(alpha, gamma)),
-            **costs,
-            "ar_tokens_per_s": ar_tok_s, "spec_tokens_per_s": spec_tok_s,
-            "speedup": speedup,
-            "speedup_se": (float(np.std(ratios, ddof=1) / math.sqrt(len(ratios)))
-                           if len(ratios) > 1 else None),
-            "predicted_speedup": predicted,
-            "efficiency": speedup / predicted,
-            "accept_hist": pooled["accept_hist"],
-        })
+            **measure.compare(costs, ar_results, ar_seconds, results, spec_seconds,
+                       null_round)})
   return rows
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from specjax import figures
 from specjax import accounting
+from specjax import measure
 
 # (name, kind, params, alpha at T=0, alpha at T=1, c). Acceptance counts are
 # exact multiples so the pooled alpha of every (draft, T) is known exactly.
@@ -51,7 +52,29 @@ def _row(name, kind, params, temperature, gamma, alpha, c, rng):
       "speedup_se": 0.03 * predicted if kind != "unigram" else None,
       "predicted_speedup": predicted, "efficiency": speedup / predicted,
       "accept_hist": [1] * (gamma + 1),
+      **_decomposition(a, gamma, c, r, rng),
   }
+
+
+def _decomposition(alpha, gamma, c, r, rng):
+  """The cost-model fields of a row: synthetic costs, a measured round
+  within noise of the predicted one."""
+  costs = measure.LoopCosts(
+      batch_size=1, prompt_len=64, max_new_tokens=128, gamma=gamma,
+      draft_window_s=1.5 * c * 1e-3, draft_step_s=c * 1e-3,
+      verify_s=r * 1e-3, other_s=1e-4, target_prefill_s=2e-3,
+      draft_prefill_s=1e-4, call_s=1e-4, ar_step_s=1e-3, ar_other_s=5e-5,
+      ar_prefill_s=2e-3, ar_call_s=1e-4)
+  pred = measure.predict(costs, alpha)
+  parts = measure.decompose(
+      costs, alpha, round_s=costs.round_s * (1 + rng.normal(0, 0.02)),
+      ar_round_s=costs.ar_round_s, loop_rounds=pred["loop_rounds"],
+      null_draft_round_s=costs.verify_s + costs.other_s)
+  factors = parts.pop("factors")
+  return {**{k: v for k, v in costs.as_dict().items()
+             if k not in ("c", "r", "gamma")},
+          **parts, **{f"factor_{k}": v for k, v in factors.items()},
+          "decode_efficiency_se": 0.02}
 
 
 def _constructed(temperature, gamma, speedup):
@@ -176,3 +199,22 @@ def test_load_results_errors(tmp_path):
   path.write_text(row + "\n" + row + "\n")
   with pytest.raises(ValueError, match=r"sweep\.jsonl:2: .* repeats line 1"):
     figures.load_results(str(tmp_path))
+
+
+def test_efficiency_report_names_the_component_off():
+  rows = _write_sweep_rows()
+  report = figures.efficiency_report(rows)
+  assert "Cost model check" in report and "target MET" in report
+  assert "interval covering 1" in report
+  bad = dict(rows[3])
+  costs_round = bad["predicted_round_s"]
+  bad.update(decode_efficiency=0.7, decode_efficiency_se=0.01, off="verify",
+             factor_verify=0.7, measured_verify_s=bad["predicted_verify_s"]
+             + 0.43 * costs_round, alpha_hat=0.9)
+  report = figures.efficiency_report(rows[:3] + [bad] + rows[4:])
+  line = next(l for l in report.splitlines() if "decode 0.70" in l)
+  assert f"{bad['draft']} T={bad['temperature']:g} g={bad['gamma']}" in line
+  assert "verify:" in line and "in the loop vs" in line
+  # Sweeps written before the cost model have no report and no figure (f).
+  old = [{k: v for k, v in r.items() if "round" not in k} for r in rows]
+  assert figures.efficiency_report(old) == ""

@@ -9,6 +9,7 @@ import pytest
 
 from configs import reproduce
 from specjax import figures
+from specjax import measure
 from specjax import sweep
 
 
@@ -29,7 +30,7 @@ def test_artifacts_exist(results):
                "summary.txt"):
     assert os.path.getsize(os.path.join(out, name)) > 0, name
   assert all(os.path.getsize(p) > 0 for p in written)
-  assert sum(p.endswith(".png") for p in written) == 4
+  assert sum(p.endswith(".png") for p in written) == 5
   with open(os.path.join(out, "metadata.json")) as fh:
     meta = json.load(fh)
   for key in ("config", "corpus", "models", "jax_version", "device", "seed",
@@ -45,40 +46,65 @@ def test_alpha_hat_agrees_with_one_minus_tv(results):
   accepted = sum(r["accepted"] for r in rows)
   verified = sum(r["verified"] for r in rows)
   overlap = sum(r["one_minus_tv"] * r["verified"] for r in rows) / verified
-  se = math.sqrt(max(overlap * (1 - overlap), 1e-4) / verified)
+  se = math.sqrt(overlap * (1 - overlap) / verified)
+  assert 0.05 < overlap < 0.999  # the test has power: not all or nothing
   assert abs(accepted / verified - overlap) < 5 * se
 
 
-def test_gamma_one_tokens_per_pass_is_one_plus_alpha(results):
+def test_tokens_per_pass_matches_the_truncated_formula(results):
   _, rows, _ = results
   for row in rows:
+    # The budget cut only ever lowers the expectation.
+    assert (row["predicted_tokens_per_target_call"]
+            <= row["formula_tokens_per_target_call"] + 1e-12)
     if row["gamma"] != 1:
-      continue
-    se = max(row["tokens_per_target_call_se"], 1e-3)
-    # Each round emits 1 + (accepted?) tokens; only a round cut short by the
-    # budget can emit fewer.
+      continue  # beyond gamma = 1 real text's acceptances are not i.i.d.
+    # Each round emits 1 + kept drafts, and one round cut at the budget can
+    # only emit fewer: at gamma = 1, verified = rounds, so tokens per call
+    # is at most 1 + alpha_hat exactly.
     assert row["tokens_per_target_call"] <= 1 + row["alpha_hat"] + 1e-9
+    # The prediction counts each prompt's last round cut at its budget, so
+    # it needs no slack beyond the sampling error.
+    se = row["tokens_per_target_call_se"]
     assert abs(row["tokens_per_target_call"]
-               - (1 + row["one_minus_tv"])) < 5 * se + 0.05, row
+               - row["predicted_tokens_per_target_call"]) < 5 * se + 1e-9, row
 
 
 def test_rows_are_complete_and_consistent(results):
   _, rows, _ = results
-  # Each distinct pass is timed once: every cell sees the same target step.
+  # Each distinct pass is timed once: every cell sees the same AR step.
   assert len({r["target_step_s"] for r in rows}) == 1
   for row in rows:
-    assert row["c"] > 0 and row["r"] > 0 and row["speedup"] > 0
-    assert np.isclose(row["efficiency"], row["speedup"] / row["predicted_speedup"])
-    assert len(row["accept_hist"]) == row["gamma"] + 1
-    assert 0 <= row["alpha_hat"] <= 1 and 0 <= row["one_minus_tv"] <= 1 + 1e-6
+    g = row["gamma"]
+    assert len(row["accept_hist"]) == g + 1
+    # One row per prompt at batch 1: loop rounds are rounds.
+    assert row["measured_loop_rounds"] * row["rows"] == sum(row["accept_hist"])
+    assert row["round_s"] == pytest.approx(
+        row["draft_window_s"] + (g - 1) * row["draft_step_s"]
+        + row["verify_s"] + row["other_s"])
+    assert row["predicted_decode_speedup"] == pytest.approx(
+        row["max_new_tokens"] / row["predicted_loop_rounds"]
+        * row["ar_round_s"] / row["round_s"])
+    assert row["efficiency"] == pytest.approx(
+        row["speedup"] / row["predicted_speedup"])
+    factors = [v for k, v in row.items() if k.startswith("factor_")]
+    assert len(factors) == 4  # acceptance, baseline, draft, verify
+    assert np.prod(factors) == pytest.approx(row["decode_efficiency"])
+    assert row["measured_draft_s"] + row["measured_verify_s"] + row[
+        "other_s"] == pytest.approx(row["measured_round_s"])
+    assert row["off"] in ("",) + measure.COMPONENTS
 
 
 def test_models_have_heldout_bits_per_byte(results):
   out, _, _ = results
   with open(os.path.join(out, "metadata.json")) as fh:
     models = json.load(fh)["models"]
-  assert models["bigram"]["heldout_bpb"] < models["tiny"]["heldout_bpb"] + 5
-  assert 0 < models["bigram"]["heldout_bpb"] < 8
+  uniform = math.log2(259)
+  # A fitted bigram of bytes is far better than uniform (3.4 on the full
+  # corpus); 20 steps of the tiny target learn something too.
+  assert models["bigram"]["heldout_bpb"] < 4.5
+  assert models["tiny"]["heldout_bpb"] < uniform - 0.5
   assert models["prompt-lookup"]["heldout_bpb"] is None
   with open(os.path.join(out, "summary.txt")) as fh:
-    assert "bits/byte" in fh.read()
+    text = fh.read()
+  assert "bits/byte" in text and "Cost model check" in text

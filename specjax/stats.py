@@ -1,0 +1,164 @@
+"""Run statistics in one place: per-row `RowStats` -> one summary dict.
+
+`GenerationResult.summary()`, the sweep, the figures and the benchmarks all
+read their acceptance numbers from here, so "alpha_hat" or "tokens per
+target call" means one thing everywhere.
+
+* `summarize(results)` pools one or many generations (a `GenerationResult`,
+  or anything with `.stats` and `.lengths`): every `RowStats` field is summed
+  over rows and generations (a new counter is summed and reported without
+  any change here), then the derived statistics are added.
+* `pooled_alpha(accepted, verified)` and `tokens_per_round_se(hist)` are the
+  two estimators with their standard errors, for callers that pool summaries
+  themselves (the figures pool sweep cells over gamma).
+
+Derived statistics (see `summarize`):
+  alpha_hat, alpha_se          accepted / verified drafts, binomial se;
+  one_minus_tv                 mean over verified positions of sum min(p, q);
+  tokens_per_target_call(_se)  generated tokens / target passes (block
+                               efficiency), se from the per-round histogram;
+  formula_tokens_per_target_call    (1 - a^(g+1)) / (1 - a) at alpha_hat;
+  expected_tokens_per_target_call   the same with each row's last round cut
+                               at its budget (`accounting.rounds_distribution`):
+                               what the measured value should match.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from specjax import accounting
+
+
+def pooled_alpha(accepted: int, verified: int) -> tuple[float, float]:
+  """(accepted / verified, its binomial standard error); NaNs when none."""
+  accepted, verified = int(accepted), int(verified)
+  if verified <= 0:
+    return math.nan, math.nan
+  a = accepted / verified
+  return a, math.sqrt(max(a * (1 - a), 0.0) / verified)
+
+
+def tokens_per_round_se(accept_hist: Sequence[int]) -> float:
+  """Standard error of mean tokens per round from the kept-drafts histogram.
+
+  `accept_hist[n]` counts rounds that kept n drafts (and so emitted n + 1
+  tokens, before any budget cut). NaN with fewer than two rounds.
+  """
+  hist = np.asarray(accept_hist, np.float64)
+  rounds = hist.sum()
+  if rounds < 2:
+    return math.nan
+  emitted = np.arange(1, hist.size + 1)
+  mean = (hist * emitted).sum() / rounds
+  var = (hist * (emitted - mean) ** 2).sum() / (rounds - 1)
+  return float(math.sqrt(var / rounds))
+
+
+def expected_tokens_per_target_call(alpha: float, gamma: int,
+                                    row_tokens: Iterable[int]) -> float:
+  """Expected generated tokens / target calls for rows of these lengths.
+
+  Each row of n tokens needs `accounting.expected_rounds(alpha, gamma, n)`
+  calls in expectation (its last round cut at the budget), so the pooled
+  ratio is sum(n) / sum(E[rounds(n)]). A row stopped by EOS is treated as if
+  its budget were its length, the same cut. gamma = 0 gives 1.
+  """
+  counts: dict[int, int] = {}
+  for n in row_tokens:
+    counts[int(n)] = counts.get(int(n), 0) + 1
+  tokens = sum(n * k for n, k in counts.items())
+  if tokens == 0 or (gamma > 0 and not math.isfinite(alpha)):
+    return math.nan
+  alpha = 0.0 if gamma == 0 else min(max(float(alpha), 0.0), 1.0)
+  rounds = sum(k * accounting.expected_rounds(alpha, gamma, n)
+               for n, k in counts.items())
+  return tokens / rounds
+
+
+def _row_fields(stats) -> list[str]:
+  return [f.name for f in dataclasses.fields(stats)]
+
+
+def totals(stats_list: Sequence[Any]) -> dict[str, Any]:
+  """Every `RowStats` field summed over rows and over the given stats.
+
+  Scalars per row become a Python int (integer and bool fields) or float;
+  per-row vectors (`accept_hist`) become a list. Works for any field a
+  future `RowStats` adds.
+  """
+  out: dict[str, Any] = {}
+  for name in _row_fields(stats_list[0]):
+    arrays = [np.asarray(getattr(s, name)) for s in stats_list]
+    if any(a.shape[1:] != arrays[0].shape[1:] for a in arrays):
+      raise ValueError(f"RowStats.{name} has shapes "
+                       f"{sorted({a.shape[1:] for a in arrays})} across the "
+                       "results: pool generations of one gamma only.")
+    total = np.sum([a.sum(axis=0) for a in arrays], axis=0)
+    if total.ndim:
+      out[name] = total.tolist()
+    elif np.issubdtype(total.dtype, np.floating):
+      out[name] = float(total)
+    else:
+      out[name] = int(total)
+  return out
+
+
+def summarize(results: Any) -> dict[str, Any]:
+  """One summary of one generation or of several pooled (same gamma).
+
+  Args:
+    results: a `GenerationResult` or a sequence of them (anything with
+      `.stats`, a `RowStats`, and `.lengths`, int `[B]` generated tokens).
+
+  Returns:
+    A dict of Python numbers: `rows`, `generated_tokens`, `loop_rounds`
+    (while_loop iterations: the most rounds any row of a generation ran,
+    summed over generations), `gamma`, every `RowStats` field summed
+    (`rounds`, `target_calls`, `draft_calls`, `verified`, `accepted`,
+    `overlap_sum`, `accept_hist`, ...), `proposed` (= draft_calls), and the
+    derived statistics of the module docstring. Ratios with a zero
+    denominator are NaN.
+  """
+  if hasattr(results, "stats"):
+    results = [results]
+  results = list(results)
+  if not results:
+    raise ValueError("summarize needs at least one result.")
+  host = [(jax.tree.map(np.asarray, r.stats), np.asarray(r.lengths))
+          for r in results]
+  stats_list = [s for s, _ in host]
+  row_tokens = np.concatenate([lengths.reshape(-1) for _, lengths in host])
+  out: dict[str, Any] = {
+      "rows": int(row_tokens.size),
+      "generated_tokens": int(row_tokens.sum()),
+      "loop_rounds": int(sum(int(s.rounds.max(initial=0))
+                             for s in stats_list)),
+  }
+  out.update(totals(stats_list))
+  hist = out["accept_hist"]
+  gamma = len(hist) - 1
+  out["gamma"] = gamma
+  out["proposed"] = out["draft_calls"]
+  alpha, alpha_se = pooled_alpha(out["accepted"], out["verified"])
+  target_calls = out["target_calls"]
+  out.update({
+      "alpha_hat": alpha,
+      "alpha_se": alpha_se,
+      "one_minus_tv": (out["overlap_sum"] / out["verified"]
+                       if out["verified"] else math.nan),
+      "tokens_per_target_call": (out["generated_tokens"] / target_calls
+                                 if target_calls else math.nan),
+      "tokens_per_target_call_se": tokens_per_round_se(hist),
+      "formula_tokens_per_target_call": (
+          1.0 if gamma == 0 else math.nan if not math.isfinite(alpha)
+          else float(accounting.expected_tokens_per_pass(alpha, gamma))),
+      "expected_tokens_per_target_call": expected_tokens_per_target_call(
+          alpha, gamma, row_tokens),
+  })
+  return out

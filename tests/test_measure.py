@@ -1,0 +1,180 @@
+"""specjax.measure: the loop's cost model, its prediction and its check.
+
+Structure and consistency only (tiny models, synthetic costs): no test
+asserts how fast anything runs.
+"""
+
+import dataclasses
+import math
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import accounting
+from specjax import measure
+from specjax.decode import loop
+
+
+def _costs(**overrides):
+  base = dict(batch_size=1, prompt_len=20, max_new_tokens=64, gamma=4,
+              draft_window_s=2e-4, draft_step_s=1e-4, verify_s=1.5e-3,
+              other_s=3e-4, target_prefill_s=4e-3, draft_prefill_s=5e-4,
+              call_s=2e-4, ar_step_s=1e-3, ar_other_s=1e-4,
+              ar_prefill_s=3.9e-3, ar_call_s=1.5e-4)
+  return measure.LoopCosts(**{**base, **overrides})
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  config = sj.TransformerConfig(vocab_size=40, d_model=32, num_layers=1,
+                                num_heads=2, max_positions=96)
+  return (sj.TransformerLM.create(config, 0),
+          sj.TransformerLM.create(dataclasses.replace(config, d_model=16), 1))
+
+
+def test_round_and_prediction_on_synthetic_costs():
+  c = _costs()
+  assert c.draft_s == pytest.approx(2e-4 + 3 * 1e-4)
+  assert c.round_s == pytest.approx(c.draft_s + 1.5e-3 + 3e-4)
+  assert c.c == pytest.approx(0.1) and c.r == pytest.approx(1.5)
+  p = measure.predict(c, 0.8)
+  rounds = accounting.expected_rounds(0.8, 4, 64)
+  assert p["loop_rounds"] == pytest.approx(rounds)
+  assert p["decode_speedup"] == pytest.approx(
+      p["tokens_per_round"] * c.ar_round_s / c.round_s)
+  assert p["speedup"] == pytest.approx(
+      (1.5e-4 + 3.9e-3 + 64 * 1.1e-3)
+      / (2e-4 + 4e-3 + 5e-4 + rounds * c.round_s))
+  # In units of the AR step the same number is accounting.loop_speedup's.
+  unit = c.ar_round_s
+  assert p["decode_speedup"] == pytest.approx(accounting.loop_speedup(
+      0.8, 4, 64, c.draft_step_s / unit, c.verify_s / unit,
+      c_window=c.draft_window_s / unit, overhead=c.other_s / unit))
+  # A batch waits for its slowest row.
+  assert measure.predict(_costs(batch_size=8), 0.8)["loop_rounds"] > rounds
+
+
+def test_decompose_names_the_component_that_is_off():
+  c = _costs()
+  p = measure.predict(c, 0.8)
+  exact = dict(round_s=c.round_s, ar_round_s=c.ar_round_s,
+               loop_rounds=p["loop_rounds"],
+               null_draft_round_s=c.verify_s + c.other_s)
+  d = measure.decompose(c, 0.8, **exact)
+  assert d["decode_efficiency"] == pytest.approx(1.0) and d["off"] == ""
+  cases = {
+      "draft": dict(round_s=c.round_s + c.draft_s),
+      "verify": dict(round_s=c.round_s + 0.4 * c.verify_s,
+                     null_draft_round_s=1.4 * c.verify_s + c.other_s),
+      "acceptance": dict(loop_rounds=1.3 * p["loop_rounds"]),
+      "baseline": dict(ar_round_s=0.8 * c.ar_round_s),
+  }
+  for component, change in cases.items():
+    d = measure.decompose(c, 0.8, **{**exact, **change})
+    assert d["off"] == component, (component, d["factors"])
+    assert d["decode_efficiency"] < 0.9
+    assert np.prod(list(d["factors"].values())) == pytest.approx(
+        d["decode_efficiency"])
+  # Without the null-draft loop the round is one component.
+  d = measure.decompose(c, 0.8, **{**exact, "null_draft_round_s": None,
+                                   "round_s": 1.3 * c.round_s})
+  assert d["off"] == "round" and math.isnan(d["measured_draft_s"])
+
+
+def test_loop_shape_mirrors_the_loop(tiny):
+  target, _ = tiny
+  shape = measure.LoopShape(batch_size=2, prompt_len=20, max_new_tokens=40,
+                            gamma=3)
+  assert shape.width == loop.prompt_bucket(20) == 32
+  assert shape.buffer_len == 32 + 40 + 3 + 1
+  assert shape.capacity(target) == 76
+  assert shape.capacity(sj.NGramLM.uniform(40)) == 76  # no limit
+  big = measure.LoopShape(1, 20, 60, 8)
+  assert big.capacity(target) == target.max_positions
+  assert big.fill(target, 9) + 9 <= target.max_positions
+  # The prefill the loop builds has exactly this capacity.
+  prompts = jnp.zeros((2, 32), jnp.int32)
+  cache = loop._prefill(target, prompts, shape.buffer_len,
+                        jnp.array([20, 20]))
+  assert cache.max_len == shape.capacity(target)
+  with pytest.raises(ValueError, match="gamma"):
+    measure.LoopShape(1, 20, 40, -1)
+
+
+def test_model_key_is_shapes_not_identity(tiny):
+  target, draft = tiny
+  same_shapes = sj.TransformerLM.create(target.config, 7)
+  assert measure.model_key(same_shapes) == measure.model_key(target)
+  assert measure.model_key(draft) != measure.model_key(target)
+  bigram = sj.NGramLM.uniform(40)
+  assert measure.model_key(bigram) != measure.model_key(target)
+
+
+def test_pass_memo_is_keyed_by_everything_that_sets_the_cost(tiny):
+  target, draft = tiny
+  memo = {}
+  kw = dict(batch_size=1, seconds=1e-3, repeats=1, memo=memo)
+  t = measure.pass_seconds(target, num_tokens=2, capacity=40, fill=10, **kw)
+  assert t >= 0 and len(memo) == 1
+  # A same-shaped model reuses the timing; capacity, tokens or model do not.
+  twin = sj.TransformerLM.create(target.config, 3)
+  assert measure.pass_seconds(twin, num_tokens=2, capacity=40, fill=10,
+                              **kw) == t
+  assert len(memo) == 1
+  measure.pass_seconds(target, num_tokens=2, capacity=48, fill=10, **kw)
+  measure.pass_seconds(target, num_tokens=3, capacity=40, fill=10, **kw)
+  measure.pass_seconds(draft, num_tokens=2, capacity=40, fill=10, **kw)
+  assert len(memo) == 4
+  with pytest.raises(ValueError, match="capacity"):
+    measure.pass_seconds(target, num_tokens=5, capacity=8, fill=4, **kw)
+
+
+def test_null_model_accepts_its_twin_and_rejects_its_negation():
+  null = measure.NullLM.like(sj.NGramLM.uniform(40))
+  prompts, lengths = np.zeros((2, 8), np.int32), np.array([8, 5], np.int32)
+  out = sj.speculative_generate(null, null, prompts, lengths,
+                                jax.random.key(0), gamma=3, max_new_tokens=10,
+                                sampling=sj.SamplingConfig(temperature=1.0))
+  s = out.summary()
+  assert s["alpha_hat"] == 1.0 and s["loop_rounds"] == math.ceil(10 / 4)
+  neg = null.replace(table=-null.table)
+  s = sj.speculative_generate(null, neg, prompts, lengths, jax.random.key(0),
+                              gamma=3, max_new_tokens=10,
+                              sampling=sj.GREEDY).summary()
+  assert s["alpha_hat"] == 0.0 and s["loop_rounds"] == 10
+
+
+def test_compare_on_synthetic_results():
+  """compare() pools the runs' statistics and checks its own arithmetic."""
+  c = _costs(max_new_tokens=8, gamma=2)
+
+  def result(kept):  # one row, rounds keeping `kept` drafts each
+    hist = np.bincount(kept, minlength=3)[None]
+    n = len(kept)
+    stats = sj.RowStats(
+        rounds=jnp.array([n]), target_calls=jnp.array([n]),
+        draft_calls=jnp.array([2 * n]),
+        verified=jnp.array([sum(min(k + 1, 2) for k in kept)]),
+        accepted=jnp.array([sum(kept)]),
+        overlap_sum=jnp.array([0.7 * n], jnp.float32),
+        accept_hist=jnp.asarray(hist))
+    return types.SimpleNamespace(stats=stats, lengths=jnp.array([8]))
+
+  ar = [types.SimpleNamespace(stats=sj.RowStats.zeros(1, 0).replace(
+      rounds=jnp.array([8])), lengths=jnp.array([8]))] * 3
+  spec = [result([2, 2, 1]), result([2, 0, 2, 1]), result([1, 2, 2])]
+  row = measure.compare(c, ar, [0.012, 0.013, 0.0125], spec,
+                        [0.009, 0.011, 0.010], null_draft_round_s=1.9e-3)
+  assert row["alpha_hat"] == pytest.approx(15 / 19)
+  assert row["measured_loop_rounds"] == pytest.approx(10 / 3)
+  assert row["efficiency"] == pytest.approx(row["speedup"]
+                                            / row["predicted_speedup"])
+  factors = [v for k, v in row.items() if k.startswith("factor_")]
+  assert np.prod(factors) == pytest.approx(row["decode_efficiency"])
+  assert row["speedup_se"] > 0 and row["decode_speedup_se"] > 0
+  assert row["predicted_tokens_per_target_call"] < row[
+      "formula_tokens_per_target_call"]

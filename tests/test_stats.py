@@ -1,0 +1,163 @@
+"""specjax.stats and the truncation-aware accounting it uses.
+
+No models and no timing: RowStats are built by hand, and the formulas are
+checked against closed forms and Monte Carlo simulations of the round.
+"""
+
+import math
+import types
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax import accounting
+from specjax import stats
+from specjax.decode import GenerationResult
+from specjax.decode import RowStats
+
+
+def _result(accepted_per_round, gamma, lengths):
+  """A GenerationResult whose rows ran the given rounds (kept drafts each)."""
+  rows = len(accepted_per_round)
+  hist = np.zeros((rows, gamma + 1), np.int32)
+  for b, rounds in enumerate(accepted_per_round):
+    for a in rounds:
+      hist[b, a] += 1
+  n_rounds = np.array([len(r) for r in accepted_per_round], np.int32)
+  accepted = np.array([sum(r) for r in accepted_per_round], np.int32)
+  verified = np.array([sum(min(a + 1, gamma) for a in r)
+                       for r in accepted_per_round], np.int32)
+  s = RowStats(rounds=jnp.asarray(n_rounds), target_calls=jnp.asarray(n_rounds),
+               draft_calls=jnp.asarray(gamma * n_rounds),
+               verified=jnp.asarray(verified), accepted=jnp.asarray(accepted),
+               overlap_sum=jnp.asarray(0.5 * verified, jnp.float32),
+               accept_hist=jnp.asarray(hist))
+  return GenerationResult(tokens=jnp.zeros((rows, 1), jnp.int32),
+                          lengths=jnp.asarray(lengths, jnp.int32), stats=s)
+
+
+def test_summary_counts_and_ratios():
+  out = _result([[2, 0, 2], [1]], gamma=2, lengths=[8, 2]).summary()
+  assert out["rows"] == 2 and out["generated_tokens"] == 10
+  assert out["rounds"] == 4 and out["target_calls"] == 4
+  assert out["loop_rounds"] == 3  # the slowest row
+  assert out["draft_calls"] == out["proposed"] == 8
+  assert out["accepted"] == 5 and out["verified"] == 2 + 1 + 2 + 2
+  assert out["alpha_hat"] == pytest.approx(5 / 7)
+  assert out["one_minus_tv"] == pytest.approx(0.5)
+  assert out["tokens_per_target_call"] == pytest.approx(10 / 4)
+  assert out["accept_hist"] == [1, 1, 2]
+  assert out["gamma"] == 2
+
+
+def test_summary_pools_results_and_refuses_mixed_gamma():
+  a = _result([[1, 1]], gamma=2, lengths=[4])
+  b = _result([[0, 2, 2]], gamma=2, lengths=[7])
+  pooled = stats.summarize([a, b])
+  assert pooled["generated_tokens"] == 11 and pooled["rounds"] == 5
+  assert pooled["loop_rounds"] == 2 + 3
+  assert pooled["accept_hist"] == [1, 2, 2]
+  with pytest.raises(ValueError, match="accept_hist"):
+    stats.summarize([a, _result([[1]], gamma=3, lengths=[2])])
+
+
+def test_new_rowstats_fields_are_summed_without_changes():
+  """A counter another change adds to RowStats reaches the summary as is."""
+
+  @flax.struct.dataclass(kw_only=True)
+  class MoreStats(RowStats):
+    target_nonfinite: jax.Array
+
+  base = _result([[1], [0, 0]], gamma=1, lengths=[2, 2])
+  more = MoreStats(**{f: getattr(base.stats, f) for f in
+                      ("rounds", "target_calls", "draft_calls", "verified",
+                       "accepted", "overlap_sum", "accept_hist")},
+                   target_nonfinite=jnp.array([0, 3], jnp.int32))
+  out = stats.summarize(types.SimpleNamespace(stats=more, lengths=base.lengths))
+  assert out["target_nonfinite"] == 3
+  assert out["alpha_hat"] == base.summary()["alpha_hat"]
+
+
+def test_autoregressive_summary():
+  out = _result([[0] * 5], gamma=0, lengths=[5]).summary()
+  assert math.isnan(out["alpha_hat"])
+  assert out["expected_tokens_per_target_call"] == 1.0
+  assert out["formula_tokens_per_target_call"] == 1.0
+
+
+def _simulate_rounds(alpha, gamma, n, size, rng):
+  out = np.empty(size, np.int64)
+  for i in range(size):
+    left, k = n, 0
+    while left > 0:
+      a = 0
+      while a < gamma and rng.random() < alpha:
+        a += 1
+      left -= a + 1
+      k += 1
+    out[i] = k
+  return out
+
+
+@pytest.mark.parametrize("alpha,gamma,n", [(0.7, 3, 20), (0.95, 8, 33),
+                                           (0.3, 1, 9)])
+def test_rounds_distribution_matches_simulation(alpha, gamma, n):
+  rng = np.random.default_rng(0)
+  sims = _simulate_rounds(alpha, gamma, n, 4000, rng)
+  dist = accounting.rounds_distribution(alpha, gamma, n)
+  assert dist.sum() == pytest.approx(1.0)
+  mean = float(np.arange(n + 1) @ dist)
+  assert abs(sims.mean() - mean) < 5 * sims.std() / math.sqrt(sims.size)
+  # Batches wait for their slowest row: E[max of 4 rows].
+  maxes = sims[:4000 // 4 * 4].reshape(-1, 4).max(axis=1)
+  expected = accounting.expected_rounds(alpha, gamma, n, batch_size=4)
+  assert expected > mean
+  assert abs(maxes.mean() - expected) < 5 * maxes.std() / math.sqrt(maxes.size)
+
+
+def test_truncation_lowers_tokens_per_call_and_vanishes_for_long_runs():
+  full = float(accounting.expected_tokens_per_pass(0.9, 4))
+  short = accounting.expected_tokens_per_call(0.9, 4, 12)
+  long = accounting.expected_tokens_per_call(0.9, 4, 4096)
+  assert short < long < full + 1e-12
+  assert long == pytest.approx(full, rel=2e-3)
+  # Closed forms at the edges: always accept, never accept.
+  assert accounting.expected_rounds(1.0, 4, 12) == 3.0  # ceil(12 / 5)
+  assert accounting.expected_rounds(0.0, 4, 12) == 12.0
+  assert stats.expected_tokens_per_target_call(1.0, 4, [12, 5]) == 17 / 4
+
+
+def test_loop_speedup_reduces_to_walltime_improvement():
+  for alpha, gamma, c, r in ((0.8, 4, 0.05, 1.2), (0.5, 2, 0.2, 1.0)):
+    paper = float(accounting.walltime_improvement(alpha, gamma, c, r))
+    ours = accounting.loop_speedup(alpha, gamma, 4000, c, r)
+    assert ours == pytest.approx(paper, rel=2e-3)
+  # The catch-up window and the overhead each cost what they say.
+  base = accounting.loop_speedup(0.8, 4, 64, 0.1, 1.0)
+  slower = accounting.loop_speedup(0.8, 4, 64, 0.1, 1.0, c_window=0.2,
+                                   overhead=0.3)
+  assert base / slower == pytest.approx((0.2 + 3 * 0.1 + 1.0 + 0.3)
+                                        / (0.1 + 3 * 0.1 + 1.0))
+  # A bigger batch waits for slower rows: never faster.
+  assert accounting.loop_speedup(0.8, 4, 64, 0.1, 1.0, batch_size=8) < base
+
+
+def test_crossover_batch():
+  assert accounting.crossover_batch([1, 2, 4, 8], [2.0, 1.5, 1.1, 0.9]) == (
+      pytest.approx(4 * 2 ** 0.5))
+  assert accounting.crossover_batch([1, 2], [1.2, 1.1]) is None
+  assert accounting.crossover_batch([1, 2], [0.9, 0.8]) == 1.0
+  with pytest.raises(ValueError, match="increasing"):
+    accounting.crossover_batch([2, 1], [1.0, 1.0])
+
+
+def test_pooled_estimators():
+  a, se = stats.pooled_alpha(30, 40)
+  assert a == 0.75 and se == pytest.approx(math.sqrt(0.75 * 0.25 / 40))
+  assert all(math.isnan(x) for x in stats.pooled_alpha(0, 0))
+  # Rounds that kept 0 and 2 drafts: emitted 1 and 3, se = sd / sqrt(2).
+  assert stats.tokens_per_round_se([1, 0, 1]) == pytest.approx(
+      np.std([1, 3], ddof=1) / math.sqrt(2))
