@@ -119,12 +119,17 @@ class HFTokenizer:
     return np.asarray(ids, np.int32)
 
   def decode(self, ids: Any, *, skip_special_tokens: bool = True) -> str:
-    """Text of `ids` (any integer array-like); special tokens skipped."""
-    ids_N = _checks.check_array("ids", np.asarray(ids), kind="i").reshape(-1)
-    if ids_N.size and (ids_N.min() < 0 or ids_N.max() >= self.vocab_size):
-      bad = ids_N[(ids_N < 0) | (ids_N >= self.vocab_size)][0]
-      raise ValueError(f"ids must lie in [0, {self.vocab_size}) for this "
-                       f"tokenizer, got {int(bad)} (a padding row of the "
-                       "model head?).")
+    """Text of `ids` (any integer array-like); special tokens skipped.
+
+    Ids past the tokenizer (padding rows of a larger model head) decode to
+    nothing, as in transformers; `specjax.models.vocab.reconcile` gives them
+    zero probability so a generation never emits them.
+    """
+    ids_N = np.asarray(ids)
+    if ids_N.size == 0:
+      return ""
+    ids_N = _checks.check_array("ids", ids_N, kind="i").reshape(-1)
+    if ids_N.min() < 0:
+      raise ValueError(f"ids must be >= 0, got {int(ids_N.min())}.")
     return self.tokenizer.decode([int(i) for i in ids_N],
                                  skip_special_tokens=skip_special_tokens)
