@@ -8,8 +8,7 @@ Drafts: its first `--draft_layers` blocks with the shared embeddings and head
 (`self:N`), with the full head and with the head restricted to the K most
 frequent tokens (`ReducedVocabLM`, q exactly 0 elsewhere). Frequencies are
 counted on the target's own samples (temperature 1 and greedy) from
-`--count_prompts` random prompts, the K-set always holding the prompt tokens
-of the timed run would be cheating, so it does not.
+`--count_prompts` random prompts other than the ones timed.
 
 Prints, per draft: c = draft forward (T=1) / target forward (T=1) at the
 middle of the generation (specjax.measure.step_costs), alpha_hat of a greedy

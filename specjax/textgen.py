@@ -81,7 +81,7 @@ def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
 
 @dataclasses.dataclass
 class TextRun:
-  """What `run` measured. `seconds` exclude compilation."""
+  """What `run` measured. `seconds`: median of timed calls, after compiling."""
   texts: list[str]
   summary: dict[str, Any]
   seconds: float
@@ -97,11 +97,21 @@ class TextRun:
     return self.baseline_seconds / self.seconds
 
 
-def _timed(fn):
+def _timed(fn, *, min_seconds: float = 0.5, max_calls: int = 25):
+  """`(fn(), median seconds of a call)` after one untimed (compiling) call.
+
+  Short calls repeat until `min_seconds` have passed (at most `max_calls`
+  times): one millisecond-long call says more about the timer and the
+  machine's load than about the program.
+  """
   jax.block_until_ready(fn())  # compile (and warm up)
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn())
-  return out, time.perf_counter() - start
+  times, total = [], 0.0
+  while not times or (total < min_seconds and len(times) < max_calls):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+    total += times[-1]
+  return out, float(np.median(times))
 
 
 def _texts(tokenizer, result) -> list[str]:
