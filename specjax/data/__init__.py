@@ -14,3 +14,6 @@ from specjax.data.tokenizer import BYTE_VOCAB_SIZE
 from specjax.data.tokenizer import ByteTokenizer
 from specjax.data.tokenizer import EOS_ID
 from specjax.data.tokenizer import PAD_ID
+from specjax.data.hf_tokenizer import HFTokenizer
+from specjax.data.tokenizer_protocol import Tokenizer
+from specjax.data.tokenizer_protocol import encode_batch

@@ -50,6 +50,11 @@ class ByteTokenizer:
                        " EOS=257, PAD=258); construct it as ByteTokenizer().")
 
   @property
+  def eos_ids(self) -> tuple[int, ...]:
+    """Every id that ends a generation (the `Tokenizer` protocol)."""
+    return (self.eos_id,)
+
+  @property
   def name(self) -> str:
     """A short identifier recorded in checkpoint and results metadata."""
     return "byte259"

@@ -131,7 +131,9 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   emit_B = jnp.minimum(out.num_emitted, budget_B)
   hit_eos_B = jnp.zeros_like(active_B)
   if eos_id is not None:
-    is_eos_BxG1 = (out.tokens == eos_id) & (positions_G1 < emit_B[:, None])
+    # eos_id is a tuple of ids (see `_prepare`); any of them stops the row.
+    is_eos_BxG1 = (jnp.isin(out.tokens, jnp.asarray(eos_id, jnp.int32))
+                   & (positions_G1 < emit_B[:, None]))
     hit_eos_B = jnp.any(is_eos_BxG1, axis=1)
     emit_B = jnp.where(hit_eos_B, jnp.argmax(is_eos_BxG1, axis=1) + 1, emit_B)
   emit_B = jnp.where(active_B, emit_B, 0)
@@ -223,7 +225,14 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
   vocab = target.vocab_size
   validation.check_sampling(sampling, vocab)
   if eos_id is not None:
-    eos_id = _checks.check_int("eos_id", eos_id, low=0, high=vocab - 1)
+    # One id or several (Llama 3 stops on any of a few); held as a sorted
+    # tuple so it stays a hashable static argument of the compiled loop.
+    ids = (eos_id,) if np.ndim(eos_id) == 0 else tuple(eos_id)
+    if not ids:
+      raise ValueError("eos_id must be an id, a non-empty sequence of ids, or "
+                       "None.")
+    eos_id = tuple(sorted({
+        _checks.check_int("eos_id", i, low=0, high=vocab - 1) for i in ids}))
   pad_id = _checks.check_int("pad_id", pad_id)
   validation.check_token_range(prompts_np, lengths_np, vocab)
   longest = int(lengths_np.max())
@@ -268,7 +277,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     gamma: draft tokens proposed per round (>= 1).
     max_new_tokens: generation budget per row (>= 1).
     sampling: the transform applied to target and draft logits alike.
-    eos_id: a row stops after emitting this token (it is included).
+    eos_id: a row stops after emitting this token (it is included); a
+      sequence of ids stops it at the first of any of them.
     pad_id: fills `tokens` past each row's length.
     verifier: how the target judges the drafts, a registry string or a
       `Verifier` (`specjax.decode.verifiers`): "token" (default), "block"

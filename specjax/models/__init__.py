@@ -4,3 +4,5 @@ from specjax.models.cache import KVCache
 from specjax.models.protocol import CausalLM
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
+from specjax.models.vocab import PaddedVocabLM
+from specjax.models.vocab import ReducedVocabLM

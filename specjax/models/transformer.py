@@ -48,6 +48,13 @@ from specjax.models.cache import KVCache
 
 FLAVOURS = ("gpt2", "llama")
 
+# RoPE rescalings implemented, with the fields each needs besides rope_type.
+_ROPE_SCALING_FIELDS = {
+    "linear": {"factor"},
+    "llama3": {"factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"},
+}
+
 # Finite, so a softmax over an all-masked row is uniform instead of NaN, and
 # small enough in magnitude that subtracting the row max cannot overflow.
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -80,6 +87,13 @@ class TransformerConfig:
     param_dtype: storage dtype of the parameters ('float32' default;
       'bfloat16' halves parameter memory and bandwidth). Training keeps
       its optimizer moments in this dtype too.
+    qkv_bias: 'llama' only: biases on the query/key/value projections (as
+      in Qwen2); 'gpt2' always has every bias.
+    rope_scaling: 'llama' only: None, or the RoPE frequency rescaling as
+      sorted (name, value) pairs (a dict is accepted and converted, so the
+      config stays hashable), Hugging Face's fields: rope_type 'linear'
+      (factor) or 'llama3' (factor, low_freq_factor, high_freq_factor,
+      original_max_position_embeddings).
   """
   vocab_size: int
   d_model: int
@@ -95,6 +109,8 @@ class TransformerConfig:
   tie_embeddings: bool | None = None
   dtype: str = "float32"
   param_dtype: str = "float32"
+  qkv_bias: bool = False
+  rope_scaling: Any = None
 
   def __post_init__(self):
     # Derived fields are filled in here, so every consumer sees final values
@@ -138,6 +154,26 @@ class TransformerConfig:
     for field in ("dtype", "param_dtype"):
       set_(field, _float_dtype_name(f"TransformerConfig.{field}",
                                     getattr(self, field)))
+    set_("qkv_bias", bool(self.qkv_bias))
+    if self.qkv_bias and self.flavour != "llama":
+      raise ValueError("TransformerConfig.qkv_bias is for flavour 'llama' "
+                       "('gpt2' always has every bias).")
+    if self.rope_scaling is not None:
+      scaling = dict(self.rope_scaling)
+      if self.flavour != "llama":
+        raise ValueError("TransformerConfig.rope_scaling needs flavour 'llama'.")
+      need = _ROPE_SCALING_FIELDS.get(scaling.get("rope_type"))
+      if need is None:
+        raise ValueError(
+            f"TransformerConfig.rope_scaling rope_type "
+            f"{scaling.get('rope_type')!r} is not implemented; choose from "
+            f"{sorted(_ROPE_SCALING_FIELDS)}.")
+      if set(scaling) != need | {"rope_type"}:
+        raise ValueError(
+            f"TransformerConfig.rope_scaling of rope_type "
+            f"{scaling['rope_type']!r} needs exactly the fields "
+            f"{sorted(need)}, got {sorted(set(scaling) - {'rope_type'})}.")
+      set_("rope_scaling", tuple(sorted(scaling.items())))
 
   @classmethod
   def preset(cls, name: str, **overrides) -> TransformerConfig:
@@ -181,8 +217,10 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def _linear(config: TransformerConfig, d_in: int, d_out: int,
-            rngs: nnx.Rngs, *, std: float = 0.02) -> nnx.Linear:
-  return nnx.Linear(d_in, d_out, use_bias=config.flavour == "gpt2",
+            rngs: nnx.Rngs, *, std: float = 0.02,
+            bias: bool = False) -> nnx.Linear:
+  """A projection; biased for 'gpt2', or where `bias` asks (Qwen2's q/k/v)."""
+  return nnx.Linear(d_in, d_out, use_bias=config.flavour == "gpt2" or bias,
                     dtype=config.dtype, param_dtype=config.param_dtype,
                     kernel_init=nnx.initializers.normal(std), rngs=rngs)
 
@@ -197,11 +235,39 @@ def _norm(config: TransformerConfig, rngs: nnx.Rngs) -> nnx.Module:
                      rngs=rngs)
 
 
+def rope_frequencies(config: TransformerConfig) -> np.ndarray:
+  """float32 `[head_dim / 2]` RoPE inverse frequencies, rescaled as configured.
+
+  Computed on the host in float64 (a constant of the compiled program);
+  'llama3' follows Hugging Face's `_compute_llama3_parameters`: wavelengths
+  longer than original_max_position_embeddings / low_freq_factor are divided
+  by factor, shorter than .../high_freq_factor kept, and in between blended.
+  """
+  half = config.head_dim // 2
+  freq_h = config.rope_theta ** (-np.arange(half, dtype=np.float64) / half)
+  scaling = dict(config.rope_scaling or ())
+  if scaling.get("rope_type") == "linear":
+    freq_h = freq_h / scaling["factor"]
+  elif scaling.get("rope_type") == "llama3":
+    factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen_h = 2 * np.pi / freq_h
+    smooth_h = (old_len / wavelen_h - low) / (high - low)
+    blended_h = (1 - smooth_h) * freq_h / factor + smooth_h * freq_h
+    freq_h = np.where(wavelen_h > old_len / low, freq_h / factor,
+                      np.where(wavelen_h < old_len / high, freq_h, blended_h))
+  return freq_h.astype(np.float32)
+
+
 def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
-          theta: float) -> jax.Array:
-  """Rotary embedding, rotate-half convention (Hugging Face Llama)."""
+          theta: float, freq_h: np.ndarray | None = None) -> jax.Array:
+  """Rotary embedding, rotate-half convention (Hugging Face Llama).
+
+  `freq_h` (from `rope_frequencies`) overrides the plain `theta` frequencies.
+  """
   half = x_BxTxNxH.shape[-1] // 2
-  freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+  if freq_h is None:
+    freq_h = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
   angle_BxTx1xh = (positions_BxT.astype(jnp.float32)[:, :, None, None]
                    * freq_h)
   sin, cos = jnp.sin(angle_BxTx1xh), jnp.cos(angle_BxTx1xh)
@@ -240,9 +306,12 @@ class Attention(nnx.Module):
     c = config
     # GPT-2's scaled init of the residual-stream projections.
     out_std = 0.02 / math.sqrt(2 * c.num_layers)
-    self.query = _linear(c, c.d_model, c.num_heads * c.head_dim, rngs)
-    self.key = _linear(c, c.d_model, c.num_kv_heads * c.head_dim, rngs)
-    self.value = _linear(c, c.d_model, c.num_kv_heads * c.head_dim, rngs)
+    self.query = _linear(c, c.d_model, c.num_heads * c.head_dim, rngs,
+                         bias=c.qkv_bias)
+    self.key = _linear(c, c.d_model, c.num_kv_heads * c.head_dim, rngs,
+                       bias=c.qkv_bias)
+    self.value = _linear(c, c.d_model, c.num_kv_heads * c.head_dim, rngs,
+                         bias=c.qkv_bias)
     self.out = _linear(c, c.num_heads * c.head_dim, c.d_model, rngs,
                        std=out_std)
 
@@ -254,8 +323,9 @@ class Attention(nnx.Module):
     k_BxTxKxH = self.key(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
     v_BxTxKxH = self.value(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.flavour == "llama":
-      q_BxTxNxH = _rope(q_BxTxNxH, positions_BxT, c.rope_theta)
-      k_BxTxKxH = _rope(k_BxTxKxH, positions_BxT, c.rope_theta)
+      freq_h = rope_frequencies(c) if c.rope_scaling else None
+      q_BxTxNxH = _rope(q_BxTxNxH, positions_BxT, c.rope_theta, freq_h)
+      k_BxTxKxH = _rope(k_BxTxKxH, positions_BxT, c.rope_theta, freq_h)
     if cache is None:
       # Full-sequence causal attention (training, reference).
       mask_BxTxT = positions_BxT[:, None, :] <= positions_BxT[:, :, None]

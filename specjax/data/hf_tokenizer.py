@@ -1,0 +1,135 @@
+"""A Hugging Face tokenizer (tokenizer.json, the `tokenizers` library).
+
+No transformers needed: the fast tokenizer's tokenizer.json holds the whole
+pipeline (normalizer, pre-tokenizer, model, post-processor, decoder). The
+special ids come from tokenizer_config.json (bos/eos/pad token strings) and
+the checkpoint's generation_config.json / config.json (EOS ids, which may be
+several, as in Llama 3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from specjax import _checks
+
+
+def _token_str(entry: Any) -> str | None:
+  if isinstance(entry, dict):  # {"content": "<s>", ...}
+    return entry.get("content")
+  return entry
+
+
+def _ids(value: Any) -> tuple[int, ...]:
+  if value is None:
+    return ()
+  return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HFTokenizer:
+  """A `tokenizers.Tokenizer` with its special ids; satisfies `Tokenizer`.
+
+  Build with `HFTokenizer.from_dir(checkpoint_dir)`.
+
+  Attributes:
+    tokenizer: the `tokenizers.Tokenizer`.
+    bos_id, pad_id: ids or None.
+    eos_ids: every id that ends a generation, in the checkpoint's order.
+    name: the directory name, for metadata.
+  """
+  tokenizer: Any
+  bos_id: int | None = None
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int | None = None
+  name: str = "hf"
+
+  @classmethod
+  def from_dir(cls, directory: str | pathlib.Path) -> HFTokenizer:
+    """Reads tokenizer.json (+ tokenizer_config.json, generation_config.json,
+    config.json for the special ids) from a checkpoint directory."""
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    directory = pathlib.Path(directory)
+    file = directory / "tokenizer.json"
+    if not file.is_file():
+      raise FileNotFoundError(f"{directory} has no tokenizer.json (only fast "
+                              "tokenizers are supported).")
+    tok = tokenizers.Tokenizer.from_file(str(file))
+
+    def read(name):
+      f = directory / name
+      return json.loads(f.read_text()) if f.is_file() else {}
+
+    tok_cfg, gen_cfg, cfg = (read("tokenizer_config.json"),
+                             read("generation_config.json"),
+                             read("config.json"))
+
+    def special(name):
+      token = _token_str(tok_cfg.get(f"{name}_token"))
+      if token is not None and tok.token_to_id(token) is not None:
+        return tok.token_to_id(token)
+      for source in (gen_cfg, cfg):
+        if source.get(f"{name}_token_id") is not None:
+          return _ids(source[f"{name}_token_id"])[0]
+      return None
+
+    eos_ids = (_ids(gen_cfg.get("eos_token_id"))
+               or _ids(cfg.get("eos_token_id")))
+    if not eos_ids and special("eos") is not None:
+      eos_ids = (special("eos"),)
+    return cls(tokenizer=tok, bos_id=special("bos"), eos_ids=eos_ids,
+               pad_id=special("pad"), name=directory.name)
+
+  @property
+  def eos_id(self) -> int | None:
+    return self.eos_ids[0] if self.eos_ids else None
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of ids, added tokens included (a model head may be larger)."""
+    return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def id_to_token(self, i: int) -> str | None:
+    return self.tokenizer.id_to_token(int(i))
+
+  def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
+             add_special_tokens: bool = False) -> np.ndarray:
+    """int32 ids `[N]` of `text`.
+
+    `add_special_tokens=True` applies tokenizer.json's post-processor, as
+    transformers' `tokenizer(text)` does by default (e.g. Llama's BOS);
+    `add_bos` / `add_eos` prepend / append the ids explicitly.
+    """
+    if not isinstance(text, str):
+      raise TypeError(f"text must be str, got {type(text).__name__}.")
+    ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    if add_bos:
+      if self.bos_id is None:
+        raise ValueError("add_bos=True but this tokenizer has no BOS token.")
+      ids = [self.bos_id] + ids
+    if add_eos:
+      if self.eos_id is None:
+        raise ValueError("add_eos=True but this tokenizer has no EOS token.")
+      ids = ids + [self.eos_id]
+    return np.asarray(ids, np.int32)
+
+  def decode(self, ids: Any, *, skip_special_tokens: bool = True) -> str:
+    """Text of `ids` (any integer array-like); special tokens skipped.
+
+    Ids past the tokenizer (padding rows of a larger model head) decode to
+    nothing, as in transformers; `specjax.models.vocab.reconcile` gives them
+    zero probability so a generation never emits them.
+    """
+    ids_N = np.asarray(ids)
+    if ids_N.size == 0:
+      return ""
+    ids_N = _checks.check_array("ids", ids_N, kind="i").reshape(-1)
+    if ids_N.min() < 0:
+      raise ValueError(f"ids must be >= 0, got {int(ids_N.min())}.")
+    return self.tokenizer.decode([int(i) for i in ids_N],
+                                 skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,422 @@
+"""Hugging Face checkpoints as `TransformerLM`s: `load(path_or_hf_id, dtype=...)`.
+
+Reads a local directory laid out as `save_pretrained` writes it: config.json,
+`model.safetensors` or a sharded `model.safetensors.index.json`, optional
+generation_config.json and tokenizer files. No torch: weights are read with
+the `safetensors` package into numpy (bfloat16 through ml_dtypes).
+
+Architectures (config.json `architectures`):
+
+| architecture        | flavour | notes                                        |
+| ------------------- | ------- | -------------------------------------------- |
+| GPT2LMHeadModel     | gpt2    | gpt2 .. gpt2-xl, distilgpt2                  |
+| LlamaForCausalLM    | llama   | Llama 2 / 3.x, rope_scaling llama3 / linear, |
+|                     |         | GQA, tied embeddings (Llama 3.2, SmolLM2)    |
+| Qwen2ForCausalLM    | llama   | + q/k/v biases                               |
+| MistralForCausalLM  | llama   | only where sliding_window >= max_positions   |
+
+Anything else in config.json that would change the function the model
+computes (an unknown rope type, a sliding window shorter than the context,
+attention_bias on Llama, another activation, quantization...) raises
+`UnsupportedConfigError` naming the field; nothing is silently ignored.
+
+`hf:<repo_id>` resolves through `huggingface_hub.snapshot_download` (imported
+only then); offline, the error says how to pass a local directory instead.
+
+Dtypes: the weights keep the checkpoint's dtype (e.g. bfloat16) unless
+`dtype=` is given, and the model computes in that dtype; the logits the model
+returns are float32, and so are the probabilities and the coupling math of the
+decode loop, whatever the model dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models import transformer as transformer_lib
+from specjax.models.transformer import TransformerConfig
+from specjax.models.transformer import TransformerLM
+
+ARCHITECTURES = ("GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM",
+                 "MistralForCausalLM")
+
+# Tensors in some checkpoints that are not weights (causal-mask buffers of
+# old GPT-2 exports, cached RoPE frequencies): skipped on purpose.
+_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+
+
+class UnsupportedConfigError(ValueError):
+  """A config.json field whose value specjax does not implement."""
+
+  def __init__(self, field: str, value: Any, why: str):
+    self.field = field
+    super().__init__(f"config.json field {field!r} = {value!r}: {why}")
+
+
+def resolve(path: str | os.PathLike) -> pathlib.Path:
+  """A local checkpoint directory for a path or `hf:<repo_id>`.
+
+  `hf:` ids download (or reuse the local cache) with
+  `huggingface_hub.snapshot_download`, weights as safetensors only.
+  """
+  spec = os.fspath(path)
+  if spec.startswith("hf:"):
+    repo_id = spec[3:]
+    if not repo_id:
+      raise ValueError("path 'hf:' names no repository; use hf:<owner>/<name>.")
+    try:
+      import huggingface_hub  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise ImportError(
+          f"{spec} needs huggingface_hub (pip install huggingface_hub); or "
+          "download the checkpoint elsewhere and pass its local directory."
+      ) from None
+    try:
+      local = huggingface_hub.snapshot_download(
+          repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                   "*.model"])
+    except Exception as e:  # offline, unknown repo, gated, ...
+      raise OSError(
+          f"Could not fetch {repo_id!r} from the Hugging Face Hub "
+          f"({type(e).__name__}: {e}). Without network access, copy the "
+          f"checkpoint directory (e.g. `huggingface-cli download {repo_id} "
+          "--local-dir DIR` on a machine that has it) and pass the local "
+          "directory instead: specjax.models.hf.load('DIR').") from e
+    return pathlib.Path(local)
+  local = pathlib.Path(spec)
+  if not (local / "config.json").is_file():
+    raise FileNotFoundError(
+        f"{spec!r} is not a Hugging Face checkpoint directory (no "
+        "config.json); pass a directory written by save_pretrained or "
+        "'hf:<repo_id>'.")
+  return local
+
+
+def read_json(directory: pathlib.Path, name: str) -> dict[str, Any] | None:
+  file = directory / name
+  return json.loads(file.read_text()) if file.is_file() else None
+
+
+def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+  """(rope_theta, rope_scaling) from either config layout.
+
+  transformers < 5 writes `rope_theta` and `rope_scaling`; >= 5 writes
+  `rope_parameters` (rope_type, rope_theta and the scaling fields together).
+  """
+  params = dict(hf.get("rope_parameters") or {})
+  theta = float(params.pop("rope_theta", hf.get("rope_theta", 10_000.0)))
+  scaling = dict(hf.get("rope_scaling") or params)
+  field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+  if "type" in scaling and "rope_type" not in scaling:  # old spelling
+    scaling["rope_type"] = scaling.pop("type")
+  kind = scaling.get("rope_type", "default")
+  if kind == "default":
+    return theta, None
+  if kind not in ("linear", "llama3"):
+    raise UnsupportedConfigError(
+        f"{field}.rope_type", kind, "only default, linear and llama3 RoPE "
+        "are implemented.")
+  if scaling.get("attention_factor", 1.0) != 1.0:
+    raise UnsupportedConfigError(f"{field}.attention_factor",
+                                 scaling["attention_factor"],
+                                 "only 1.0 is implemented.")
+  scaling.pop("attention_factor", None)
+  return theta, scaling
+
+
+def _require(hf: dict[str, Any], field: str, allowed: tuple[Any, ...],
+             default: Any, why: str) -> None:
+  value = hf.get(field, default)
+  if value not in allowed:
+    raise UnsupportedConfigError(field, value, why)
+
+
+def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
+                   max_positions: int | None = None) -> TransformerConfig:
+  """The `TransformerConfig` of a config.json dict, or UnsupportedConfigError.
+
+  Args:
+    hf: the parsed config.json.
+    dtype: compute dtype of the model.
+    max_positions: the longest context to allow; None means the checkpoint's
+      max_position_embeddings (n_positions for GPT-2). Lower it to use a
+      Mistral/Qwen2 checkpoint whose sliding window is shorter than that.
+  """
+  archs = hf.get("architectures") or []
+  if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+    raise UnsupportedConfigError(
+        "architectures", archs, f"supported: one of {list(ARCHITECTURES)}.")
+  arch = archs[0]
+  if hf.get("quantization_config"):
+    raise UnsupportedConfigError("quantization_config",
+                                 hf["quantization_config"],
+                                 "quantized checkpoints are not implemented.")
+  if arch == "GPT2LMHeadModel":
+    _require(hf, "activation_function", ("gelu_new", "gelu_pytorch_tanh"),
+             "gelu_new", "GPT-2 blocks use the tanh GELU only.")
+    _require(hf, "scale_attn_weights", (True,), True,
+             "attention scores are always scaled by 1/sqrt(head_dim).")
+    _require(hf, "scale_attn_by_inverse_layer_idx", (False,), False,
+             "per-layer attention scaling is not implemented.")
+    _require(hf, "add_cross_attention", (False,), False,
+             "cross-attention is not implemented.")
+    positions = hf["n_positions"]
+    kwargs = dict(
+        flavour="gpt2", vocab_size=hf["vocab_size"], d_model=hf["n_embd"],
+        num_layers=hf["n_layer"], num_heads=hf["n_head"],
+        mlp_dim=hf.get("n_inner") or 4 * hf["n_embd"],
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        tie_embeddings=hf.get("tie_word_embeddings", True))
+  else:
+    _require(hf, "hidden_act", ("silu",), "silu",
+             "the SwiGLU MLP is implemented with silu only.")
+    _require(hf, "mlp_bias", (False,), False, "MLP biases are not implemented.")
+    if arch != "Qwen2ForCausalLM":
+      _require(hf, "attention_bias", (False,), False,
+               "attention projection biases are implemented only as Qwen2's "
+               "q/k/v biases.")
+    _require(hf, "partial_rotary_factor", (1.0,), 1.0,
+             "RoPE on part of each head is not implemented.")
+    theta, scaling = _rope_params(hf)
+    positions = hf["max_position_embeddings"]
+    kwargs = dict(
+        flavour="llama", vocab_size=hf["vocab_size"],
+        d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim") or None, mlp_dim=hf["intermediate_size"],
+        rope_theta=theta, rope_scaling=scaling,
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        qkv_bias=arch == "Qwen2ForCausalLM")
+  if max_positions is not None:
+    if max_positions > positions:
+      raise ValueError(f"max_positions={max_positions} exceeds the "
+                       f"checkpoint's {positions} positions.")
+    positions = max_positions
+  _check_sliding_window(arch, hf, positions)
+  return TransformerConfig(max_positions=positions, dtype=dtype,
+                           param_dtype=dtype, **kwargs)
+
+
+def _check_sliding_window(arch: str, hf: dict[str, Any], positions: int):
+  """Full attention equals sliding-window attention over <= window tokens."""
+  window = hf.get("sliding_window")
+  uses_window = window is not None
+  if arch == "Qwen2ForCausalLM":
+    layer_types = hf.get("layer_types") or []
+    uses_window = window is not None and (
+        hf.get("use_sliding_window", False)
+        or "sliding_attention" in layer_types)
+  elif arch == "GPT2LMHeadModel":
+    uses_window = False
+  # A query at position i sees keys j with i - j < window, so contexts of at
+  # most `window` positions are unaffected.
+  if uses_window and window < positions:
+    raise UnsupportedConfigError(
+        "sliding_window", window,
+        f"sliding-window attention is not implemented and the window is "
+        f"shorter than the {positions} positions the model would allow; pass "
+        f"max_positions={window} (or less) to load() to use it as full "
+        "attention.")
+
+
+# ------------------------------------------------------------------ weights --
+
+
+def read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
+  """Every tensor of model.safetensors or of the shards of its index."""
+  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  index = read_json(directory, "model.safetensors.index.json")
+  if index is not None:
+    files = sorted(set(index["weight_map"].values()))
+  elif (directory / "model.safetensors").is_file():
+    files = ["model.safetensors"]
+  else:
+    raise FileNotFoundError(
+        f"{directory} holds neither model.safetensors nor "
+        "model.safetensors.index.json (only safetensors weights are read; "
+        "re-save with save_pretrained(..., safe_serialization=True)).")
+  tensors = {}
+  for name in files:
+    with safe_open(str(directory / name), framework="numpy") as f:
+      for key in f.keys():
+        try:
+          tensors[key] = f.get_tensor(key)
+        except TypeError:  # bfloat16: numpy needs ml_dtypes, via flax
+          with safe_open(str(directory / name), framework="flax") as g:
+            tensors[key] = np.asarray(g.get_tensor(key))
+  return tensors
+
+
+def _strip(tensors: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+  out = {}
+  for key, value in tensors.items():
+    if key.endswith(_BUFFER_SUFFIXES):
+      continue
+    out[key[len(prefix):] if key.startswith(prefix) else key] = value
+  return out
+
+
+def _gpt2_params(config: TransformerConfig, t: dict[str, np.ndarray]):
+  take = t.pop
+  d = config.d_model
+  norm = lambda name: {"scale": take(f"{name}.weight"),
+                       "bias": take(f"{name}.bias")}
+  # Conv1D weights are already [in, out], as flax kernels are.
+  dense = lambda name: {"kernel": take(f"{name}.weight"),
+                        "bias": take(f"{name}.bias")}
+  blocks = {}
+  for i in range(config.num_layers):
+    p = f"h.{i}"
+    qkv_w, qkv_b = take(f"{p}.attn.c_attn.weight"), take(f"{p}.attn.c_attn.bias")
+    blocks[i] = {
+        "attn_norm": norm(f"{p}.ln_1"), "mlp_norm": norm(f"{p}.ln_2"),
+        "attn": {
+            name: {"kernel": qkv_w[:, j * d:(j + 1) * d],
+                   "bias": qkv_b[j * d:(j + 1) * d]}
+            for j, name in enumerate(("query", "key", "value"))
+        } | {"out": dense(f"{p}.attn.c_proj")},
+        "mlp": {"up": dense(f"{p}.mlp.c_fc"), "down": dense(f"{p}.mlp.c_proj")},
+    }
+  params = {"embed": {"embedding": take("wte.weight")},
+            "pos_embed": {"embedding": take("wpe.weight")},
+            "blocks": blocks, "final_norm": norm("ln_f")}
+  return params, "lm_head.weight"
+
+
+def _llama_params(config: TransformerConfig, t: dict[str, np.ndarray]):
+  take = t.pop
+  # torch Linear weights are [out, in]; flax kernels are [in, out].
+  dense = lambda name, bias=False: (
+      {"kernel": take(f"{name}.weight").T}
+      | ({"bias": take(f"{name}.bias")} if bias else {}))
+  blocks = {}
+  for i in range(config.num_layers):
+    p = f"layers.{i}"
+    attn = {mine: dense(f"{p}.self_attn.{theirs}", config.qkv_bias)
+            for mine, theirs in (("query", "q_proj"), ("key", "k_proj"),
+                                 ("value", "v_proj"))}
+    blocks[i] = {
+        "attn_norm": {"scale": take(f"{p}.input_layernorm.weight")},
+        "mlp_norm": {"scale": take(f"{p}.post_attention_layernorm.weight")},
+        "attn": attn | {"out": dense(f"{p}.self_attn.o_proj")},
+        "mlp": {"gate": dense(f"{p}.mlp.gate_proj"),
+                "up": dense(f"{p}.mlp.up_proj"),
+                "down": dense(f"{p}.mlp.down_proj")},
+    }
+  params = {"embed": {"embedding": take("embed_tokens.weight")},
+            "blocks": blocks, "final_norm": {"scale": take("norm.weight")}}
+  return params, "lm_head.weight"
+
+
+def model_from_tensors(config: TransformerConfig,
+                       tensors: dict[str, np.ndarray],
+                       dtype: Any = None) -> TransformerLM:
+  """A `TransformerLM` of `config` holding the checkpoint's tensors.
+
+  Raises ValueError naming a tensor that is missing, left over, or of the
+  wrong shape. Arrays are cast to `dtype` (default: kept as they are).
+  """
+  tensors = dict(tensors)
+  if config.flavour == "gpt2":
+    tensors = _strip(tensors, "transformer.")
+    params, head = _gpt2_params(config, tensors)
+  else:
+    head_tensor = tensors.pop("lm_head.weight", None)
+    tensors = _strip(tensors, "model.")
+    if head_tensor is not None:
+      tensors["lm_head.weight"] = head_tensor
+    params, head = _llama_params(config, tensors)
+  head_tensor = tensors.pop(head, None)
+  if not config.tie_embeddings:
+    if head_tensor is None:
+      raise ValueError("The checkpoint has untied embeddings "
+                       "(tie_word_embeddings false) but no lm_head.weight.")
+    params["lm_head"] = {"kernel": head_tensor.T}
+  if tensors:
+    raise ValueError(f"Checkpoint tensors not used by a {config.flavour} "
+                     f"model: {sorted(tensors)[:8]}; is config.json right?")
+  abstract = nnx.eval_shape(
+      lambda: transformer_lib.Transformer(config, nnx.Rngs(0)))
+  graphdef, state = nnx.split(abstract)
+  want = nnx.to_pure_dict(state)
+
+  def put(path, spec, value):
+    name = "/".join(str(getattr(k, "key", k)) for k in path)
+    if tuple(value.shape) != tuple(spec.shape):
+      raise ValueError(f"Checkpoint tensor for {name} has shape "
+                       f"{tuple(value.shape)}, the config implies "
+                       f"{tuple(spec.shape)}.")
+    return jnp.asarray(value, dtype=dtype or value.dtype)
+
+  try:
+    filled = jax.tree_util.tree_map_with_path(put, want, params)
+  except ValueError as e:
+    if "shape" in str(e):
+      raise
+    raise ValueError(f"Checkpoint tensors do not match the config's "
+                     f"parameters ({e}).") from None
+  nnx.replace_by_pure_dict(state, filled)
+  return TransformerLM(config=config, graphdef=graphdef, state=state)
+
+
+def load(path: str | os.PathLike, *, dtype: Any = None,
+         max_positions: int | None = None, tokenizer: bool = True):
+  """Loads a Hugging Face causal LM checkpoint as a specjax `TransformerLM`.
+
+  Args:
+    path: a local directory (config.json + safetensors weights, as written
+      by `save_pretrained`) or `hf:<repo_id>` (downloaded lazily through
+      huggingface_hub; see `resolve`).
+    dtype: weight and compute dtype (e.g. 'bfloat16', jnp.float32); None
+      keeps the checkpoint's dtype. Logits are returned as float32 and the
+      decode loop's probabilities and coupling math are float32 regardless.
+    max_positions: cap the context (see `config_from_hf`).
+    tokenizer: also load the tokenizer (tokenizer.json); False returns None.
+
+  Returns:
+    `(model, tokenizer)`: the `TransformerLM` and an `HFTokenizer` (None when
+    the directory has no tokenizer.json or `tokenizer=False`). The tokenizer's
+    `eos_ids` come from generation_config.json, else config.json.
+
+  Raises:
+    UnsupportedConfigError naming the config.json field the model does not
+    implement; FileNotFoundError / OSError for missing files or downloads.
+  """
+  directory = resolve(path)
+  hf = read_json(directory, "config.json")
+  tensors = read_safetensors(directory)
+  if dtype is None:
+    # The embedding's dtype stands for the checkpoint's (norm scales are
+    # sometimes stored wider).
+    emb = next(v for k, v in tensors.items() if k.endswith(("wte.weight",
+                                                           "embed_tokens.weight")))
+    dtype = emb.dtype
+  dtype_name = np.dtype(jnp.dtype(dtype)).name
+  config = config_from_hf(hf, dtype=dtype_name, max_positions=max_positions)
+  model = model_from_tensors(config, tensors, dtype=jnp.dtype(dtype_name))
+  tok = None
+  if tokenizer and (directory / "tokenizer.json").is_file():
+    from specjax.data.hf_tokenizer import HFTokenizer  # pylint: disable=g-import-not-at-top
+    tok = HFTokenizer.from_dir(directory)
+  return model, tok
+
+
+def eos_ids_of(directory: str | os.PathLike) -> tuple[int, ...]:
+  """EOS id(s) of a checkpoint: generation_config.json, else config.json."""
+  directory = pathlib.Path(directory)
+  for name in ("generation_config.json", "config.json"):
+    cfg = read_json(directory, name) or {}
+    eos = cfg.get("eos_token_id")
+    if eos is not None:
+      return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+  return ()

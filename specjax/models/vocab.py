@@ -1,0 +1,194 @@
+"""Vocabularies of draft/target pairs: padding rows and reduced draft heads.
+
+* `reconcile(target, draft, target_tokenizer, draft_tokenizer)`: model heads
+  that differ only by padding rows (Qwen2.5-0.5B's 151,936 against 7B's
+  152,064) become one vocabulary of max(V_target, V_draft) ids, where every
+  id past the tokenizer's last real id gets logit `MASKED_LOGIT`, so exactly
+  zero mass in p and q under every sampling config. Refused (ValueError
+  naming the first differing id and both tokens) unless the two tokenizers
+  agree on every real id.
+* `ReducedVocabLM(draft, token_ids_K)`: the draft's head restricted to K
+  tokens (e.g. `frequent_tokens`); q is exactly 0 elsewhere. The output
+  stays an exact sample from the target (the coupling handles q(x) = 0);
+  only the acceptance rate can change, while the draft's vocabulary
+  projection shrinks from V to K columns.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax import _checks
+from specjax.models.transformer import TransformerLM
+
+# Finite (so no non-finite-logit alarm fires) yet far enough below any real
+# logit that softmax underflows to exactly 0 after the max is subtracted, at
+# any temperature.
+MASKED_LOGIT = -1e30
+
+
+class PaddedVocabLM(struct.PyTreeNode):
+  """A `CausalLM` seen through a vocabulary of `vocab_size` ids of which only
+  the first `num_real` are tokens: logits are padded (or cut) to
+  `vocab_size` and every id >= num_real gets `MASKED_LOGIT`."""
+  model: Any
+  vocab_size: int = struct.field(pytree_node=False)
+  num_real: int = struct.field(pytree_node=False)
+
+  @property
+  def one_hot_q(self) -> bool:
+    return getattr(self.model, "one_hot_q", False)
+
+  @property
+  def max_positions(self):
+    return getattr(self.model, "max_positions", None)
+
+  def init_cache(self, batch_size: int, max_len: int):
+    return self.model.init_cache(batch_size, max_len)
+
+  def __call__(self, tokens_BxT, cache):
+    logits_BxTxW, cache = self.model(tokens_BxT, cache)
+    keep = min(self.num_real, logits_BxTxW.shape[-1])
+    logits_BxTxV = jnp.full(logits_BxTxW.shape[:-1] + (self.vocab_size,),
+                            MASKED_LOGIT, jnp.float32)
+    logits_BxTxV = logits_BxTxV.at[..., :keep].set(
+        logits_BxTxW[..., :keep].astype(jnp.float32))
+    return logits_BxTxV, cache
+
+
+def _token(tokenizer, i: int):
+  return tokenizer.id_to_token(i) if i < tokenizer.vocab_size else None
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> int:
+  """The number of real ids both tokenizers share; raises at the first id
+  where they differ (naming it and both tokens)."""
+  if target_tokenizer == draft_tokenizer:
+    return target_tokenizer.vocab_size
+  for name, tok in (("target_tokenizer", target_tokenizer),
+                    ("draft_tokenizer", draft_tokenizer)):
+    if not hasattr(tok, "id_to_token"):
+      raise TypeError(f"{name} ({type(tok).__name__}) cannot be compared id "
+                      "by id; pass the same tokenizer object for both.")
+  n = max(target_tokenizer.vocab_size, draft_tokenizer.vocab_size)
+  for i in range(n):
+    a, b = _token(target_tokenizer, i), _token(draft_tokenizer, i)
+    if a != b:
+      raise ValueError(
+          f"The draft's tokenizer differs from the target's at id {i}: "
+          f"target {a!r}, draft {b!r}. Speculative decoding needs one "
+          "vocabulary; pick a draft trained with the target's tokenizer.")
+  return n
+
+
+def reconcile(target, draft, target_tokenizer, draft_tokenizer):
+  """`(target, draft)` over one vocabulary, padding ids masked in both.
+
+  Args:
+    target, draft: `CausalLM`s whose heads have >= the tokenizers' real ids
+      (extra rows are padding, as in Qwen2.5).
+    target_tokenizer, draft_tokenizer: must agree on every real id.
+
+  Returns:
+    The two models unchanged if their heads already have exactly the real
+    ids; else both wrapped in `PaddedVocabLM` with vocab_size the larger head
+    and ids >= the tokenizer size masked (exactly zero mass in p and q).
+  """
+  num_real = check_same_tokenizer(target_tokenizer, draft_tokenizer)
+  for name, model in (("target", target), ("draft", draft)):
+    if model.vocab_size < num_real:
+      raise ValueError(f"{name}.vocab_size ({model.vocab_size}) is smaller "
+                       f"than its tokenizer ({num_real} ids).")
+  if target.vocab_size == draft.vocab_size == num_real:
+    return target, draft
+  vocab = max(target.vocab_size, draft.vocab_size)
+  return (PaddedVocabLM(target, vocab, num_real),
+          PaddedVocabLM(draft, vocab, num_real))
+
+
+def frequent_tokens(token_ids: Any, vocab_size: int, k: int, *,
+                    include: Sequence[int] = ()) -> np.ndarray:
+  """The `k` most frequent ids of `token_ids` (ties: lower id first), with
+  `include` (e.g. EOS ids) always among them. Returns sorted int32 `[k]`."""
+  k = _checks.check_int("k", k, low=1, high=vocab_size)
+  ids = np.asarray(token_ids).reshape(-1)
+  ids = ids[(ids >= 0) & (ids < vocab_size)]
+  counts_V = np.bincount(ids, minlength=vocab_size).astype(np.float64)
+  counts_V[list(include)] = np.inf
+  order = np.lexsort((np.arange(vocab_size), -counts_V))
+  return np.sort(order[:k]).astype(np.int32)
+
+
+def _hidden(module, tokens_BxT, positions_BxT, cache):
+  """`Transformer.forward` up to the final norm (the head is ours).
+
+  Mirrors specjax.models.transformer.Transformer.forward; keep in step.
+  """
+  x_BxTxD = module.embed(tokens_BxT)
+  if module.config.flavour == "gpt2":
+    x_BxTxD = x_BxTxD + module.pos_embed(
+        jnp.minimum(positions_BxT, module.config.max_positions - 1))
+  for layer, block in enumerate(module.blocks):
+    x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer)
+  return module.final_norm(x_BxTxD), cache
+
+
+class ReducedVocabLM(struct.PyTreeNode):
+  """A `TransformerLM` draft whose head scores only K tokens.
+
+  Build with `ReducedVocabLM.create(draft, token_ids_K)`. Logits of the K
+  ids are the draft's own; every other id gets `MASKED_LOGIT`, so q is
+  exactly 0 there (exactness is unaffected: the coupling never accepts a
+  token q cannot propose and the residual covers it). The head matmul is
+  `[D, K]` instead of `[D, V]`.
+  """
+  model: TransformerLM
+  head_DxK: jax.Array
+  token_ids_K: jax.Array
+  one_hot_q = False
+
+  @classmethod
+  def create(cls, model: TransformerLM, token_ids_K: Any) -> ReducedVocabLM:
+    if not isinstance(model, TransformerLM):
+      raise TypeError("model must be a TransformerLM, got "
+                      f"{type(model).__name__}.")
+    ids_K = np.unique(np.asarray(token_ids_K).reshape(-1))
+    if ids_K.size == 0 or ids_K.min() < 0 or ids_K.max() >= model.vocab_size:
+      raise ValueError(f"token_ids_K must be non-empty ids in [0, "
+                       f"{model.vocab_size}).")
+    module = model.module()
+    if model.config.tie_embeddings:
+      head_DxK = module.embed.embedding[...][ids_K].T
+    else:
+      head_DxK = module.lm_head.kernel[...][:, ids_K]
+    return cls(model=model, head_DxK=jnp.asarray(head_DxK),
+               token_ids_K=jnp.asarray(ids_K, jnp.int32))
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  @property
+  def max_positions(self) -> int:
+    return self.model.max_positions
+
+  def init_cache(self, batch_size: int, max_len: int):
+    return self.model.init_cache(batch_size, max_len)
+
+  def __call__(self, tokens_BxT, cache):
+    self.model._check_static(tokens_BxT, cache)  # pylint: disable=protected-access
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    x_BxTxD, cache = _hidden(self.model.module(), tokens_BxT, positions_BxT,
+                             cache)
+    logits_BxTxK = jnp.einsum("btd,dk->btk", x_BxTxD,
+                              self.head_DxK.astype(x_BxTxD.dtype))
+    logits_BxTxV = jnp.full(logits_BxTxK.shape[:-1] + (self.vocab_size,),
+                            MASKED_LOGIT, jnp.float32)
+    logits_BxTxV = logits_BxTxV.at[..., self.token_ids_K].set(
+        logits_BxTxK.astype(jnp.float32))
+    return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)

@@ -1,0 +1,160 @@
+"""Text in, text out: a target/draft pair from specs, timed generations.
+
+The library side of `python -m experiments.generate` and
+colab/hf_checkpoints.ipynb:
+
+* `load_target(spec)`: a Hugging Face directory or `hf:<repo_id>` ->
+  `(TransformerLM, HFTokenizer)`.
+* `make_draft(spec, target, tokenizer, prompts)`: `DIR` / `hf:ID` (another
+  checkpoint; vocabularies reconciled, see specjax.models.vocab), `self:N`
+  (the target's first N blocks with its embeddings and head), `bigram`
+  (fitted on the prompts), `prompt_lookup`.
+* `run(target, draft, tokenizer, texts, ...)`: speculative generation (and,
+  with `compare=True`, the autoregressive baseline on the same prompts),
+  each compiled once and then timed; returns texts and statistics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from specjax import sampling as sampling_lib
+from specjax.data.tokenizer_protocol import encode_batch
+from specjax.decode import loop
+from specjax.models import derived
+from specjax.models import hf
+from specjax.models import vocab
+from specjax.models.ngram import NGramLM
+from specjax.models.prompt_lookup import PromptLookupDraft
+
+# A bigram table is V x V float32: refuse beyond this vocabulary (256 MiB).
+MAX_BIGRAM_VOCAB = 8192
+
+
+def load_target(spec: str, *, dtype: Any = None):
+  """`(model, tokenizer)` of a checkpoint directory or `hf:<repo_id>`."""
+  model, tok = hf.load(spec, dtype=dtype)
+  if tok is None:
+    raise FileNotFoundError(f"{spec} has no tokenizer.json; text generation "
+                            "needs the checkpoint's fast tokenizer.")
+  return model, tok
+
+
+def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
+               dtype: Any = None):
+  """`(draft, target, description)` for a `--draft` spec.
+
+  The target is returned too because reconciling two checkpoints with
+  padded vocabularies wraps both (see `specjax.models.vocab.reconcile`).
+  """
+  kind, _, arg = spec.partition(":")
+  if kind == "self":
+    if not arg.isdigit():
+      raise ValueError(f"--draft={spec}: use self:N with N the number of the "
+                       "target's blocks to keep, e.g. self:2.")
+    draft = derived.truncate(target, int(arg))
+    return draft, target, (f"self:{arg}: the target's first {arg} of "
+                           f"{target.config.num_layers} blocks, shared "
+                           "embeddings and head")
+  if spec == "prompt_lookup":
+    return (PromptLookupDraft(vocab_size=target.vocab_size), target,
+            "prompt_lookup: n-grams of the prompt and output so far")
+  if spec == "bigram":
+    if target.vocab_size > MAX_BIGRAM_VOCAB:
+      raise ValueError(
+          f"--draft=bigram needs a [V, V] table; V = {target.vocab_size} is "
+          f"above {MAX_BIGRAM_VOCAB}. Use prompt_lookup or self:N.")
+    draft = NGramLM.fit(prompt_ids[prompt_ids >= 0], target.vocab_size, 2)
+    return draft, target, "bigram: add-1 bigram counts of the prompts"
+  draft, draft_tok = hf.load(spec, dtype=dtype)
+  if draft_tok is None:
+    raise FileNotFoundError(f"--draft={spec} has no tokenizer.json; it is "
+                            "needed to check the vocabularies agree.")
+  target, draft = vocab.reconcile(target, draft, tokenizer, draft_tok)
+  return draft, target, f"{spec}: a checkpoint"
+
+
+@dataclasses.dataclass
+class TextRun:
+  """What `run` measured. `seconds`: median of timed calls, after compiling."""
+  texts: list[str]
+  summary: dict[str, Any]
+  seconds: float
+  tokens_per_s: float
+  baseline_seconds: float | None = None
+  baseline_tokens_per_s: float | None = None
+  baseline_texts: list[str] | None = None
+
+  @property
+  def speedup(self) -> float | None:
+    if self.baseline_seconds is None:
+      return None
+    return self.baseline_seconds / self.seconds
+
+
+def _timed(fn, *, min_seconds: float = 0.5, max_calls: int = 25):
+  """`(fn(), median seconds of a call)` after one untimed (compiling) call.
+
+  Short calls repeat until `min_seconds` have passed (at most `max_calls`
+  times): one millisecond-long call says more about the timer and the
+  machine's load than about the program.
+  """
+  jax.block_until_ready(fn())  # compile (and warm up)
+  times, total = [], 0.0
+  while not times or (total < min_seconds and len(times) < max_calls):
+    start = time.perf_counter()
+    out = jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+    total += times[-1]
+  return out, float(np.median(times))
+
+
+def _texts(tokenizer, result) -> list[str]:
+  tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
+  return [tokenizer.decode(tokens[r, :n]) for r, n in enumerate(lengths)]
+
+
+def run(target, draft, tokenizer, texts: Sequence[str], *, gamma: int = 4,
+        max_new_tokens: int = 64,
+        sampling: sampling_lib.SamplingConfig = sampling_lib.GREEDY,
+        seed: int = 0, add_bos: bool | None = None,
+        compare: bool = False) -> TextRun:
+  """Generates a continuation of each text, speculating with `draft`.
+
+  Args:
+    target, draft: `CausalLM`s over one vocabulary (see `make_draft`).
+    tokenizer: the target's tokenizer (its `eos_ids` stop a row).
+    texts: prompts, one row each.
+    gamma, max_new_tokens, sampling, seed: as in `speculative_generate`.
+    add_bos: prepend BOS; None means when the tokenizer has one distinct from
+      its EOS ids (Llama-style yes, GPT-2 no).
+    compare: also time `generate` (target only) on the same prompts.
+
+  Returns:
+    A `TextRun`; each call is compiled by a first, untimed run.
+  """
+  if add_bos is None:
+    add_bos = (tokenizer.bos_id is not None
+               and tokenizer.bos_id not in tokenizer.eos_ids)
+  prompts, lengths = encode_batch(tokenizer, list(texts), add_bos=add_bos)
+  key = jax.random.key(seed)
+  eos = tokenizer.eos_ids or None
+  kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
+  out, seconds = _timed(lambda: loop.speculative_generate(
+      target, draft, prompts, lengths, key, gamma=gamma, **kwargs))
+  generated = int(np.asarray(out.lengths).sum())
+  result = TextRun(texts=_texts(tokenizer, out), summary=out.summary(),
+                   seconds=seconds, tokens_per_s=generated / seconds)
+  if compare:
+    base, base_seconds = _timed(lambda: loop.generate(
+        target, prompts, lengths, key, **kwargs))
+    result.baseline_seconds = base_seconds
+    result.baseline_tokens_per_s = (
+        int(np.asarray(base.lengths).sum()) / base_seconds)
+    result.baseline_texts = _texts(tokenizer, base)
+  return result

@@ -1,0 +1,49 @@
+"""`python -m experiments.generate` on the committed tiny checkpoints."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from specjax import textgen
+from specjax.models import hf
+
+DATA = REPO / "tests" / "data" / "hf"
+
+
+def test_generate_command_prints_text_and_statistics(tmp_path):
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("the quick brown fox\ndef main():\n")
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.generate",
+       f"--target={DATA / 'qwen2'}", f"--draft={DATA / 'qwen2_draft'}",
+       f"--prompts_file={prompts}", "--gamma=3", "--max_new_tokens=12",
+       "--compare"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  for line in ("--- row 0: 'the quick brown fox'", "--- row 1: 'def main():'",
+               "alpha_hat", "tokens per target call", "tokens/s",
+               "speedup vs generate", "identical text: True"):
+    assert line in out.stdout, out.stdout
+
+
+def test_draft_specs_are_checked():
+  target, tok = hf.load(DATA / "gpt2")
+  ids = tok.encode("the quick brown fox")
+  for spec, kind in (("self:1", "TransformerLM"),
+                     ("prompt_lookup", "PromptLookupDraft"),
+                     ("bigram", "NGramLM")):
+    draft, _, what = textgen.make_draft(spec, target, tok, ids)
+    assert type(draft).__name__ == kind and what.startswith(spec)
+  with pytest.raises(ValueError, match="self:N"):
+    textgen.make_draft("self:two", target, tok, ids)
+  with pytest.raises(ValueError, match="num_layers"):
+    textgen.make_draft("self:9", target, tok, ids)
+  with pytest.raises(ValueError, match="at id 0"):
+    textgen.make_draft(str(DATA / "llama_gqa"), target, tok, ids)
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    textgen.make_draft("no/such/dir", target, tok, np.array([1]))

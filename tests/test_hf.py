@@ -1,0 +1,361 @@
+"""Hugging Face checkpoints: parity with transformers' committed outputs.
+
+tests/data/hf holds tiny random checkpoints written by transformers'
+`save_pretrained` and its outputs (tests/data/hf/make_reference.py). These
+tests need no torch; `test_live_parity` rebuilds the references with
+transformers when torch and transformers are importable.
+"""
+
+import dataclasses
+import importlib.util
+import json
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import sampling as sampling_lib
+from specjax.data import ByteTokenizer
+from specjax.data import HFTokenizer
+from specjax.data import encode_batch
+from specjax.models import derived
+from specjax.models import hf
+from specjax.models import vocab
+
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "hf"
+NAMES = ("gpt2", "llama_gqa", "llama3_tied", "qwen2", "mistral")
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def checkpoint(request):
+  name = request.param
+  model, tok = hf.load(DATA / name)
+  ref = dict(np.load(DATA / name / "reference.npz"))
+  ref.update(json.loads((DATA / name / "reference.json").read_text()))
+  return name, model, tok, ref
+
+
+def test_full_logits_match_transformers(checkpoint):
+  _, model, _, ref = checkpoint
+  logits = np.asarray(model.logits(jnp.asarray(ref["tokens"])))
+  assert logits.dtype == np.float32
+  np.testing.assert_allclose(logits, ref["logits"], atol=ATOL, rtol=0)
+
+
+def test_incremental_logits_after_ragged_prompts(checkpoint):
+  _, model, _, ref = checkpoint
+  tokens_BxT, want_BxTxV = ref["tokens"], ref["logits"]
+  lengths = np.array([5, 9])
+  cache = model.init_cache(2, 16)
+  prompts = np.where(np.arange(9)[None] < lengths[:, None], tokens_BxT[:, :9],
+                     0)
+  _, cache = model(jnp.asarray(prompts), cache)
+  cache = cache.replace(lengths=jnp.asarray(lengths, jnp.int32))
+  step = jax.jit(lambda m, t, c: m(t, c))
+  for width in (1, 2):  # a decode step, then a 2-token verify window
+    cols = lengths[:, None] + np.arange(width)[None]
+    new = np.take_along_axis(tokens_BxT, cols, axis=1)
+    logits, cache = step(model, jnp.asarray(new), cache)
+    want = np.take_along_axis(want_BxTxV, cols[:, :, None], axis=1)
+    np.testing.assert_allclose(np.asarray(logits), want, atol=ATOL, rtol=0)
+    lengths = lengths + width
+
+
+def _prompts(ref):
+  lengths = ref["prompt_lengths"]
+  return np.where(ref["prompts"] >= 0, ref["prompts"], 0), lengths
+
+
+def _check_stream(result, ref):
+  got_len = np.asarray(result.lengths)
+  np.testing.assert_array_equal(got_len, ref["generated_lengths"])
+  for row, n in enumerate(got_len):
+    np.testing.assert_array_equal(np.asarray(result.tokens)[row, :n],
+                                  ref["generated"][row, :n])
+
+
+def test_greedy_generate_matches_transformers(checkpoint):
+  _, model, tok, ref = checkpoint
+  assert list(tok.eos_ids) == ref["eos_ids"]
+  prompts, lengths = _prompts(ref)
+  out = sj.generate(model, prompts, lengths, jax.random.key(0),
+                    max_new_tokens=32, sampling=sj.GREEDY, eos_id=tok.eos_ids)
+  _check_stream(out, ref)
+  texts = [tok.decode(np.asarray(out.tokens)[r, :n])
+           for r, n in enumerate(np.asarray(out.lengths))]
+  assert texts == ref["decoded"]
+
+
+def test_speculative_generate_matches_transformers(checkpoint):
+  _, model, tok, ref = checkpoint
+  prompts, lengths = _prompts(ref)
+  draft = derived.truncate(model, 1)
+  out = sj.speculative_generate(model, draft, prompts, lengths,
+                                jax.random.key(0), gamma=3, max_new_tokens=32,
+                                sampling=sj.GREEDY, eos_id=tok.eos_ids)
+  _check_stream(out, ref)
+
+
+def test_tokenizer_ids_match_transformers(checkpoint):
+  _, _, tok, ref = checkpoint
+  for case in ref["tokenizer"]:
+    assert tok.encode(case["text"], add_special_tokens=True).tolist() == \
+        case["ids"], case["text"]
+    assert tok.encode(case["text"]).tolist() == case["ids_no_special"]
+    assert tok.decode(case["ids_no_special"]) == case["text"]
+
+
+def test_encode_batch_right_pads():
+  tok = HFTokenizer.from_dir(DATA / "llama3_tied")
+  prompts, lengths = encode_batch(tok, ["hi", "a longer prompt"], add_bos=True)
+  assert prompts.dtype == np.int32 and lengths.tolist()[0] < lengths[1]
+  assert prompts.shape == (2, lengths.max())
+  assert (prompts[:, 0] == tok.bos_id).all()
+  assert (prompts[0, lengths[0]:] == tok.pad_id).all()
+  byte_prompts, byte_lengths = encode_batch(ByteTokenizer(), ["ab", "c"])
+  assert byte_prompts.tolist() == [[97, 98], [99, 258]]
+  assert byte_lengths.tolist() == [2, 1]
+  with pytest.raises(ValueError, match="no tokens"):
+    encode_batch(tok, ["", "x"])
+  with pytest.raises(ValueError, match="sequence of strings"):
+    encode_batch(tok, "one string")
+  from specjax.data import Tokenizer  # pylint: disable=g-import-not-at-top
+  assert isinstance(tok, Tokenizer) and isinstance(ByteTokenizer(), Tokenizer)
+
+
+def test_several_eos_ids_stop_a_row():
+  model, tok = hf.load(DATA / "llama3_tied")
+  ref = np.load(DATA / "llama3_tied" / "reference.npz")
+  # Row 1 of the reference stops at the second EOS id of three.
+  n = ref["generated_lengths"][1]
+  assert n < 32 and ref["generated"][1, n - 1] == tok.eos_ids[1]
+  prompts, lengths = _prompts(ref)
+  only_first = sj.generate(model, prompts, lengths, jax.random.key(0),
+                           max_new_tokens=32, sampling=sj.GREEDY,
+                           eos_id=tok.eos_ids[0])
+  assert int(only_first.lengths[1]) > n  # the other ids are what stop it
+  with pytest.raises(ValueError, match="eos_id"):
+    sj.generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=4,
+                eos_id=())
+  with pytest.raises(ValueError, match="eos_id"):
+    sj.generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=4,
+                eos_id=(1, model.vocab_size))
+
+
+# --------------------------------------------------------- dtypes and files --
+
+
+def test_bfloat16_weights_compute_in_bf16_return_float32_logits(tmp_path):
+  model32, _ = hf.load(DATA / "llama_gqa")
+  model16, _ = hf.load(DATA / "llama_gqa", dtype="bfloat16")
+  assert model16.config.dtype == "bfloat16"
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(model16.state))
+  tokens = jnp.asarray(np.load(DATA / "llama_gqa" / "reference.npz")["tokens"])
+  logits16 = model16.logits(tokens)
+  assert logits16.dtype == jnp.float32
+  np.testing.assert_allclose(logits16, model32.logits(tokens), atol=0.15)
+  # A bfloat16 checkpoint keeps its dtype without dtype=.
+  from safetensors.flax import save_file  # pylint: disable=g-import-not-at-top
+  shutil.copytree(DATA / "llama_gqa", tmp_path / "bf16")
+  tensors = hf.read_safetensors(DATA / "llama_gqa")
+  save_file({k: jnp.asarray(v, jnp.bfloat16) for k, v in tensors.items()},
+            str(tmp_path / "bf16" / "model.safetensors"))
+  loaded, _ = hf.load(tmp_path / "bf16")
+  assert loaded.config.dtype == "bfloat16"
+  np.testing.assert_array_equal(loaded.logits(tokens), logits16)
+
+
+def test_sharded_checkpoint_loads_like_the_single_file(tmp_path):
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  src = DATA / "qwen2"
+  for f in ("config.json", "tokenizer.json", "tokenizer_config.json",
+            "generation_config.json"):
+    shutil.copy(src / f, tmp_path / f)
+  tensors = hf.read_safetensors(src)
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[::2],
+            "model-00002-of-00002.safetensors": names[1::2]}
+  for file, keys in shards.items():
+    save_file({k: tensors[k] for k in keys}, str(tmp_path / file))
+  (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {k: f for f, ks in shards.items() for k in ks}}))
+  sharded, _ = hf.load(tmp_path)
+  single, _ = hf.load(src)
+  tokens = jnp.asarray([[1, 2, 3, 4]])
+  np.testing.assert_array_equal(sharded.logits(tokens), single.logits(tokens))
+
+
+def test_missing_files_and_hub_ids_name_the_fix(tmp_path, monkeypatch):
+  with pytest.raises(FileNotFoundError, match="config.json"):
+    hf.load(tmp_path)
+  shutil.copy(DATA / "gpt2" / "config.json", tmp_path / "config.json")
+  with pytest.raises(FileNotFoundError, match="model.safetensors"):
+    hf.load(tmp_path)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+  error = ImportError if importlib.util.find_spec("huggingface_hub") is None \
+      else OSError
+  with pytest.raises(error, match="local directory"):
+    hf.load("hf:specjax-tests/does-not-exist")
+
+
+# ------------------------------------------------- unsupported config fields --
+
+
+def _config(name):
+  return json.loads((DATA / name / "config.json").read_text())
+
+
+UNSUPPORTED = [
+    ("gpt2", {"architectures": ["GPT2Model"]}, "architectures"),
+    ("gpt2", {"activation_function": "relu"}, "activation_function"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True},
+     "scale_attn_by_inverse_layer_idx"),
+    ("gpt2", {"scale_attn_weights": False}, "scale_attn_weights"),
+    ("gpt2", {"add_cross_attention": True}, "add_cross_attention"),
+    ("llama_gqa", {"attention_bias": True}, "attention_bias"),
+    ("llama_gqa", {"mlp_bias": True}, "mlp_bias"),
+    ("llama_gqa", {"hidden_act": "gelu"}, "hidden_act"),
+    ("llama_gqa", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ("llama_gqa", {"quantization_config": {"quant_method": "gptq"}},
+     "quantization_config"),
+    ("llama_gqa", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                       "rope_theta": 1e4}},
+     "rope_parameters.rope_type"),
+    ("llama_gqa", {"rope_parameters": None, "rope_theta": 1e4,
+                   "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+     "rope_scaling.rope_type"),
+    ("llama_gqa", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
+                                       "attention_factor": 2.0}},
+     "rope_parameters.attention_factor"),
+    ("mistral", {"sliding_window": 32}, "sliding_window"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 32},
+     "sliding_window"),
+]
+
+
+@pytest.mark.parametrize("name,change,field", UNSUPPORTED,
+                         ids=[f"{n}-{f}" for n, _, f in UNSUPPORTED])
+def test_unsupported_config_field_is_named(name, change, field):
+  config = _config(name) | change
+  with pytest.raises(hf.UnsupportedConfigError) as info:
+    hf.config_from_hf(config)
+  assert info.value.field == field
+  assert repr(field) in str(info.value)
+
+
+def test_sliding_window_is_full_attention_within_the_window():
+  config = _config("mistral") | {"sliding_window": 32}
+  assert hf.config_from_hf(config, max_positions=32).max_positions == 32
+  # Old-style (transformers < 5) rope fields are read too.
+  old = _config("llama3_tied")
+  params = old.pop("rope_parameters")
+  old["rope_theta"] = params.pop("rope_theta")
+  old["rope_scaling"] = params
+  assert hf.config_from_hf(old) == hf.config_from_hf(_config("llama3_tied"))
+
+
+# ------------------------------------------------------------- vocabularies --
+
+
+def _probs(model, tokens, sampling):
+  cache = model.init_cache(1, 8)
+  logits, _ = model(jnp.asarray(tokens), cache)
+  return np.asarray(sampling_lib.probabilities(logits[0, -1], sampling))
+
+
+def test_padded_vocabularies_are_reconciled_with_zero_mass():
+  target, target_tok = hf.load(DATA / "qwen2")        # 320-row head
+  draft, draft_tok = hf.load(DATA / "qwen2_draft")    # 304-row head
+  assert (target.vocab_size, draft.vocab_size, target_tok.vocab_size) == (
+      320, 304, 300)
+  t, d = vocab.reconcile(target, draft, target_tok, draft_tok)
+  assert t.vocab_size == d.vocab_size == 320
+  for sampling in (sj.SamplingConfig(temperature=1.0),
+                   sj.SamplingConfig(temperature=0.3, top_p=0.9)):
+    for m in (t, d):
+      p = _probs(m, [[5, 6, 7]], sampling)
+      assert p.shape == (320,) and (p[300:] == 0).all() and p[:300].sum() > 0
+  ref = np.load(DATA / "qwen2" / "reference.npz")
+  prompts, lengths = _prompts(ref)
+  # The random target's greedy stream reaches padding ids (transformers emits
+  # them), so the reconciled target's own stream is the reference here.
+  assert (ref["generated"] >= 300).any()
+  kwargs = dict(max_new_tokens=32, sampling=sj.GREEDY,
+                eos_id=target_tok.eos_ids)
+  want = sj.generate(t, prompts, lengths, jax.random.key(0), **kwargs)
+  got = sj.speculative_generate(t, d, prompts, lengths, jax.random.key(0),
+                                gamma=4, **kwargs)
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert (np.asarray(want.tokens) < 300).all()
+
+
+def test_different_tokenizers_are_refused_naming_the_token():
+  gpt2_tok = HFTokenizer.from_dir(DATA / "gpt2")
+  llama_tok = HFTokenizer.from_dir(DATA / "llama_gqa")
+  model, _ = hf.load(DATA / "llama_gqa")
+  with pytest.raises(ValueError, match="at id 0: target '<|endoftext|>', "
+                     "draft '<|begin_of_text|>'"):
+    vocab.reconcile(model, model, gpt2_tok, llama_tok)
+
+
+def test_reduced_vocabulary_draft_is_exact_with_zero_q_elsewhere():
+  target, tok = hf.load(DATA / "gpt2")
+  ref = np.load(DATA / "gpt2" / "reference.npz")
+  keep = vocab.frequent_tokens(ref["generated"], target.vocab_size, 64,
+                               include=tok.eos_ids)
+  assert keep.size == 64 and set(tok.eos_ids) <= set(keep.tolist())
+  draft = vocab.ReducedVocabLM.create(derived.truncate(target, 1), keep)
+  q = _probs(draft, [[5, 6, 7]], sj.SamplingConfig(temperature=1.0))
+  outside = np.setdiff1d(np.arange(target.vocab_size), keep)
+  assert (q[outside] == 0).all() and q[keep].sum() == pytest.approx(1, 1e-5)
+  prompts, lengths = _prompts(ref)
+  out = sj.speculative_generate(target, draft, prompts, lengths,
+                                jax.random.key(0), gamma=4, max_new_tokens=32,
+                                sampling=sj.GREEDY, eos_id=tok.eos_ids)
+  _check_stream(out, ref)
+
+
+def test_truncate_shares_weights_and_checks_layers():
+  model, _ = hf.load(DATA / "llama_gqa")
+  draft = derived.truncate(model, 1)
+  assert draft.config == dataclasses.replace(model.config, num_layers=1)
+  assert draft.state["embed"]["embedding"][...] is \
+      model.state["embed"]["embedding"][...]
+  with pytest.raises(ValueError, match="num_layers"):
+    derived.truncate(model, 3)
+
+
+# --------------------------------------------------------------------- live --
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None
+    or importlib.util.find_spec("transformers") is None,
+    reason="live parity needs torch and transformers (pip install .[reference])")
+def test_live_parity_with_transformers(tmp_path):
+  """Rebuilds two references with the installed transformers and compares."""
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, str(DATA))
+  import make_reference  # pylint: disable=g-import-not-at-top
+  for name in ("llama3_tied",):
+    make_reference.build_one(name, tmp_path / name)
+    model, tok = hf.load(tmp_path / name)
+    ref = dict(np.load(tmp_path / name / "reference.npz"))
+    np.testing.assert_allclose(model.logits(jnp.asarray(ref["tokens"])),
+                               ref["logits"], atol=ATOL, rtol=0)
+    prompts, lengths = _prompts(ref)
+    out = sj.generate(model, prompts, lengths, jax.random.key(0),
+                      max_new_tokens=32, sampling=sj.GREEDY,
+                      eos_id=tok.eos_ids)
+    _check_stream(out, ref)
+    for case in json.loads((tmp_path / name / "reference.json").read_text()
+                           )["tokenizer"]:
+      assert tok.encode(case["text"], add_special_tokens=True).tolist() == \
+          case["ids"]
