@@ -21,6 +21,7 @@ from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
+from specjax.models.self_draft import SelfDraft
 from specjax.sampling import GREEDY
 from specjax.sampling import SamplingConfig
 from specjax.sampling import probabilities

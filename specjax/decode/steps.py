@@ -87,7 +87,7 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
 
 
 def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
-                 coupling_rule=coupling._coupling):
+                 coupling_rule=coupling._coupling, num_drafts_B=None):
   gamma = drafts_BxG.shape[1]
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
   logits_BxG1xV, cache = target(tokens_BxG1, cache)
@@ -109,6 +109,15 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   # Length of the accepted prefix: index of the first rejection, else G.
   num_accepted_B = jnp.where(jnp.all(accepted_BxG, axis=1), gamma,
                              jnp.argmax(~accepted_BxG, axis=1)).astype(jnp.int32)
+  drafted_B = gamma
+  if num_drafts_B is not None:
+    # Row b stopped drafting after num_drafts_B[b] <= G tokens (an adaptive
+    # draft length): it keeps at most those. When it keeps them all, its last
+    # token is the coupled output at the next position (the next draft kept,
+    # or the residual draw), an exact sample from p there: that draft was
+    # drawn from q independently of the decision to stop.
+    drafted_B = num_drafts_B
+    num_accepted_B = jnp.minimum(num_accepted_B, num_drafts_B)
   positions_G1 = jnp.arange(gamma + 1)
   rejected_token_B = jnp.take_along_axis(
       coupled_BxG, jnp.minimum(num_accepted_B, gamma - 1)[:, None], axis=1)[:, 0]
@@ -116,7 +125,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   emitted_BxG1 = jnp.concatenate([drafts_BxG, bonus_B[:, None]], axis=1)
   emitted_BxG1 = jnp.where(positions_G1 == num_accepted_B[:, None],
                            last_token_B[:, None], emitted_BxG1)
-  num_verified_B = jnp.minimum(num_accepted_B + 1, gamma)
+  num_verified_B = jnp.minimum(num_accepted_B + 1, drafted_B)
   overlap_BxG = jnp.sum(jnp.minimum(p_BxGxV, q_BxGxV), axis=-1)
   judged_BxG = positions_G1[:gamma] < num_verified_B[:, None]
   return VerifyOutput(
