@@ -11,6 +11,9 @@ from specjax.coupling import tv_distance
 from specjax.decode import GenerationResult
 from specjax.decode import RowStats
 from specjax.decode import VerifyOutput
+from specjax.decode.draft_length import Confidence
+from specjax.decode.draft_length import Goodput
+from specjax.decode.draft_length import measure_goodput
 from specjax.decode import draft_step
 from specjax.decode import generate
 from specjax.decode import speculative_generate
