@@ -85,15 +85,16 @@ def _exact_law(target, sampling):
 
 @dataclasses.dataclass(frozen=True)
 class _PeekTwoAhead(draft_length.Rule):
-  """Negative control: after drawing x_i, stop at length i - 2 when q(x_i)
-  is small, i.e. decide the length g from x_{g+2} (see lab.stopping)."""
-  threshold: float = 0.9
+  """Negative control: after drawing x_i (i >= 3), stop at length i - 2
+  unless x_i is the draft's mode, i.e. decide the length g from x_{g+2}
+  (see lab.stopping): rows that continue judge an x_3 that is always q's
+  mode against q."""
   gamma_max: int = 3
 
   def stop(self, count, q_BxV, x_B):
     q_x_B = jnp.take_along_axis(q_BxV, x_B[:, None], axis=1)[:, 0]
-    return (q_x_B < self.threshold) & (count >= 3), jnp.broadcast_to(
-        count - 2, x_B.shape)
+    peeked_B = (q_x_B < jnp.max(q_BxV, axis=-1)) & (count >= 3)
+    return peeked_B, jnp.broadcast_to(count - 2, x_B.shape)
 
 
 def _sample(target, draft, rule, sampling):
