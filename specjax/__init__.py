@@ -18,6 +18,9 @@ from specjax.decode import GenerationResult
 from specjax.decode import NonFiniteLogitsError
 from specjax.decode import RowStats
 from specjax.decode import VerifyOutput
+from specjax.decode.draft_length import Confidence
+from specjax.decode.draft_length import Goodput
+from specjax.decode.draft_length import measure_goodput
 from specjax.decode import draft_step
 from specjax.decode import generate
 from specjax.decode import speculative_generate
@@ -33,6 +36,7 @@ from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
+from specjax.models.self_draft import SelfDraft
 from specjax.sampling import GREEDY
 from specjax.sampling import SamplingConfig
 from specjax.sampling import probabilities

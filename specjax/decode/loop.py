@@ -23,6 +23,8 @@ from specjax import _checks
 from specjax import coupling
 from specjax import sampling as sampling_lib
 from specjax import sharding
+from specjax.decode import adaptive
+from specjax.decode import draft_length as draft_length_lib
 from specjax.decode import state as state_lib
 from specjax.decode import steps
 from specjax.decode import validation
@@ -31,6 +33,9 @@ from specjax.decode import verifiers as verifiers_lib
 # Prompts are padded to a power of two >= this, so prompts of similar length
 # share one compiled program.
 MIN_PROMPT_BUCKET = 16
+
+# gamma="auto": the Goodput rule's largest draft length.
+AUTO_GAMMA_MAX = 8
 
 # Fold-in tags that keep each random draw of a round independent.
 _VERIFY_PURPOSE_OFFSET = 1 << 20
@@ -79,17 +84,25 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
   # once (unused, and so compiled away, when the draft's q is one-hot).
   u_BxG = jax.vmap(lambda k_B: steps._row_uniforms(k_B, 1)[:, 0],
                    in_axes=1, out_axes=1)(keys_BxG)
-  # The draft may lag one token behind (it never saw x_gamma when all drafts
-  # were kept), so it always re-reads a two-token window ending at the last
-  # committed token; `select` picks the logits of that last token.
-  start_B = jnp.maximum(n_B - 2, 0)
-  window_Bx2 = jnp.take_along_axis(
-      state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
-  cache = state.draft_cache.replace(lengths=start_B)
-  x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_Bx2,
-                                          u_BxG[:, 0], sampling,
-                                          select_B=n_B - 1 - start_B)
-  cache = cache.replace(lengths=n_B)
+  if getattr(draft, "reads_target_cache", False):
+    # The draft's cache is a view of the target's, which holds every
+    # committed position but the last token's: feed that one token.
+    cache = draft.cache_from_target(state.target_cache)
+    last_Bx1 = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)
+    x_B, q_BxV, cache = steps._draft_sample(draft, cache, last_Bx1,
+                                            u_BxG[:, 0], sampling)
+  else:
+    # The draft may lag one token behind (it never saw x_gamma when all
+    # drafts were kept), so it always re-reads a two-token window ending at
+    # the last committed token; `select` picks the logits of that last token.
+    start_B = jnp.maximum(n_B - 2, 0)
+    window_Bx2 = jnp.take_along_axis(
+        state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
+    cache = state.draft_cache.replace(lengths=start_B)
+    x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_Bx2,
+                                            u_BxG[:, 0], sampling,
+                                            select_B=n_B - 1 - start_B)
+    cache = cache.replace(lengths=n_B)
 
   def one_more(carry, u_B):
     cache, token_B = carry
@@ -106,24 +119,47 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
 
 
 def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
-           coupling_rule, verifier=None):
-  """One speculative round for every row (gamma = 0: one autoregressive step)."""
+           coupling_rule, verifier=None, draft_length=None):
+  """One speculative round for every row (gamma = 0: one autoregressive step).
+
+  With a `draft_length` rule, gamma is its gamma_max and each row drafts
+  (and keeps) at most its own number of tokens (see `adaptive`)."""
   n_B = state.lengths
   batch = n_B.shape[0]
   active_B = ~state.done
   draft_keys_BxG, verify_keys_B = _round_keys(state.row_keys, state.round,
                                               gamma)
-  if gamma:
+  target_cache = state.target_cache
+  draft_passes = gamma
+  if draft_length is not None:
+    drafts_BxG, q_BxGxV, draft_cache, drafted_B, draft_passes = (
+        adaptive.propose(draft, state, draft_length, draft_keys_BxG, sampling,
+                         lambda keys: _propose(draft, state, 1, keys,
+                                               sampling)))
+    if getattr(draft, "reads_target_cache", False):
+      target_cache = draft.cache_to_target(target_cache, draft_cache)
+      draft_cache = state.draft_cache
+  elif gamma:
     drafts_BxG, q_BxGxV, draft_cache = _propose(draft, state, gamma,
                                                 draft_keys_BxG, sampling)
+    if getattr(draft, "reads_target_cache", False):
+      # The draft wrote its lookahead into the target's own layers; the
+      # verify pass overwrites those positions before reading them.
+      target_cache = draft.cache_to_target(target_cache, draft_cache)
+      draft_cache = state.draft_cache
   else:
     drafts_BxG = jnp.zeros((batch, 0), jnp.int32)
     q_BxGxV = jnp.zeros((batch, 0, target.vocab_size), jnp.float32)
     draft_cache = state.draft_cache
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
-  out = steps._verify_step(target, state.target_cache, last_B, drafts_BxG,
-                           q_BxGxV, verify_keys_B,
-                           sampling, coupling_rule, verifier)
+  if draft_length is not None:
+    out = adaptive.verify(target, target_cache, last_B, drafts_BxG, q_BxGxV,
+                          drafted_B, draft_passes, verify_keys_B, sampling,
+                          coupling_rule, verifier)
+  else:
+    out = steps._verify_step(target, target_cache, last_B, drafts_BxG,
+                             q_BxGxV, verify_keys_B,
+                             sampling, coupling_rule, verifier)
 
   # Commit: accepted prefix + one, cut at the budget and just after an EOS.
   positions_G1 = jnp.arange(gamma + 1)
@@ -151,7 +187,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   stats = s.replace(
       rounds=s.rounds + a_B,
       target_calls=s.target_calls + a_B,
-      draft_calls=s.draft_calls + gamma * a_B,
+      draft_calls=s.draft_calls + draft_passes * a_B,
       verified=s.verified + out.num_verified * a_B,
       accepted=s.accepted + out.num_accepted * a_B,
       overlap_sum=s.overlap_sum + jnp.where(active_B, out.overlap, 0.0),
@@ -171,10 +207,11 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
 @functools.partial(
     jax.jit,
     static_argnames=("gamma", "max_new_tokens", "sampling", "eos_id", "pad_id",
-                     "coupling_rule", "verifier"))
+                     "coupling_rule", "verifier", "draft_length"))
 def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
               gamma, max_new_tokens, sampling, eos_id, pad_id,
-              coupling_rule=coupling._coupling, verifier=None):
+              coupling_rule=coupling._coupling, verifier=None,
+              draft_length=None):
   """The compiled generation. `coupling_rule(u_accept, u_residual, p, q, x)`
   is static so that tests can swap in deliberately wrong rules (negative
   controls) and watch the exactness test reject them; `verifier` (a static
@@ -192,7 +229,9 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
       row_keys=row_keys_B,
       target_cache=_prefill(target, prompts_BxP, buffer_len,
                             prompt_lengths_B - 1),
-      draft_cache=(None if draft is None else _prefill(
+      draft_cache=(None if draft is None
+                   or getattr(draft, "reads_target_cache", False)
+                   else _prefill(
           draft, prompts_BxP, buffer_len,
           jnp.maximum(prompt_lengths_B - 2, 0))),
       stats=state_lib.RowStats.zeros(batch, gamma))
@@ -202,7 +241,7 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   round_fn = functools.partial(_round, target=target, draft=draft, gamma=gamma,
                                max_new_tokens=max_new_tokens, sampling=sampling,
                                eos_id=eos_id, coupling_rule=coupling_rule,
-                               verifier=verifier)
+                               verifier=verifier, draft_length=draft_length)
   body = lambda s: sharding.constrain_decode_state(round_fn(s))
   # Every active row commits >= 1 token a round, so max_new_tokens rounds
   # always suffice; the loop usually exits much earlier.
@@ -257,7 +296,8 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
 
 
 def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
-                         gamma: int, max_new_tokens: int,
+                         gamma: int | str | draft_length_lib.Rule,
+                         max_new_tokens: int,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                          eos_id: int | None = None, pad_id: int = 0,
                          verifier: str | verifiers_lib.Verifier = "token",
@@ -274,7 +314,11 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     prompts: int `[B, P]`, right-padded; prompt_lengths: int `[B]` in [1, P].
     key: one PRNG key (row b uses fold_in(key, b)) or keys `[B]`, one per row;
       a row's output depends only on its prompt and its key.
-    gamma: draft tokens proposed per round (>= 1).
+    gamma: draft tokens proposed per round (>= 1); or a draft-length rule
+      (`specjax.Confidence`, `specjax.Goodput`) under which each row stops
+      drafting early, up to the rule's gamma_max; or "auto": the `Goodput`
+      rule with gamma_max = AUTO_GAMMA_MAX and c, r measured on this machine
+      at this batch size on the first call (a few seconds; memoised).
     max_new_tokens: generation budget per row (>= 1).
     sampling: the transform applied to target and draft logits alike.
     eos_id: a row stops after emitting this token (it is included); a
@@ -308,18 +352,41 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     raise ValueError(f"draft.vocab_size ({draft.vocab_size}) != "
                      f"target.vocab_size ({target.vocab_size}); speculative "
                      "decoding needs one shared vocabulary.")
-  gamma = _checks.check_int("gamma", gamma, low=1)
+  if getattr(draft, "reads_target_cache", False):
+    draft.check_target(target)  # its cache must be the draft's to read
+  rule, auto = None, isinstance(gamma, str)
+  if auto:
+    if gamma != "auto":
+      raise ValueError(f"gamma must be an int >= 1, 'auto' or a draft-length "
+                       f"rule, got {gamma!r}.")
+    gamma = AUTO_GAMMA_MAX
+  elif isinstance(gamma, draft_length_lib.Rule):
+    rule = draft_length_lib.check_rule(gamma)
+    gamma = rule.gamma_max
+  else:
+    gamma = _checks.check_int("gamma", gamma, low=1)
+  if (auto or rule is not None) and not verifier.supports_draft_length:
+    raise ValueError(
+        f"verifier={verifier.spec!r} judges a draft block as a whole and "
+        "cannot run with an adaptive draft length (gamma='auto' or a "
+        "draft-length rule); use an int gamma, or verifier='token'.")
   prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=gamma, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("target", target), ("draft", draft)))
+  if auto:
+    # Costs at the middle of the generation, at this batch size (r(B), c(B)).
+    rule = draft_length_lib.measure_goodput(
+        target, draft, batch_size=prompts.shape[0], gamma_max=gamma,
+        context_len=prompts.shape[1] + max_new_tokens // 2)
   mesh = sharding.as_mesh(mesh)
   (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (target, draft), (prompts, lengths, keys))
   with sharding.using(mesh):
     result = _generate(target, draft, prompts, lengths, keys, gamma=gamma,
                        max_new_tokens=max_new_tokens, sampling=sampling,
-                       eos_id=eos_id, pad_id=pad_id, verifier=verifier)
+                       eos_id=eos_id, pad_id=pad_id, verifier=verifier,
+                       draft_length=rule)
   validation.check_finite_logits(result.stats, "speculative_generate",
                                  on_nonfinite)
   return result

@@ -113,9 +113,15 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
 
 
 def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
-                 coupling_rule=coupling._coupling, verifier=None):
+                 coupling_rule=coupling._coupling, verifier=None,
+                 num_drafts_B=None):
   """`verifier` (a `Verifier`, static) decides what to keep; None is token
-  verification with `coupling_rule` (kept for tests' negative controls)."""
+  verification with `coupling_rule` (kept for tests' negative controls).
+
+  `num_drafts_B` (int32 `[B]`, optional): row b stopped drafting after
+  num_drafts_B[b] <= G tokens (an adaptive draft length) and keeps at most
+  those; only for verifiers with `supports_draft_length`.
+  """
   gamma = drafts_BxG.shape[1]
   batch = last_B.shape[0]
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
@@ -142,7 +148,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
               jnp.zeros(drafts_BxG.shape, jnp.float32), target_token_BxG1,
               q_BxGxV, drafts_BxG))
     emitted_BxG1 = verifier_base.emit(drafts_BxG, num_accepted_B,
-                                           last_token_B)
+                                      last_token_B)
   elif gamma == 0:  # plain autoregressive step: the "bonus" is the sample.
     p_BxV = sampling_lib.probabilities(logits_BxG1xV[:, 0], sampling)
     emitted_BxG1 = sampling_lib.sample_from_probs(
@@ -156,7 +162,15 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
         u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG,
         lambda u_x, probs_xV: _sample(u_x, probs_xV, sampling))
     overlap_BxG = jnp.sum(jnp.minimum(p_BxG1xV[:, :gamma], q_BxGxV), axis=-1)
-  num_verified_B = jnp.minimum(num_accepted_B + 1, gamma)
+  drafted_B = gamma
+  if num_drafts_B is not None:
+    # Row b keeps at most its num_drafts_B[b] = d drafts. When the verifier
+    # kept more, x_{d+1} was kept too, and `emitted[d]` already holds it: the
+    # coupled output at position d + 1, an exact sample from p there, since
+    # that draft was drawn from q independently of the decision to stop.
+    drafted_B = num_drafts_B
+    num_accepted_B = jnp.minimum(num_accepted_B, num_drafts_B)
+  num_verified_B = jnp.minimum(num_accepted_B + 1, drafted_B)
   judged_BxG = positions_G1[:gamma] < num_verified_B[:, None]
   return VerifyOutput(
       tokens=emitted_BxG1.astype(jnp.int32),

@@ -34,9 +34,15 @@ class Verifier:
     exact: True when the emitted text is distributed exactly as the target's
       (proved on the lab, `specjax.lab.verifiers`); False for lossy
       baselines, whose distortion the lab measures and prints.
+    supports_draft_length: True when each position is judged on its own, left
+      to right, and a kept draft is emitted as drafted, so a row that stopped
+      drafting after d tokens can keep min(kept, d) (adaptive draft lengths,
+      `specjax.decode.draft_length`). Block verification judges the block as
+      a whole and cannot.
   """
   name: ClassVar[str] = ""
   exact: ClassVar[bool] = True
+  supports_draft_length: ClassVar[bool] = False
 
   @property
   def spec(self) -> str:

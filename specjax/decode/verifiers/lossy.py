@@ -38,6 +38,7 @@ def _chain(accepted_BxG, corrections_BxG, bonus_B, drafts_BxG):
 class LenientVerifier(base.Verifier):
   """Lenient acceptance min(1, p / (l q)); lossy for l < 1."""
   name = "lenient"
+  supports_draft_length = True
   exact = False
   lenience: float = 0.5
 
@@ -80,6 +81,7 @@ def typical_threshold(p_xV, epsilon: float, delta: float):
 class TypicalVerifier(base.Verifier):
   """Medusa's typical acceptance p(x) > min(eps, delta exp(-H(p))); lossy."""
   name = "typical"
+  supports_draft_length = True
   exact = False
   epsilon: float = 0.09
   delta: float = 0.3

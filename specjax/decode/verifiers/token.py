@@ -30,6 +30,7 @@ class TokenVerifier(base.Verifier):
   `[accept_1..accept_G, residual_1..residual_G, bonus]`.
   """
   name = "token"
+  supports_draft_length = True
   coupling_rule: Callable = coupling._coupling
 
   @property

@@ -1,0 +1,167 @@
+r"""gamma="auto" (and the confidence rule) against every fixed gamma, per draft and batch.
+
+  SPECJAX_CACHE=/work/cache/i12-drafts python -m experiments.adaptive_gamma \
+      --target=quick --drafts=self:1,self:2 --batches=1,8 \
+      --gammas=1,2,3,4,6,8 --results_dir=results/adaptive_gamma
+
+For every (draft, batch) cell it times, interleaved and after compilation,
+`generate` and `speculative_generate` with each fixed gamma, with
+gamma="auto" (the Goodput rule, c and r measured at that batch) and with
+auto plus a confidence stop (`--threshold`), over the same held-out prompts
+and keys. It prints and writes (`adaptive_gamma.jsonl`, `.png`) the speedup
+of each and, per cell, auto's speedup over the best fixed gamma.
+
+Drafts: `self:K` is `SelfDraft(target, layers=K, share_cache=True)`; any
+other name is loaded from `specjax.zoo` (e.g. bigram,
+distilled-draft-0.1m@target-3m, trained on first use). `--target=quick` is
+the quick job's trained target-3m; a preset name (byte-85m) has RANDOM
+weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+import specjax as sj
+from specjax import data
+from specjax import measure
+from specjax import zoo
+
+_TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
+_DRAFTS = flags.DEFINE_list("drafts", ["self:1", "self:2"], "Drafts.")
+_BATCHES = flags.DEFINE_list("batches", ["1", "8"], "Batch sizes.")
+_GAMMAS = flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6", "8"],
+                            "Fixed gammas to compare against.")
+_THRESHOLD = flags.DEFINE_float("threshold", 0.5, "Confidence stop of the "
+                                "'auto+conf' variant.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
+_PROMPTS = flags.DEFINE_integer("prompts", 2, "Calls per variant.")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.")
+_NEW = flags.DEFINE_integer("max_new_tokens", 96, "Tokens per row.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (median).")
+_RESULTS = flags.DEFINE_string("results_dir", "results/adaptive_gamma",
+                               "Where to write the rows and the figure.")
+
+
+def _load(name):
+  if name == "quick":
+    from configs import reproduce  # pylint: disable=import-outside-toplevel
+    config = reproduce.get_config("quick")
+    model = zoo.load(config.target, overrides=dict(config.target_overrides))
+    return model, f"quick job's trained {config.target}"
+  model = sj.TransformerLM.create(sj.TransformerConfig.preset(name), 0)
+  return model, f"{name} with RANDOM weights (untrained)"
+
+
+def _draft(name, target):
+  if name.startswith("self:"):
+    return sj.SelfDraft(target, layers=int(name[5:]), share_cache=True)
+  return zoo.load(name)
+
+
+def run_cell(target, draft, prompts_NxBxP, sampling, gammas, threshold,
+             max_new, repeats):
+  """Speedups of every variant over `generate` for one (draft, batch)."""
+  batch, width = prompts_NxBxP.shape[1:]
+  lengths = np.full((batch,), width, np.int32)
+  keys = [jax.random.key(i) for i in range(len(prompts_NxBxP))]
+  auto = sj.measure_goodput(target, draft, batch_size=batch,
+                            gamma_max=max(gammas),
+                            context_len=sj.decode.prompt_bucket(width)
+                            + max_new // 2)
+  variants = {f"gamma={g}": g for g in gammas}
+  variants["auto"] = auto
+  variants["auto+conf"] = sj.Goodput(c=auto.c, r=auto.r, threshold=threshold)
+
+  def call(gamma):
+    if gamma is None:
+      return lambda: [sj.generate(target, p, lengths, k, max_new_tokens=max_new,
+                                  sampling=sampling)
+                      for p, k in zip(prompts_NxBxP, keys)]
+    return lambda: [sj.speculative_generate(
+        target, draft, p, lengths, k, gamma=gamma, max_new_tokens=max_new,
+        sampling=sampling) for p, k in zip(prompts_NxBxP, keys)]
+
+  fns = {"baseline": call(None), **{n: call(g) for n, g in variants.items()}}
+  times = measure.median_times(fns, repeats)
+  row = {"c": auto.c, "r": list(auto.r)}
+  for name in variants:
+    stats = [r.summary() for r in fns[name]()]
+    row[name] = {
+        "speedup": times["baseline"] / times[name],
+        "alpha": (sum(s["accepted"] for s in stats)
+                  / max(1, sum(s["verified"] for s in stats))),
+        "draft_passes_per_round": (sum(s["draft_calls"] for s in stats)
+                                   / max(1, sum(s["rounds"] for s in stats))),
+    }
+  return row
+
+
+def plot(rows, gammas, path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, len(rows), figsize=(4 * len(rows), 3.2),
+                           squeeze=False)
+  for ax, row in zip(axes[0], rows):
+    fixed = [row[f"gamma={g}"]["speedup"] for g in gammas]
+    ax.plot(gammas, fixed, "o-", label="fixed gamma")
+    for name, style in (("auto", "--"), ("auto+conf", ":")):
+      ax.axhline(row[name]["speedup"], ls=style, color="C1" if name == "auto"
+                 else "C2", label=name)
+    ax.axhline(1.0, color="grey", lw=0.5)
+    ax.set_title(f"{row['draft']}, batch {row['batch']}")
+    ax.set_xlabel("gamma")
+    ax.set_ylabel("speedup vs autoregressive")
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv):
+  del argv
+  target, what = _load(_TARGET.value)
+  gammas = [int(g) for g in _GAMMAS.value]
+  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+  sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
+  rows = []
+  print(f"target: {what}; T={_TEMPERATURE.value}; {_PROMPTS.value} calls of "
+        f"{_PROMPT_LEN.value} + {_NEW.value} tokens per row")
+  for name in _DRAFTS.value:
+    draft = _draft(name, target)
+    for batch in (int(b) for b in _BATCHES.value):
+      prompts = data.prompts(heldout, _PROMPTS.value * batch,
+                             _PROMPT_LEN.value, 0).reshape(
+                                 _PROMPTS.value, batch, _PROMPT_LEN.value)
+      row = run_cell(target, draft, prompts, sampling, gammas,
+                     _THRESHOLD.value, _NEW.value, _REPEATS.value)
+      row.update(draft=name, batch=batch, target=what)
+      best = max(gammas, key=lambda g: row[f"gamma={g}"]["speedup"])
+      best_s = row[f"gamma={best}"]["speedup"]
+      cells = "  ".join(f"g{g}={row[f'gamma={g}']['speedup']:.2f}"
+                        for g in gammas)
+      print(f"{name:>10} B={batch}: {cells}  auto={row['auto']['speedup']:.2f}"
+            f" auto+conf={row['auto+conf']['speedup']:.2f}  best fixed "
+            f"g={best}; auto/best={row['auto']['speedup'] / best_s:.3f} "
+            f"auto+conf/best={row['auto+conf']['speedup'] / best_s:.3f}  "
+            f"(c={row['c']:.3f}, r={['%.2f' % x for x in row['r']]})",
+            flush=True)
+      rows.append(row)
+  os.makedirs(_RESULTS.value, exist_ok=True)
+  with open(os.path.join(_RESULTS.value, "adaptive_gamma.jsonl"), "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  plot(rows, gammas, os.path.join(_RESULTS.value, "adaptive_gamma.png"))
+  print(f"wrote {_RESULTS.value} ({time.strftime('%H:%M UTC', time.gmtime())};"
+        " box shared with other jobs)")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,230 @@
+"""Adaptive draft length: rules that stop a row's drafting early, inside the loop.
+
+A rule is a frozen, hashable dataclass (a static argument of the compiled
+generation). Each round, with `gamma_max` static:
+
+1. `rule.plan(stats, active_B)` gives each row a budget `g_B` in
+   [1, gamma_max] from the row's past only (its `RowStats`).
+2. The draft proposes tokens one at a time; after the i-th (i = 1, 2, ...)
+   with distribution `q_BxV` and token `x_B`, `rule.stop(i, q_BxV, x_B)`
+   says which rows stop at i. A row's draft length is the first i at which it
+   stops or reaches its budget, else gamma_max. Drafting ends when every
+   active row has stopped, so the draft runs `W = max_b g_b` passes.
+3. The target scores `[last, x_1..x_W]` in one pass of static width W + 1
+   (one compiled branch per W) and row b keeps at most its first `g_b`
+   drafts. If it keeps all of them and `g_b < W`, its last token is the
+   coupled output at position g_b + 1 (x_{g_b+1} if kept, else the residual
+   draw), which is distributed as p there whatever q was: x_{g_b+1} was drawn
+   from q after the row's stopping decision, independently of it.
+
+Why this stays exact: a round's output is an exact sample from the target
+given anything decided before the verify draws, as long as each draft token
+is drawn from the q it reports and the decision to stop at g does not read
+x_{g+1} (or anything the target computed this round). `plan` reads only past
+rounds, `stop` only the draft's own outputs up to x_i. `specjax.lab.stopping`
+checks this by exact enumeration, with a rule that peeks at x_{g+1} as the
+negative control.
+
+Rules:
+  `Confidence(threshold, gamma_max)`: stop after a draft whose max q is below
+    `threshold` (the draft is unsure; the next token is likely rejected).
+  `Goodput(c, r, gamma_max)`: a per-row budget maximising expected tokens per
+    unit time, (1 - a^(g+1)) / (1 - a) / (g c + r_g), with a the row's running
+    acceptance estimate (accepted + 1) / (verified + 2) and the measured
+    costs: c = draft pass / target pass and r_g = target pass on g + 1 tokens
+    / target pass on 1, both at the batch size used (see `measure_goodput`).
+    With batch > 1 every row pays for the widest row, so the rule picks one
+    budget for all rows, maximising the batch's expected tokens per time.
+    An optional `threshold` adds the confidence stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specjax import _checks
+
+
+def _check_gamma_max(gamma_max) -> int:
+  return _checks.check_int("gamma_max", gamma_max, low=1, high=64)
+
+
+def _check_threshold(threshold) -> float | None:
+  if threshold is None:
+    return None
+  threshold = _checks.check_float("threshold", threshold)
+  if not 0.0 <= threshold <= 1.0:
+    raise ValueError(f"threshold is a probability in [0, 1], got {threshold}.")
+  return threshold
+
+
+class Rule:
+  """Base class: no budget limit and no early stop (fixed gamma_max)."""
+  gamma_max: int
+
+  def plan(self, stats, active_B: jax.Array) -> jax.Array:
+    """int32 `[B]` budgets in [1, gamma_max], from past rounds only."""
+    del stats
+    return jnp.full(active_B.shape, self.gamma_max, jnp.int32)
+
+  def stop(self, count: jax.Array, q_BxV: jax.Array,
+           x_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """After the `count`-th draft (drawn from q_BxV): `(stop_B, length_B)`.
+
+    length_B is the draft length a stopping row keeps (<= count). A correct
+    rule returns `count` (or less, deciding from q's of earlier drafts): it
+    must never keep fewer drafts because of the token it just drew.
+    """
+    del q_BxV, x_B
+    return jnp.zeros(count.shape, bool), count
+
+
+@dataclasses.dataclass(frozen=True)
+class Confidence(Rule):
+  """Stop after a draft token whose distribution has max q < `threshold`."""
+  threshold: float = 0.5
+  gamma_max: int = 8
+
+  def __post_init__(self):
+    object.__setattr__(self, "threshold", _check_threshold(self.threshold))
+    object.__setattr__(self, "gamma_max", _check_gamma_max(self.gamma_max))
+
+  def stop(self, count, q_BxV, x_B):
+    del x_B
+    return jnp.max(q_BxV, axis=-1) < self.threshold, jnp.broadcast_to(
+        count, q_BxV.shape[:1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Goodput(Rule):
+  """Per-row budgets maximising expected tokens per unit time (see module doc).
+
+  Attributes:
+    c: draft pass / target pass (T = 1), measured at this batch size.
+    r: `gamma_max` floats, r[g - 1] = target pass on g + 1 tokens / on 1.
+    gamma_max: the largest budget; len(r) when omitted.
+    threshold: optional confidence stop (as `Confidence`), or None.
+    prior: pseudo-counts (accepted, rejected) of the acceptance estimate.
+  """
+  c: float
+  r: tuple[float, ...]
+  gamma_max: int | None = None
+  threshold: float | None = None
+  prior: tuple[float, float] = (1.0, 1.0)
+
+  def __post_init__(self):
+    c = _checks.check_float("c", self.c)
+    if c < 0:
+      raise ValueError(f"c (draft cost / target cost) must be >= 0, got {c}.")
+    try:
+      r = tuple(_checks.check_float("r[i]", x) for x in self.r)
+    except TypeError:
+      raise TypeError("r must be a sequence of gamma_max floats (verify cost "
+                      f"ratios), got {self.r!r}.") from None
+    gamma_max = len(r) if self.gamma_max is None else self.gamma_max
+    gamma_max = _check_gamma_max(gamma_max)
+    if len(r) != gamma_max or any(x <= 0 for x in r):
+      raise ValueError(f"r must hold gamma_max={gamma_max} positive cost "
+                       f"ratios (r[g-1] for g + 1 tokens), got {r}.")
+    prior = tuple(_checks.check_float("prior[i]", x) for x in self.prior)
+    if len(prior) != 2 or min(prior) <= 0:
+      raise ValueError(f"prior must be two positive pseudo-counts, got {prior}.")
+    for name, value in (("c", c), ("r", r), ("gamma_max", gamma_max),
+                        ("prior", prior),
+                        ("threshold", _check_threshold(self.threshold))):
+      object.__setattr__(self, name, value)
+
+  def expected_rate(self, alpha_B: jax.Array) -> jax.Array:
+    """float32 `[B, gamma_max]`: expected tokens per unit time for g = 1..G."""
+    g_G = jnp.arange(1, self.gamma_max + 1, dtype=jnp.float32)
+    a_Bx1 = jnp.clip(alpha_B, 0.0, 1.0 - 1e-6)[:, None]
+    tokens_BxG = (1.0 - a_Bx1 ** (g_G + 1)) / (1.0 - a_Bx1)
+    time_G = g_G * self.c + jnp.asarray(self.r, jnp.float32)
+    return tokens_BxG / time_G
+
+  def plan(self, stats, active_B):
+    a0, b0 = self.prior
+    alpha_B = ((stats.accepted.astype(jnp.float32) + a0)
+               / (stats.verified.astype(jnp.float32) + a0 + b0))
+    rate_BxG = self.expected_rate(alpha_B)
+    # All rows share every pass, so the batch's best budget maximises the sum
+    # of the active rows' expected tokens per unit time (one row: its own).
+    total_G = jnp.sum(jnp.where(active_B[:, None], rate_BxG, 0.0), axis=0)
+    best = jnp.argmax(total_G).astype(jnp.int32) + 1
+    return jnp.full(active_B.shape, best, jnp.int32)
+
+  def stop(self, count, q_BxV, x_B):
+    del x_B
+    length_B = jnp.broadcast_to(count, q_BxV.shape[:1])
+    if self.threshold is None:
+      return jnp.zeros(q_BxV.shape[:1], bool), length_B
+    return jnp.max(q_BxV, axis=-1) < self.threshold, length_B
+
+
+def check_rule(rule: Any) -> Rule:
+  if not isinstance(rule, Rule) or not hasattr(rule, "gamma_max"):
+    raise TypeError("gamma must be an int >= 1, 'auto', or a draft-length "
+                    "rule (specjax.decode.draft_length.Confidence(...) or "
+                    f"Goodput(...)), got {rule!r}.")
+  try:
+    hash(rule)
+  except TypeError:
+    raise TypeError(f"draft-length rule {rule!r} must be hashable (a frozen "
+                    "dataclass): it is a static argument of the compiled "
+                    "loop.") from None
+  return rule
+
+
+# (target structure, draft structure, batch, gamma_max, context) -> Goodput
+_MEASURED: dict[Any, Goodput] = {}
+
+
+def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
+                    context_len: int = 128, threshold: float | None = None,
+                    seconds: float = 0.05, repeats: int = 3) -> Goodput:
+  """A `Goodput` rule with c and r measured on this machine at this batch.
+
+  Times one draft pass and target passes on 1..gamma_max + 1 tokens
+  (`specjax.measure.forward_seconds`) at `context_len` committed positions;
+  r(B) and c(B) therefore reflect how the passes grow with the batch.
+  Memoised per (model structures, batch, gamma_max, context_len) for this
+  process: the first call takes a few seconds.
+  """
+  from specjax import measure  # pylint: disable=import-outside-toplevel
+  batch_size = _checks.check_int("batch_size", batch_size, low=1)
+  gamma_max = _check_gamma_max(gamma_max)
+  context_len = _checks.check_int("context_len", context_len, low=0)
+  structure = lambda m: (type(m).__name__, jax.tree.structure(m),
+                         tuple((x.shape, str(x.dtype))
+                               for x in jax.tree.leaves(m)))
+  key = (structure(target), structure(draft), batch_size, gamma_max,
+         context_len, threshold)
+  if key not in _MEASURED:
+    limit = min(x for x in (getattr(target, "max_positions", None),
+                            getattr(draft, "max_positions", None),
+                            context_len + gamma_max + 1) if x is not None)
+    context = max(0, min(context_len, limit - gamma_max - 1))
+    time = lambda model, tokens: measure.forward_seconds(
+        model, batch_size=batch_size, context_len=context, num_tokens=tokens,
+        seconds=seconds, repeats=repeats)
+    base = time(target, 1)
+    # Floors keep a noisy timing from producing a zero or inverted ratio.
+    r = [1.0]
+    for g in range(1, gamma_max + 1):
+      r.append(max(time(target, g + 1) / base, r[-1]))
+    c = max(time(draft, 1) / base, 1e-3)
+    _MEASURED[key] = Goodput(c=c, r=tuple(r[1:]), gamma_max=gamma_max,
+                             threshold=threshold)
+  return _MEASURED[key]
+
+
+def expected_tokens_per_time(alpha: float, gamma: int, c: float,
+                             r: float) -> float:
+  """(1 - a^(g+1)) / (1 - a) / (g c + r): the goodput one rule maximises."""
+  tokens = gamma + 1.0 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+  return tokens / (gamma * c + r) if math.isfinite(tokens) else float("nan")

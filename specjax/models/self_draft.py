@@ -1,0 +1,213 @@
+"""Self-speculative drafts: the target's own shallow layers (LayerSkip, Draft&Verify).
+
+`SelfDraft(target, layers=k)` is a `CausalLM` that runs the target's token
+(and position) embeddings, its first `k` blocks, its final norm and its LM
+head: no second model, no training. `layers=(0, 1, 5)` keeps an explicit set
+of blocks instead, and `SelfDraft.skipping(target, skip=(3, 4))` drops a
+set (Draft&Verify / SWIFT style). The draft is a pytree *view*: its leaves
+are the target's own parameter arrays, so it costs no memory for weights and
+sees any new weights the target is given (`draft.replace(target=new)`).
+
+Two cache modes:
+
+* Own cache (default): `init_cache` gives a `KVCache` with one entry per kept
+  layer; the decode loop prefills and rolls it back like any draft's.
+* `share_cache=True` (only for a prefix `layers=k`): the keys and values of
+  blocks `0..k-1` at committed positions are *exactly* the target's, because
+  those blocks see the same inputs in both models. The draft then reads and
+  writes the target's cache (`reads_target_cache = True`): the loop builds
+  the draft's cache as a view of the target's first k layers
+  (`cache_from_target`), lets the draft write its lookahead positions there,
+  and hands the layers back (`cache_to_target`). The verify pass that follows
+  overwrites every one of those lookahead positions before reading them (a
+  call writes its keys/values before attending), so the target's committed
+  state is untouched. The draft needs no prefill and no cache of its own.
+  With a skipped block below a kept one, the kept block's inputs differ from
+  the target's, so sharing is refused.
+
+Exactness never depends on the draft (the verifier judges whatever q it
+returns), so both modes are exact by construction; the tests check it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax import _checks
+from specjax.models.cache import KVCache
+from specjax.models.transformer import TransformerLM
+
+
+def _normalise_layers(layers: Any, num_layers: int) -> tuple[int, ...]:
+  if isinstance(layers, (bool, np.bool_)):
+    raise TypeError(f"SelfDraft layers must be an int k (the first k blocks) "
+                    f"or a sequence of block indices, got {layers!r}.")
+  if isinstance(layers, (int, np.integer)):
+    k = _checks.check_int("SelfDraft layers", layers, low=0, high=num_layers)
+    return tuple(range(k))
+  try:
+    kept = [int(_checks.check_int("SelfDraft layers[i]", i, low=0,
+                                  high=num_layers - 1)) for i in layers]
+  except TypeError as e:
+    raise TypeError(f"SelfDraft layers must be an int k (the first k blocks) "
+                    f"or a sequence of block indices in [0, {num_layers}); "
+                    f"{e}") from None
+  if sorted(set(kept)) != kept:
+    raise ValueError(f"SelfDraft layers must be strictly increasing block "
+                     f"indices (blocks run in order), got {tuple(kept)}.")
+  return tuple(kept)
+
+
+class SelfDraft(struct.PyTreeNode):
+  """A subset of `target`'s blocks, with its embeddings, final norm and head.
+
+  Attributes:
+    target: the `TransformerLM` whose weights the draft uses (shared, not
+      copied: its arrays are the draft's pytree leaves).
+    layers: static; an int k (normalised to `(0, ..., k-1)`) or the strictly
+      increasing indices of the blocks to keep, in [0, num_layers).
+    share_cache: static; read and write the target's KV cache instead of
+      keeping one (requires `layers` to be a prefix `0..k-1`; see module doc).
+  """
+  target: TransformerLM
+  layers: Any = struct.field(pytree_node=False, default=1)
+  share_cache: bool = struct.field(pytree_node=False, default=False)
+
+  one_hot_q: ClassVar[bool] = False
+
+  def __post_init__(self):
+    if not isinstance(self.target, TransformerLM):
+      raise TypeError(f"SelfDraft target must be a specjax TransformerLM, got "
+                      f"{type(self.target).__name__}.")
+    num_layers = self.target.config.num_layers
+    object.__setattr__(self, "layers",
+                       _normalise_layers(self.layers, num_layers))
+    if not isinstance(self.share_cache, (bool, np.bool_)):
+      raise TypeError(f"SelfDraft share_cache must be a bool, got "
+                      f"{self.share_cache!r}.")
+    object.__setattr__(self, "share_cache", bool(self.share_cache))
+    if self.share_cache and self.layers != tuple(range(len(self.layers))):
+      raise ValueError(
+          f"SelfDraft share_cache=True needs the first k blocks (layers=k); "
+          f"layers={self.layers} skips a block below a kept one, so the kept "
+          "blocks' keys and values differ from the target's. Use "
+          "share_cache=False.")
+
+  @classmethod
+  def skipping(cls, target: TransformerLM, skip: Sequence[int],
+               **kwargs) -> SelfDraft:
+    """The target without the blocks in `skip` (e.g. a middle range)."""
+    if not isinstance(target, TransformerLM):
+      raise TypeError(f"SelfDraft target must be a specjax TransformerLM, got "
+                      f"{type(target).__name__}.")
+    n = target.config.num_layers
+    skip = set(_normalise_layers(sorted(set(skip)), n))
+    return cls(target=target, layers=tuple(i for i in range(n) if i not in skip),
+               **kwargs)
+
+  # --- CausalLM protocol -----------------------------------------------------
+
+  @property
+  def vocab_size(self) -> int:
+    return self.target.vocab_size
+
+  @property
+  def max_positions(self) -> int:
+    return self.target.max_positions
+
+  @property
+  def reads_target_cache(self) -> bool:
+    """Static: the loop passes the draft a view of the target's cache."""
+    return self.share_cache
+
+  @property
+  def num_layers(self) -> int:
+    return len(self.layers)
+
+  def param_count(self) -> int:
+    """Parameters the draft's forward pass reads (none of them its own)."""
+    module_state = self.target.state
+    total = 0
+    for path, x in jax.tree_util.tree_leaves_with_path(module_state):
+      keys = [getattr(p, "key", getattr(p, "idx", None)) for p in path]
+      if "blocks" in keys:
+        block = keys[keys.index("blocks") + 1]
+        if block not in self.layers:
+          continue
+      total += int(np.prod(x.shape))
+    return total
+
+  def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+    """An empty `KVCache` with one entry per kept block."""
+    batch_size = _checks.check_int("batch_size", batch_size, low=1)
+    max_len = _checks.check_int("max_len", max_len, low=1,
+                                high=self.max_positions)
+    c = self.target.config
+    return KVCache.create(num_layers=len(self.layers), batch_size=batch_size,
+                          max_len=max_len, num_kv_heads=c.num_kv_heads,
+                          head_dim=c.head_dim, dtype=c.dtype)
+
+  def __call__(self, tokens_BxT: jax.Array,
+               cache: KVCache) -> tuple[jax.Array, KVCache]:
+    """Scores T >= 1 tokens through the kept blocks; see `TransformerLM.__call__`.
+
+    `cache` holds one layer per kept block (from `init_cache`, or
+    `cache_from_target` when sharing).
+    """
+    tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
+    if tokens_BxT.shape[1] < 1:
+      raise ValueError("tokens_BxT must hold at least one token per row, got "
+                       f"shape {tuple(tokens_BxT.shape)}.")
+    if not isinstance(cache, KVCache) or cache.num_layers != len(self.layers):
+      raise ValueError(
+          f"cache must be a KVCache with {len(self.layers)} layers (one per "
+          f"kept block: draft.init_cache(...) or "
+          f"draft.cache_from_target(target_cache)), got "
+          f"{getattr(cache, 'num_layers', type(cache).__name__)}.")
+    module = self.target.module()
+    c = self.target.config
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    x_BxTxD = module.embed(tokens_BxT)
+    if c.flavour == "gpt2":
+      x_BxTxD = x_BxTxD + module.pos_embed(
+          jnp.minimum(positions_BxT, c.max_positions - 1))
+    for slot, layer in enumerate(self.layers):
+      x_BxTxD, cache = module.blocks[layer](x_BxTxD, positions_BxT, cache, slot)
+    x_BxTxD = module.final_norm(x_BxTxD)
+    if c.tie_embeddings:
+      logits_BxTxV = module.embed.attend(x_BxTxD)
+    else:
+      logits_BxTxV = module.lm_head(x_BxTxD)
+    return (logits_BxTxV.astype(jnp.float32),
+            cache.replace(lengths=positions_BxT[:, -1] + 1))
+
+  # --- the shared-cache hook (used by the decode loop when reads_target_cache)
+
+  def check_target(self, target: Any) -> None:
+    """Raises unless `target`'s cache can be shared (same Transformer config)."""
+    if not isinstance(target, TransformerLM) or target.config != self.target.config:
+      raise ValueError(
+          "a SelfDraft with share_cache=True must decode with the target it "
+          f"was built from: its config is {self.target.config}, the target's "
+          f"is {getattr(target, 'config', type(target).__name__)}.")
+
+  def cache_from_target(self, target_cache: KVCache) -> KVCache:
+    """The draft's view of the target's cache: its first k layers, same lengths."""
+    k = len(self.layers)
+    return KVCache(k=target_cache.k[:k], v=target_cache.v[:k],
+                   lengths=target_cache.lengths, max_len=target_cache.max_len)
+
+  def cache_to_target(self, target_cache: KVCache, cache: KVCache) -> KVCache:
+    """Hands the draft-written layers back; the target's lengths are kept.
+
+    The draft wrote only positions >= the target's committed length, which the
+    next target call overwrites before it attends to them.
+    """
+    k = len(self.layers)
+    return target_cache.replace(k=cache.k + target_cache.k[k:],
+                                v=cache.v + target_cache.v[k:])

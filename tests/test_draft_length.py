@@ -1,0 +1,225 @@
+"""Adaptive draft length: exactness (lab enumeration and statistical harness,
+each with a negative control), greedy equality, ragged stats, bad input."""
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import lab
+from specjax import sampling as sampling_lib
+from specjax import testing
+from specjax.decode import draft_length
+from specjax.lab import stopping
+from specjax.models import TransformerConfig, TransformerLM
+
+V = 16
+
+
+# ---- The lab: exact enumeration with a stopping rule.
+
+@pytest.mark.parametrize("threshold", [0.3, 0.5])
+def test_lab_confidence_rule_is_exact(threshold):
+  pair = lab.make_markov_pair()
+  rule = stopping.confidence_rule(pair, threshold)
+  # The rule does stop early, so the check has something to check.
+  assert stopping.expected_draft_length(pair, 3, rule, pair.bos) < 2.9
+  assert stopping.exact_tv(pair, 3, rule, 4) < 1e-12
+
+
+def test_lab_never_stopping_is_the_fixed_gamma_process():
+  pair = lab.make_markov_pair()
+  never = lambda i, context, drafts: False
+  np.testing.assert_allclose(
+      stopping.speculative_distribution(pair, 3, never, 4),
+      lab.speculative_distribution(pair, 3, 4), atol=1e-14)
+
+
+def test_lab_reading_the_next_draft_is_exact_but_two_ahead_is_not():
+  pair = lab.make_markov_pair()
+  assert stopping.exact_tv(pair, 3, stopping.peeking_rule(pair, 0.3, 1),
+                           4) < 1e-12
+  # Negative controls: peeking two drafts ahead, and the wrong fallback.
+  assert stopping.exact_tv(pair, 3, stopping.peeking_rule(pair, 0.3, 2),
+                           4) > 0.05
+  assert stopping.exact_tv(pair, 3, stopping.confidence_rule(pair, 0.5), 4,
+                           rule="wrong_fallback") > 0.01
+
+
+# ---- The compiled loop: statistical harness on a V = 8 toy target.
+
+EV, EK, EN = 8, 3, 100_000
+EPROMPT = np.array([1, 2, 3], np.int32)
+
+
+def _toy(seed, flavour):
+  config = TransformerConfig(vocab_size=EV, d_model=16, num_layers=1,
+                             num_heads=2, num_kv_heads=1 if flavour == "llama"
+                             else None, max_positions=32, flavour=flavour)
+  model = TransformerLM.create(config, seed)
+  state = jax.tree_util.tree_map_with_path(
+      lambda path, x: 6.0 * x if "embed" in jax.tree_util.keystr(path) else x,
+      model.state)
+  return model.replace(state=state)
+
+
+@pytest.fixture(scope="module")
+def toys():
+  return _toy(0, "gpt2"), _toy(1, "llama")
+
+
+def _exact_law(target, sampling):
+  seqs = np.array(list(itertools.product(range(EV), repeat=EK)), np.int32)
+  full = np.concatenate([np.tile(EPROMPT, (len(seqs), 1)), seqs], 1)
+  p = np.asarray(sampling_lib.probabilities(target.logits(jnp.asarray(full)),
+                                            sampling), np.float64)
+  law = np.ones(len(seqs))
+  for k in range(EK):
+    law *= p[np.arange(len(seqs)), len(EPROMPT) - 1 + k, seqs[:, k]]
+  return law
+
+
+@dataclasses.dataclass(frozen=True)
+class _PeekTwoAhead(draft_length.Rule):
+  """Negative control: after drawing x_i (i >= 3), stop at length i - 2
+  unless x_i is the draft's mode, i.e. decide the length g from x_{g+2}
+  (see lab.stopping): rows that continue judge an x_3 that is always q's
+  mode against q."""
+  gamma_max: int = 3
+
+  def stop(self, count, q_BxV, x_B):
+    q_x_B = jnp.take_along_axis(q_BxV, x_B[:, None], axis=1)[:, 0]
+    peeked_B = (q_x_B < jnp.max(q_BxV, axis=-1)) & (count >= 3)
+    return peeked_B, jnp.broadcast_to(count - 2, x_B.shape)
+
+
+def _sample(target, draft, rule, sampling):
+  out = sj.speculative_generate(
+      target, draft, np.tile(EPROMPT, (EN, 1)), np.full(EN, 3, np.int32),
+      jax.random.key(3), gamma=rule, max_new_tokens=EK, sampling=sampling)
+  tokens = np.asarray(out.tokens)
+  return (tokens * EV ** np.arange(EK - 1, -1, -1)).sum(1), out.summary()
+
+
+@pytest.mark.parametrize("rule", [
+    draft_length.Confidence(threshold=0.6, gamma_max=3),
+    draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0), threshold=0.5),
+])
+def test_adaptive_generations_are_exact(toys, rule):
+  target, draft = toys
+  sampling = sj.SamplingConfig(temperature=1.0)
+  ids, s = _sample(target, draft, rule, sampling)
+  result = testing.check_distribution(ids, _exact_law(target, sampling))
+  assert result.passed, str(result)
+  # Rows did stop early (fewer draft passes than gamma_max per round).
+  assert s["draft_calls"] < rule.gamma_max * s["rounds"], s
+  se = np.sqrt(s["one_minus_tv"] * (1 - s["one_minus_tv"]) / s["verified"])
+  assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
+
+
+def test_peeking_two_ahead_is_rejected(toys):
+  target, draft = toys
+  sampling = sj.SamplingConfig(temperature=1.0)
+  ids, _ = _sample(target, draft, _PeekTwoAhead(), sampling)
+  result = testing.check_distribution(ids, _exact_law(target, sampling))
+  assert not result.passed, str(result)
+
+
+# ---- Greedy equality, ragged rounds, stats.
+
+@pytest.fixture(scope="module")
+def target():
+  return TransformerLM.create(TransformerConfig(
+      vocab_size=V, d_model=32, num_layers=3, num_heads=4, max_positions=96),
+      0)
+
+
+def _prompts(batch, seed=0, max_len=10):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, max_len + 1, size=batch).astype(np.int32)
+  return rng.integers(0, V, size=(batch, max_len)).astype(np.int32), lengths
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_greedy_output_is_unchanged(target, batch):
+  prompts, lengths = _prompts(batch, seed=batch)
+  key = jax.random.key(0)
+  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=24,
+                    sampling=sj.GREEDY)
+  independent = TransformerLM.create(TransformerConfig(
+      vocab_size=V, d_model=16, num_layers=1, num_heads=2, max_positions=96),
+      4)
+  rules = [draft_length.Confidence(threshold=0.9, gamma_max=5),
+           draft_length.Goodput(c=0.5, r=(1.1, 1.3, 1.6, 2.0), threshold=0.8)]
+  for draft in (sj.SelfDraft(target, layers=1, share_cache=True),
+                independent):
+    for rule in rules:
+      out = sj.speculative_generate(target, draft, prompts, lengths, key,
+                                    gamma=rule, max_new_tokens=24,
+                                    sampling=sj.GREEDY)
+      np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=str(rule))
+      np.testing.assert_array_equal(out.lengths, ref.lengths)
+      s = out.summary()
+      assert s["accepted"] <= s["verified"] <= s["draft_calls"]
+      assert sum(s["accept_hist"]) == s["rounds"]
+
+
+def test_goodput_picks_longer_drafts_for_better_rows():
+  rule = draft_length.Goodput(c=0.1, r=(1.1, 1.2, 1.3, 1.4, 1.5, 1.6))
+  rates = np.asarray(rule.expected_rate(jnp.array([0.3, 0.9])))
+  best = rates.argmax(axis=1) + 1
+  assert best[0] < best[1]
+  # The formula it maximises, checked by hand for alpha = 0.9, g = 3.
+  want = (1 - 0.9 ** 4) / (1 - 0.9) / (3 * 0.1 + 1.3)
+  assert rates[1, 2] == pytest.approx(want, rel=1e-5)
+  stats = sj.RowStats.zeros(2, 6).replace(
+      accepted=jnp.array([30, 90]), verified=jnp.array([100, 100]))
+  # One row: its own best; both: one budget for the batch (shared passes).
+  one = rule.plan(stats, jnp.array([True, False]))
+  assert int(one[0]) == best[0]
+  both = rule.plan(stats, jnp.array([True, True]))
+  assert int(both[0]) == int(both[1])
+
+
+def test_auto_measures_costs_once(target):
+  prompts, lengths = _prompts(2)
+  draft = sj.SelfDraft(target, layers=1)
+  out = sj.speculative_generate(target, draft, prompts, lengths,
+                                jax.random.key(0), gamma="auto",
+                                max_new_tokens=8, sampling=sj.GREEDY)
+  ref = sj.generate(target, prompts, lengths, jax.random.key(0),
+                    max_new_tokens=8, sampling=sj.GREEDY)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  assert len(out.summary()["accept_hist"]) == 9  # gamma_max = 8
+  before = dict(draft_length._MEASURED)
+  sj.speculative_generate(target, draft, prompts, lengths, jax.random.key(1),
+                          gamma="auto", max_new_tokens=8)
+  assert draft_length._MEASURED == before
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: draft_length.Confidence(threshold=1.5), ValueError, "threshold"),
+    (lambda: draft_length.Confidence(gamma_max=0), ValueError, "gamma_max"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), gamma_max=3),
+     ValueError, "r must"),
+    (lambda: draft_length.Goodput(c=-1.0, r=(1.0,)), ValueError, "c "),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0, 0.0)), ValueError, "r must"),
+    (lambda: draft_length.Goodput(c=0.1, r=1.0), TypeError, "r must"),
+])
+def test_bad_rules_get_clear_errors(make, error, match):
+  with pytest.raises(error, match=match):
+    make()
+
+
+@pytest.mark.parametrize("gamma, error", [("fast", ValueError),
+                                          (object(), TypeError),
+                                          (2.5, TypeError)])
+def test_bad_gamma_gets_clear_error(target, gamma, error):
+  prompts, lengths = _prompts(2)
+  with pytest.raises(error, match="gamma"):
+    sj.speculative_generate(target, target, prompts, lengths,
+                            jax.random.key(0), gamma=gamma, max_new_tokens=4)

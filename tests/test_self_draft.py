@@ -1,0 +1,254 @@
+"""SelfDraft: the target's own shallow layers as a draft, with and without a shared cache.
+
+Checks: the weights are shared, not copied; the draft's forward equals the
+kept blocks' forward; a shared-cache draft reads exactly the keys/values an
+own-cache draft computes; greedy speculative output equals greedy
+autoregressive output; whole generations are exact (statistical harness),
+and a deliberately broken cache-sharing hook fails the same test; bad input
+gets a clear error.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import sampling as sampling_lib
+from specjax import testing
+from specjax.models import TransformerConfig, TransformerLM
+from specjax.models.self_draft import SelfDraft
+
+V = 16
+
+
+def _target(flavour="gpt2", layers=3, vocab=V, seed=0, embed_scale=1.0):
+  config = TransformerConfig(
+      vocab_size=vocab, d_model=32, num_layers=layers, num_heads=4,
+      num_kv_heads=2 if flavour == "llama" else None, max_positions=64,
+      flavour=flavour)
+  model = TransformerLM.create(config, seed)
+  if embed_scale != 1.0:
+    # Peaked, distinct p and q, so that wrong samplers are visible.
+    state = jax.tree_util.tree_map_with_path(
+        lambda path, x: embed_scale * x
+        if "embed" in jax.tree_util.keystr(path) else x, model.state)
+    model = model.replace(state=state)
+  return model
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def target(request):
+  return _target(request.param)
+
+
+def _prompts(batch, seed=0, max_len=10):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(1, max_len + 1, size=batch).astype(np.int32)
+  return rng.integers(0, V, size=(batch, max_len)).astype(np.int32), lengths
+
+
+def test_weights_are_shared_not_copied(target):
+  draft = SelfDraft(target, layers=2)
+  for a, b in zip(jax.tree.leaves(draft), jax.tree.leaves(target)):
+    assert a is b
+  assert draft.layers == (0, 1) and draft.vocab_size == V
+  assert draft.param_count() < target.param_count()
+  assert SelfDraft(target, layers=3).param_count() == target.param_count()
+
+
+def test_all_layers_reproduce_the_target(target):
+  tokens = jnp.asarray(_prompts(2)[0])
+  draft = SelfDraft(target, layers=target.config.num_layers)
+  got, _ = draft(tokens, draft.init_cache(2, 16))
+  want, _ = target(tokens, target.init_cache(2, 16))
+  np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_skip_set_equals_explicit_layers(target):
+  tokens = jnp.asarray(_prompts(2)[0])
+  a = SelfDraft.skipping(target, skip=[1])
+  b = SelfDraft(target, layers=(0, 2))
+  assert a.layers == b.layers == (0, 2)
+  np.testing.assert_array_equal(a(tokens, a.init_cache(2, 16))[0],
+                                b(tokens, b.init_cache(2, 16))[0])
+
+
+def test_shared_cache_holds_the_drafts_own_keys_and_values(target):
+  """The claim that makes sharing exact: after the target's prefill, the
+  first k layers of its cache are what the k-layer draft would compute."""
+  prompts, lengths = _prompts(3, seed=4)
+  tokens = jnp.asarray(prompts)
+  own = SelfDraft(target, layers=2)
+  shared = SelfDraft(target, layers=2, share_cache=True)
+  _, tcache = target(tokens, target.init_cache(3, 24))
+  _, dcache = own(tokens, own.init_cache(3, 24))
+  view = shared.cache_from_target(tcache)
+  for a, b in zip(view.k + view.v, dcache.k + dcache.v):
+    np.testing.assert_allclose(a[:, :, :10], b[:, :, :10], atol=1e-5)
+  # Next-token logits from the shared view and from the own cache agree.
+  last = jnp.asarray(prompts[np.arange(3), lengths - 1])[:, None]
+  roll = jnp.asarray(lengths - 1)
+  got, view2 = shared(last, view.replace(lengths=roll))
+  want, _ = own(last, dcache.replace(lengths=roll))
+  np.testing.assert_allclose(got, want, atol=1e-5)
+  # Handing the layers back keeps the target's lengths and deeper layers.
+  back = shared.cache_to_target(tcache, view2)
+  np.testing.assert_array_equal(back.lengths, tcache.lengths)
+  assert back.k[2] is tcache.k[2]
+
+
+def _variants(target):
+  n = target.config.num_layers
+  return {
+      "first-1": SelfDraft(target, layers=1),
+      "first-2-shared": SelfDraft(target, layers=2, share_cache=True),
+      "embed-only-shared": SelfDraft(target, layers=0, share_cache=True),
+      "skip-middle": SelfDraft.skipping(target, skip=[1]),
+      "all-shared": SelfDraft(target, layers=n, share_cache=True),
+  }
+
+
+@pytest.mark.parametrize("gamma, batch", [(3, 1), (4, 8)])
+def test_greedy_speculative_equals_autoregressive(target, gamma, batch):
+  prompts, lengths = _prompts(batch, seed=gamma + batch)
+  key = jax.random.key(0)
+  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=24,
+                    sampling=sj.GREEDY)
+  for name, draft in _variants(target).items():
+    out = sj.speculative_generate(target, draft, prompts, lengths, key,
+                                  gamma=gamma, max_new_tokens=24,
+                                  sampling=sj.GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=name)
+    np.testing.assert_array_equal(out.lengths, ref.lengths, err_msg=name)
+
+
+def test_all_layers_shared_accepts_everything(target):
+  prompts, lengths = _prompts(4)
+  draft = SelfDraft(target, layers=target.config.num_layers, share_cache=True)
+  out = sj.speculative_generate(target, draft, prompts, lengths,
+                                jax.random.key(1), gamma=4, max_new_tokens=25,
+                                sampling=sj.SamplingConfig(temperature=1.0))
+  s = out.summary()
+  # q is the target's own p up to float rounding (T = 1 vs T = 5 matmuls).
+  assert s["one_minus_tv"] == pytest.approx(1.0, abs=1e-4)
+  assert s["alpha_hat"] > 0.99, s
+
+
+# ---- Whole-generation exactness (the harness of tests/test_exactness.py).
+
+EV, EK, EN = 8, 3, 100_000
+EPROMPT = np.array([1, 2, 3], np.int32)
+
+
+@pytest.fixture(scope="module")
+def exact_target():
+  model = _target("llama", layers=2, vocab=EV, seed=5, embed_scale=6.0)
+
+  def scale(path, x):
+    # A peaked head and a last block that matters, so that the 1-layer draft
+    # differs from the target (1 - TV about 0.8).
+    name = jax.tree_util.keystr(path)
+    if "lm_head" in name:
+      return 20.0 * x
+    if "blocks" in name and "[1]" in name and ("out" in name or "down" in name):
+      return 10.0 * x
+    return x
+  return model.replace(state=jax.tree_util.tree_map_with_path(scale,
+                                                              model.state))
+
+
+def _exact_law(target, sampling):
+  seqs = np.array(list(itertools.product(range(EV), repeat=EK)), np.int32)
+  full = np.concatenate([np.tile(EPROMPT, (len(seqs), 1)), seqs], 1)
+  p = np.asarray(sampling_lib.probabilities(target.logits(jnp.asarray(full)),
+                                            sampling), np.float64)
+  law = np.ones(len(seqs))
+  for k in range(EK):
+    law *= p[np.arange(len(seqs)), len(EPROMPT) - 1 + k, seqs[:, k]]
+  return law
+
+
+def _sample_ids(target, draft, sampling, gamma):
+  out = sj.speculative_generate(
+      target, draft, np.tile(EPROMPT, (EN, 1)), np.full(EN, 3, np.int32),
+      jax.random.key(gamma), gamma=gamma, max_new_tokens=EK, sampling=sampling)
+  tokens = np.asarray(out.tokens)
+  return (tokens * EV ** np.arange(EK - 1, -1, -1)).sum(1), out.summary()
+
+
+class _EarlyViewSelfDraft(SelfDraft):
+  """Negative control: a cache-sharing hook off by one position.
+
+  Its view of the target's cache starts one slot early, so the draft
+  overwrites the target's committed keys/values of the second-to-last token
+  in the shared layers. Every draft is exact; a cache-sharing bug is not.
+  """
+
+  def cache_from_target(self, target_cache):
+    view = super().cache_from_target(target_cache)
+    return view.replace(lengths=jnp.maximum(view.lengths - 1, 0))
+
+
+@pytest.mark.parametrize("layers, share", [(1, False), (1, True)])
+def test_generations_are_exact(exact_target, layers, share):
+  sampling = sj.SamplingConfig(temperature=1.0)
+  draft = SelfDraft(exact_target, layers=layers, share_cache=share)
+  ids, s = _sample_ids(exact_target, draft, sampling, gamma=2)
+  result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
+  assert result.passed, str(result)
+  # Far enough from the target that the control below has room to fail.
+  assert s["one_minus_tv"] < 0.9, s
+
+
+def test_broken_cache_sharing_is_rejected(exact_target):
+  sampling = sj.SamplingConfig(temperature=1.0)
+  draft = _EarlyViewSelfDraft(exact_target, layers=1, share_cache=True)
+  ids, _ = _sample_ids(exact_target, draft, sampling, gamma=2)
+  result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
+  assert not result.passed, str(result)
+
+
+# ---- Bad input.
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(layers=4), ValueError, "layers"),
+    (dict(layers=-1), ValueError, "layers"),
+    (dict(layers=True), TypeError, "layers"),
+    (dict(layers=(2, 1)), ValueError, "increasing"),
+    (dict(layers=(0, 0)), ValueError, "increasing"),
+    (dict(layers=(0, 3)), ValueError, "layers"),
+    (dict(layers=(0, 1.5)), TypeError, "layers"),
+    (dict(layers=(0, 2), share_cache=True), ValueError, "share_cache"),
+    (dict(layers=1, share_cache="yes"), TypeError, "share_cache"),
+])
+def test_bad_construction_gets_clear_error(target, kwargs, error, match):
+  with pytest.raises(error, match=match):
+    SelfDraft(target, **kwargs)
+
+
+def test_bad_target_and_cache_get_clear_errors(target):
+  with pytest.raises(TypeError, match="TransformerLM"):
+    SelfDraft(sj.NGramLM.fit(np.arange(50) % V, V, order=1), layers=1)
+  with pytest.raises(ValueError, match="layers"):
+    SelfDraft.skipping(target, skip=[7])
+  draft = SelfDraft(target, layers=2)
+  with pytest.raises(ValueError, match="2 layers"):
+    draft(jnp.zeros((1, 1), jnp.int32), target.init_cache(1, 8))
+  with pytest.raises(ValueError, match="max_len"):
+    draft.init_cache(1, 10_000)
+
+
+def test_shared_cache_needs_its_own_target(target):
+  other = _target("gpt2", layers=2)
+  draft = SelfDraft(other, layers=1, share_cache=True)
+  prompts, lengths = _prompts(2)
+  with pytest.raises(ValueError, match="share_cache"):
+    sj.speculative_generate(target, draft, prompts, lengths, jax.random.key(0),
+                            gamma=2, max_new_tokens=4)
+  # Without sharing, any same-vocabulary model is a valid (exact) draft.
+  sj.speculative_generate(target, SelfDraft(other, layers=1), prompts,
+                          lengths, jax.random.key(0), gamma=2,
+                          max_new_tokens=4)
