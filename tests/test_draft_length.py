@@ -144,7 +144,7 @@ def _prompts(batch, seed=0, max_len=10):
   return rng.integers(0, V, size=(batch, max_len)).astype(np.int32), lengths
 
 
-@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("batch", [pytest.param(1, marks=pytest.mark.slow), 8])
 def test_greedy_output_is_unchanged(target, batch):
   prompts, lengths = _prompts(batch, seed=batch)
   key = jax.random.key(0)
@@ -185,6 +185,7 @@ def test_goodput_picks_longer_drafts_for_better_rows():
   assert int(both[0]) == int(both[1])
 
 
+@pytest.mark.slow  # ~1 min: times the models, then compiles 8 verify widths
 def test_auto_measures_costs_once(target):
   prompts, lengths = _prompts(2)
   draft = sj.SelfDraft(target, layers=1)
