@@ -11,7 +11,7 @@ counted on the target's own samples (temperature 1 and greedy) from
 `--count_prompts` random prompts other than the ones timed.
 
 Prints, per draft: c = draft forward (T=1) / target forward (T=1) at the
-middle of the generation (specjax.measure.step_costs), alpha_hat of a greedy
+middle of the generation (specjax.measure.pass_seconds), alpha_hat of a greedy
 and a temperature-1 speculative run on fresh random prompts, and tokens per
 target call. With random weights alpha says little about real text: a random
 GPT-2's argmax mostly repeats the current token, which a K-token head cannot
@@ -71,16 +71,18 @@ def main(argv):
         f"{'tok/call T=1':>13s}")
   memo = {}
   for name, draft in drafts.items():
-    costs = measure.step_costs(target, draft, gamma=_GAMMA.value,
-                               context_len=_PROMPT_LEN.value + new // 2,
-                               batch_size=_BATCH.value, memo=memo)
+    context = _PROMPT_LEN.value + new // 2
+    one_pass = lambda model: measure.pass_seconds(
+        model, batch_size=_BATCH.value, num_tokens=1, capacity=context + 1,
+        fill=context, memo=memo)
+    c = one_pass(draft) / one_pass(target)
     alphas = []
     for cfg in (sj.GREEDY, sj.SamplingConfig(1.0)):
       out = sj.speculative_generate(target, draft, p, l, jax.random.key(7),
                                     gamma=_GAMMA.value, max_new_tokens=new,
                                     sampling=cfg)
       alphas.append(out.summary())
-    print(f"{name:32s} {costs['c']:6.3f} {alphas[0]['alpha_hat']:13.3f} "
+    print(f"{name:32s} {c:6.3f} {alphas[0]['alpha_hat']:13.3f} "
           f"{alphas[1]['alpha_hat']:10.3f} "
           f"{alphas[1]['tokens_per_target_call']:13.2f}")
 

@@ -14,7 +14,7 @@ target's first k layers; no prefill, no cache). Per row of the table:
 
 * alpha: accepted / judged drafts over all prompts;
 * c: draft forward (T = 1) / target forward (T = 1), timed as jitted loops of
-  cached passes (`specjax.measure.forward_seconds`) at the generation's
+  cached passes (`specjax.measure.pass_seconds`) at the generation's
   middle context length;
 * speedup: `generate` time / `speculative_generate` time over the same
   prompts and keys, whole compiled calls, fastest of interleaved repeats,
@@ -108,8 +108,9 @@ def main(argv):
         target, draft, p, lengths, k, gamma=gamma, max_new_tokens=new,
         sampling=sampling) for p, k in zip(prompts, keys)]
 
-  target_s = measure.forward_seconds(target, batch_size=b,
-                                     context_len=context, num_tokens=1)
+  one_pass = lambda model: measure.pass_seconds(
+      model, batch_size=b, num_tokens=1, capacity=context + 1, fill=context)
+  target_s = one_pass(target)
   print(f"target: {what}, {target.param_count():,} parameters, "
         f"{target.config.num_layers} layers; gamma={gamma}, T="
         f"{_TEMPERATURE.value}, batch {b}, {n} prompts of {_PROMPT_LEN.value}"
@@ -119,8 +120,7 @@ def main(argv):
   for k in (int(x) for x in _KS.value):
     drafts = {"own": sj.SelfDraft(target, layers=k),
               "shared": sj.SelfDraft(target, layers=k, share_cache=True)}
-    draft_s = measure.forward_seconds(drafts["own"], batch_size=b,
-                                      context_len=context, num_tokens=1)
+    draft_s = one_pass(drafts["own"])
     fns = {"baseline": baseline,
            **{mode: speculative(d) for mode, d in drafts.items()}}
     times = _min_times(fns, _REPEATS.value)

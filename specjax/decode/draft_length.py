@@ -190,7 +190,7 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   """A `Goodput` rule with c and r measured on this machine at this batch.
 
   Times one draft pass and target passes on 1..gamma_max + 1 tokens
-  (`specjax.measure.forward_seconds`) at `context_len` committed positions;
+  (`specjax.measure.pass_seconds`) at `context_len` committed positions;
   r(B) and c(B) therefore reflect how the passes grow with the batch.
   Memoised per (model structures, batch, gamma_max, context_len) for this
   process: the first call takes a few seconds.
@@ -199,19 +199,17 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
   gamma_max = _check_gamma_max(gamma_max)
   context_len = _checks.check_int("context_len", context_len, low=0)
-  structure = lambda m: (type(m).__name__, jax.tree.structure(m),
-                         tuple((x.shape, str(x.dtype))
-                               for x in jax.tree.leaves(m)))
-  key = (structure(target), structure(draft), batch_size, gamma_max,
-         context_len, threshold)
+  key = (measure.model_key(target), measure.model_key(draft), batch_size,
+         gamma_max, context_len, threshold)
   if key not in _MEASURED:
     limit = min(x for x in (getattr(target, "max_positions", None),
                             getattr(draft, "max_positions", None),
                             context_len + gamma_max + 1) if x is not None)
     context = max(0, min(context_len, limit - gamma_max - 1))
-    time = lambda model, tokens: measure.forward_seconds(
-        model, batch_size=batch_size, context_len=context, num_tokens=tokens,
-        seconds=seconds, repeats=repeats)
+    time = lambda model, tokens: measure.pass_seconds(
+        model, batch_size=batch_size, num_tokens=tokens,
+        capacity=context + gamma_max + 1, fill=context, seconds=seconds,
+        repeats=repeats)
     base = time(target, 1)
     # Floors keep a noisy timing from producing a zero or inverted ratio.
     r = [1.0]
