@@ -155,7 +155,7 @@ def test_compare_on_synthetic_results():
   def result(kept):  # one row, rounds keeping `kept` drafts each
     hist = np.bincount(kept, minlength=3)[None]
     n = len(kept)
-    stats = sj.RowStats(
+    stats = sj.RowStats.zeros(1, 2).replace(
         rounds=jnp.array([n]), target_calls=jnp.array([n]),
         draft_calls=jnp.array([2 * n]),
         verified=jnp.array([sum(min(k + 1, 2) for k in kept)]),

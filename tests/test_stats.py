@@ -4,6 +4,7 @@ No models and no timing: RowStats are built by hand, and the formulas are
 checked against closed forms and Monte Carlo simulations of the round.
 """
 
+import dataclasses
 import math
 import types
 
@@ -30,11 +31,12 @@ def _result(accepted_per_round, gamma, lengths):
   accepted = np.array([sum(r) for r in accepted_per_round], np.int32)
   verified = np.array([sum(min(a + 1, gamma) for a in r)
                        for r in accepted_per_round], np.int32)
-  s = RowStats(rounds=jnp.asarray(n_rounds), target_calls=jnp.asarray(n_rounds),
-               draft_calls=jnp.asarray(gamma * n_rounds),
-               verified=jnp.asarray(verified), accepted=jnp.asarray(accepted),
-               overlap_sum=jnp.asarray(0.5 * verified, jnp.float32),
-               accept_hist=jnp.asarray(hist))
+  s = RowStats.zeros(rows, gamma).replace(
+      rounds=jnp.asarray(n_rounds), target_calls=jnp.asarray(n_rounds),
+      draft_calls=jnp.asarray(gamma * n_rounds),
+      verified=jnp.asarray(verified), accepted=jnp.asarray(accepted),
+      overlap_sum=jnp.asarray(0.5 * verified, jnp.float32),
+      accept_hist=jnp.asarray(hist))
   return GenerationResult(tokens=jnp.zeros((rows, 1), jnp.int32),
                           lengths=jnp.asarray(lengths, jnp.int32), stats=s)
 
@@ -69,15 +71,14 @@ def test_new_rowstats_fields_are_summed_without_changes():
 
   @flax.struct.dataclass(kw_only=True)
   class MoreStats(RowStats):
-    target_nonfinite: jax.Array
+    future_counter: jax.Array
 
   base = _result([[1], [0, 0]], gamma=1, lengths=[2, 2])
-  more = MoreStats(**{f: getattr(base.stats, f) for f in
-                      ("rounds", "target_calls", "draft_calls", "verified",
-                       "accepted", "overlap_sum", "accept_hist")},
-                   target_nonfinite=jnp.array([0, 3], jnp.int32))
+  more = MoreStats(**{f.name: getattr(base.stats, f.name)
+                      for f in dataclasses.fields(RowStats)},
+                   future_counter=jnp.array([0, 3], jnp.int32))
   out = stats.summarize(types.SimpleNamespace(stats=more, lengths=base.lengths))
-  assert out["target_nonfinite"] == 3
+  assert out["future_counter"] == 3
   assert out["alpha_hat"] == base.summary()["alpha_hat"]
 
 

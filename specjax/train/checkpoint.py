@@ -51,7 +51,7 @@ ARRAY_ITEMS = ("params", "opt_state")
 ITEMS = ARRAY_ITEMS + ("metadata",)
 CHECKPOINTS_SUBDIR = "checkpoints"
 # TransformerConfig fields that checkpoints written before them lack.
-_LATER_FIELDS = ("param_dtype",)
+_LATER_FIELDS = ("param_dtype", "qkv_bias", "rope_scaling")
 
 
 class CheckpointError(ValueError):

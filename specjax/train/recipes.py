@@ -85,6 +85,9 @@ TRAIN_TOKENS_PER_S = {
 
 _FIELD_TYPES = {"num_kv_heads": int, "head_dim": int, "mlp_dim": int,
                 "tie_embeddings": bool}
+# TransformerConfig fields a byte-level recipe never sets: RoPE rescaling is
+# a Hugging Face import setting (sorted name/value pairs), not a flag.
+_NOT_IN_RECIPES = ("rope_scaling",)
 
 
 def _check_name(name: str) -> None:
@@ -110,6 +113,8 @@ def model_config(name: str) -> config_dict.ConfigDict:
   _check_name(name)
   fields = {}
   for f in dataclasses.fields(transformer.TransformerConfig):
+    if f.name in _NOT_IN_RECIPES:
+      continue
     if f.name in SIZES[name]:
       fields[f.name] = SIZES[name][f.name]
     elif f.default is None:
