@@ -111,7 +111,8 @@ def _variants(target):
   }
 
 
-@pytest.mark.parametrize("gamma, batch", [(3, 1), (4, 8)])
+@pytest.mark.parametrize("gamma, batch", [
+    pytest.param(3, 1, marks=pytest.mark.slow), (4, 8)])
 def test_greedy_speculative_equals_autoregressive(target, gamma, batch):
   prompts, lengths = _prompts(batch, seed=gamma + batch)
   key = jax.random.key(0)
@@ -192,7 +193,8 @@ class _EarlyViewSelfDraft(SelfDraft):
     return view.replace(lengths=jnp.maximum(view.lengths - 1, 0))
 
 
-@pytest.mark.parametrize("layers, share", [(1, False), (1, True)])
+@pytest.mark.parametrize("layers, share", [
+    pytest.param(1, False, marks=pytest.mark.slow), (1, True)])
 def test_generations_are_exact(exact_target, layers, share):
   sampling = sj.SamplingConfig(temperature=1.0)
   draft = SelfDraft(exact_target, layers=layers, share_cache=share)
