@@ -12,11 +12,13 @@ from conftest import REPO
 NOTEBOOK = REPO / "colab" / "quickstart.ipynb"
 
 
-def test_quickstart_starts_with_a_guarded_install_cell():
-  first = nbformat.read(NOTEBOOK, as_version=4).cells[0]
+@pytest.mark.parametrize("path", sorted((REPO / "colab").glob("*.ipynb")),
+                         ids=lambda p: p.name)
+def test_every_notebook_starts_with_a_guarded_install_cell(path):
+  first = nbformat.read(path, as_version=4).cells[0]
   assert first.cell_type == "code"
-  assert "find_spec('specjax') is None" in first.source
-  assert "pip', 'install'" in first.source
+  assert 'find_spec("specjax") is None' in first.source
+  assert '"pip", "install"' in first.source and "SPECJAX_SOURCE" in first.source
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
