@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax as sj
+from specjax.lab import controls
 from specjax import sharding
 
 MESHES = ("data:1,model:1", "data:8,model:1", "data:2,model:4",
@@ -100,15 +101,6 @@ def _exact_law(target):
   return law
 
 
-def _wrong_fallback(u_accept, u_residual, p, q, draft):
-  """Negative control: resample from p (not (p - q)+) on rejection."""
-  from specjax import sampling as sampling_lib  # pylint: disable=g-import-not-at-top
-  take = lambda probs: jnp.take_along_axis(probs, draft[..., None], -1)[..., 0]
-  accepted = u_accept * take(q) < take(p)
-  return (jnp.where(accepted, draft,
-                    sampling_lib.sample_from_probs(u_residual, p)), accepted)
-
-
 def chi_square_2x4():
   from specjax import testing  # pylint: disable=g-import-not-at-top
   from specjax.decode import loop  # pylint: disable=g-import-not-at-top
@@ -133,7 +125,7 @@ def chi_square_2x4():
     wrong = loop._generate(  # pylint: disable=protected-access
         t, d, padded, lengths, keys, gamma=3, max_new_tokens=K,
         sampling=sampling, eos_id=None, pad_id=0,
-        coupling_rule=_wrong_fallback)
+        coupling_rule=controls.wrong_fallback_rule)
   control = testing.check_distribution(ids(wrong.tokens), law)
   return {"exact_passed": bool(exact.passed), "exact": str(exact),
           "control_passed": bool(control.passed), "control": str(control),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import specjax as sj
+from specjax.lab import controls
 from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import loop
@@ -48,13 +49,6 @@ def _exact_law(target):
 
 def _ids(tokens):
   return (np.asarray(tokens) * V ** np.arange(K - 1, -1, -1)).sum(1)
-
-
-def _wrong_fallback(u_accept, u_residual, p, q, draft):
-  take = lambda probs: jnp.take_along_axis(probs, draft[..., None], -1)[..., 0]
-  accepted = u_accept * take(q) < take(p)
-  return (jnp.where(accepted, draft,
-                    sampling_lib.sample_from_probs(u_residual, p)), accepted)
 
 
 def _run(target, draft, rule=None):
@@ -101,6 +95,6 @@ def test_mixed_precision_decoding_is_exact(target_dtype, draft_dtype):
 def test_mixed_precision_negative_control_is_rejected():
   target = _model(0, "llama", "bfloat16")
   draft = _model(1, "gpt2", "float32")
-  out = _run(target, draft, _wrong_fallback)
+  out = _run(target, draft, controls.wrong_fallback_rule)
   result = testing.check_distribution(_ids(out.tokens), _exact_law(target))
   assert not result.passed, str(result)
