@@ -117,8 +117,12 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
 def _greedy_token(logits_xV: jax.Array) -> jax.Array:
   """The greedy token of each row: int32 `[...]`, the argmax of `logits_xV`
   `[..., V]`, ties broken towards the lowest token id. `probabilities` under
-  temperature 0 is exactly the one-hot vector of this index."""
-  return jnp.argmax(logits_xV, axis=-1).astype(jnp.int32)
+  temperature 0 is exactly the one-hot vector of this index.
+
+  Ranked on the integer key of the float bits: XLA CPU flushes denormals to
+  zero in float comparisons, which would tie a logit of 8e-39 with 0.0.
+  """
+  return jnp.argmax(_ordered_key(logits_xV), axis=-1).astype(jnp.int32)
 
 
 # --- Selection without a sort -------------------------------------------------
