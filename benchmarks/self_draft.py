@@ -1,6 +1,6 @@
 r"""Self-speculative drafts: alpha, c and measured speedup for every k.
 
-  SPECJAX_CACHE=/work/cache/i12-drafts python benchmarks/self_draft.py \
+  python benchmarks/self_draft.py \
       --target=quick --ks=0,1,2,3 --gamma=4 --temperature=0
   python benchmarks/self_draft.py --target=byte-85m --ks=0,1,2,4,6 --gamma=4
 

@@ -1,6 +1,6 @@
 r"""gamma="auto" (and the confidence rule) against every fixed gamma, per draft and batch.
 
-  SPECJAX_CACHE=/work/cache/i12-drafts python -m experiments.adaptive_gamma \
+  python -m experiments.adaptive_gamma \
       --target=quick --drafts=self:1,self:2 --batches=1,8 \
       --gammas=1,2,3,4,6,8 --results_dir=results/adaptive_gamma
 
