@@ -56,6 +56,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # every pass of every loop shape is timed once per sweep.
   c.step_seconds = 0.05
   c.step_repeats = 5
+  # Timed calls per prompt and decoder (the fewest seconds count): one slow
+  # spell of a shared machine then cannot decide a cell.
+  c.call_repeats = 2
   if preset == "quick":
     c.target = "target-3m"
     c.target_overrides = _pairs(_QUICK_TARGET)
@@ -103,4 +106,5 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     c.max_new_tokens = 24
     c.step_seconds = 0.01
     c.step_repeats = 2
+    c.call_repeats = 1
   return c
