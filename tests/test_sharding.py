@@ -35,7 +35,7 @@ def _env(devices):
   return env
 
 
-def _run_worker(*args, devices=8, timeout=900):
+def _run_worker(*args, devices=8, timeout=1800):
   proc = subprocess.run([sys.executable, str(WORKER), *map(str, args)],
                         env=_env(devices), capture_output=True, text=True,
                         timeout=timeout, cwd=REPO)
