@@ -6,6 +6,14 @@ r"""Decode speed: `generate` vs `speculative_generate`, measured and predicted.
   # speedup against batch size, figure and JSON under results/batch_scaling:
   python benchmarks/decode.py --batches=1,2,4,8,16,32 --max_new_tokens=64
 
+  # per mesh: per-device memory, tokens/s, collectives (any device count;
+  # `bash benchmarks/gpu_run.sh` is the prepared GPU/TPU run):
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+  python benchmarks/decode.py --target=byte-3m-llama --vocab_size=256 \
+      --draft=truncated:1 --batch=8 --max_new_tokens=16 --prompt_len=16 \
+      --repeats=2 --mesh=data:1,model:1 --mesh=data:2,model:4 \
+      --mesh=data:8,model:1
+
 One run measures, for one target, one draft, batch and gamma (after
 compilation; the variants interleaved so that a loaded machine slows them
 alike, medians of `--repeats`):
@@ -23,6 +31,15 @@ alike, medians of `--repeats`):
 * the rate at which autoregressive decoding streams the target's weights
   (param bytes * target steps/s) against the machine's memory copy bandwidth
   and against the fastest XLA reads those weights (a sum over them).
+
+With `--mesh` (repeatable), instead: for each mesh, `generate` and
+`speculative_generate` compiled with the models sharded by
+`specjax.sharding.RULES`, their per-device memory
+(`compiled.memory_analysis()`), per-device parameter bytes, the collectives
+of the compiled HLO, tokens/s, and whether the tokens equal the first mesh's
+(`benchmarks/sharded.py`). On CPU the numbers are for correctness only. A
+vocabulary is sharded on `model` only where `model` divides it:
+`--vocab_size=256` makes the byte presets' 259 divisible.
 
 With `--batches`, the same measurement at each batch size (without the
 bandwidth rows and the null-draft split), then c(B), r(B), the measured and
@@ -63,7 +80,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+import sharded  # benchmarks/sharded.py, beside this script
 import specjax as sj
+from specjax import distributed
 from specjax import figures
 from specjax import measure
 from specjax import stats
@@ -96,6 +115,14 @@ _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", "results/batch_scaling", "Where --batches writes.")
 _COPY_MB = flags.DEFINE_integer(
     "copy_mb", 512, "Array size for the memory bandwidth measurement.")
+_MESH = flags.DEFINE_multi_string(
+    "mesh", None, "Mesh spec, e.g. data:2,model:4; repeat the flag for a "
+    "table over several meshes (see the module docstring).")
+_VOCAB = flags.DEFINE_integer(
+    "vocab_size", None, "Override the target preset's vocabulary (e.g. 256, "
+    "so that it divides a `model` axis).")
+distributed.define_flags(mesh=False)
+distributed.define_dtype_flags(default="float32")
 
 
 # ----------------------------------------------------------------- models --
@@ -148,7 +175,11 @@ def make_draft(spec: str, target: TransformerLM, seed: int
         mlp_dim=None), seed + 1)
     what = f"independent random model, d_model {d}, {layers} layers"
   elif spec in transformer_lib.PRESETS:
-    draft = TransformerLM.create(TransformerConfig.preset(spec), seed + 1)
+    # The target's vocabulary and dtypes, the preset's trunk.
+    c = target.config
+    draft = TransformerLM.create(TransformerConfig.preset(
+        spec, vocab_size=c.vocab_size, dtype=c.dtype,
+        param_dtype=c.param_dtype), seed + 1)
     what = f"independent random '{spec}'"
   else:
     raise app.UsageError(f"Unknown --draft {spec!r}.")
@@ -183,8 +214,11 @@ def _copy_calls(megabytes: int) -> tuple[dict[str, Callable[[], Any]], int]:
 
 
 def _models():
-  target = TransformerLM.create(TransformerConfig.preset(_TARGET.value),
-                                _SEED.value)
+  overrides = distributed.dtypes_from_flags()
+  if _VOCAB.value:
+    overrides["vocab_size"] = _VOCAB.value
+  target = TransformerLM.create(
+      TransformerConfig.preset(_TARGET.value, **overrides), _SEED.value)
   if _LOGIT_SCALE.value != 1.0:
     scale = _LOGIT_SCALE.value
     module = target.module()
@@ -383,13 +417,37 @@ def _write_scaling(rows, target, draft_desc, sampling, load_before):
       rows, os.path.join(_RESULTS_DIR.value, "fig_batch_scaling"), meta)
 
 
+def meshes(target, draft, draft_desc, sampling):
+  """The per-mesh table (`--mesh`), printed by process 0."""
+  rows = sharded.run(_MESH.value, target, draft, batch=_BATCH.value,
+                     gamma=_GAMMA.value, max_new_tokens=_MAX_NEW.value,
+                     prompt_len=_PROMPT_LEN.value, repeats=_REPEATS.value,
+                     sampling=sampling, seed=_SEED.value)
+  if not distributed.is_primary():
+    return
+  c = target.config
+  print(f"{jax.device_count()} x {jax.devices()[0].device_kind} "
+        f"({jax.process_count()} processes); target {_TARGET.value} "
+        f"({target.param_count() / 1e6:.2f}M params, vocab {c.vocab_size}, "
+        f"{c.dtype} compute / {c.param_dtype} params); draft {draft_desc}; "
+        f"batch {_BATCH.value}, gamma {_GAMMA.value}, prompt "
+        f"{_PROMPT_LEN.value}, {_MAX_NEW.value} new tokens, temperature "
+        f"{sampling.temperature:g}; medians of {_REPEATS.value} calls")
+  print(sharded.format_table(rows))
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.initialize_from_flags()
   sampling = (sj.GREEDY if _TEMPERATURE.value == 0 else
               sj.SamplingConfig(temperature=_TEMPERATURE.value))
   target, draft, draft_desc = _models()
-  if _BATCHES.value:
+  if _MESH.value:
+    if _BATCHES.value:
+      raise app.UsageError("--mesh and --batches are separate modes.")
+    meshes(target, draft, draft_desc, sampling)
+  elif _BATCHES.value:
     batches = sorted({int(b) for b in _BATCHES.value})
     if batches[0] < 1:
       raise app.UsageError("--batches must be positive integers.")

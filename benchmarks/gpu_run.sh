@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# One command on a GPU (or TPU) host: the sharded-decoding table for every
-# mesh shape this host's devices allow, float32 and bfloat16, speculative
-# (byte-85m-llama target, byte-3m-llama draft) and autoregressive.
+# One command on a GPU (or TPU) host: the sharded-decoding table
+# (`benchmarks/decode.py --mesh=...`: per-device memory, tokens/s and the
+# collectives of generate and speculative_generate) for every mesh shape
+# this host's devices allow, float32 and bfloat16, greedy and sampled, with
+# a byte-85m-llama target and a byte-3m-llama draft (random weights; the
+# vocabulary set to 256 so that it divides `model`).
 #
-#   bash benchmarks/gpu_run.sh            # from the repository root
+#   bash benchmarks/gpu_run.sh            # from anywhere in the repository
 #
 # Needs `pip install -e . "jax[cuda12]"` (or "jax[tpu]"). Prints markdown.
 set -euo pipefail
@@ -15,13 +18,14 @@ for m in 2 4 8; do
   if (( N >= m && N % m == 0 )); then MESHES+=(--mesh=data:$((N / m)),model:$m); fi
 done
 if (( N > 1 )); then MESHES+=(--mesh=data:$N,model:1); fi
-COMMON=(--target=byte-85m-llama --vocab_size=256 --batch=16 --gamma=4
-        --max_new_tokens=256 --prompt_len=64 --repeats=5 "${MESHES[@]}")
+COMMON=(--target=byte-85m-llama --vocab_size=256 --draft=byte-3m-llama
+        --batch=16 --gamma=4 --max_new_tokens=256 --prompt_len=64 --repeats=5
+        "${MESHES[@]}")
 for dtype in float32 bfloat16; do
-  echo "## speculative, $dtype"
-  python benchmarks/sharded.py "${COMMON[@]}" --draft=byte-3m-llama \
-      --dtype=$dtype --param_dtype=$dtype 2>/dev/null | grep -v "program all-gathers"
-  echo "## autoregressive, $dtype"
-  python benchmarks/sharded.py "${COMMON[@]}" --draft=none \
-      --dtype=$dtype --param_dtype=$dtype 2>/dev/null | grep -v "program all-gathers"
+  for temperature in 0 1; do
+    echo "## $dtype, temperature $temperature"
+    python benchmarks/decode.py "${COMMON[@]}" --dtype=$dtype \
+        --param_dtype=$dtype --temperature=$temperature 2>/dev/null
+    echo
+  done
 done

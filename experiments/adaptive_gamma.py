@@ -31,7 +31,9 @@ import numpy as np
 
 import specjax as sj
 from specjax import data
+from specjax import distributed
 from specjax import measure
+from specjax import sharding
 from specjax import zoo
 
 _TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
@@ -48,6 +50,8 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 96, "Tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (median).")
 _RESULTS = flags.DEFINE_string("results_dir", "results/adaptive_gamma",
                                "Where to write the rows and the figure.")
+distributed.define_flags()
+distributed.define_dtype_flags()
 
 
 def _load(name):
@@ -125,9 +129,11 @@ def plot(rows, gammas, path):
   fig.savefig(path, dpi=120)
 
 
-def main(argv):
-  del argv
+def _run():
+  """Every (draft, batch) cell: (rows, gammas)."""
+  dtypes = distributed.dtypes_from_flags()
   target, what = _load(_TARGET.value)
+  target = target.astype(**dtypes)
   gammas = [int(g) for g in _GAMMAS.value]
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
@@ -136,6 +142,8 @@ def main(argv):
         f"{_PROMPT_LEN.value} + {_NEW.value} tokens per row")
   for name in _DRAFTS.value:
     draft = _draft(name, target)
+    if hasattr(draft, "astype"):  # a zoo Transformer
+      draft = draft.astype(**dtypes)
     for batch in (int(b) for b in _BATCHES.value):
       prompts = data.prompts(heldout, _PROMPTS.value * batch,
                              _PROMPT_LEN.value, 0).reshape(
@@ -154,6 +162,17 @@ def main(argv):
             f"(c={row['c']:.3f}, r={['%.2f' % x for x in row['r']]})",
             flush=True)
       rows.append(row)
+  return rows, gammas
+
+
+def main(argv):
+  del argv
+  distributed.initialize_from_flags()
+  # SPMD: every process times the same calls, sharded over --mesh.
+  with sharding.using(distributed.mesh_from_flags()):
+    rows, gammas = _run()
+  if not distributed.is_primary():
+    return
   os.makedirs(_RESULTS.value, exist_ok=True)
   with open(os.path.join(_RESULTS.value, "adaptive_gamma.jsonl"), "w") as f:
     for row in rows:

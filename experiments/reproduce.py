@@ -28,6 +28,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_flags()
+distributed.define_dtype_flags()
 
 
 def main(argv):
@@ -40,7 +41,8 @@ def main(argv):
   results_dir = _RESULTS_DIR.value or config.results_dir
   # SPMD: every process sweeps (sharded over --mesh); process 0 writes.
   with sharding.using(distributed.mesh_from_flags()):
-    sweep.run_config(config, distributed.output_dir(results_dir))
+    sweep.run_config(config, distributed.output_dir(results_dir),
+                     distributed.dtypes_from_flags())
   if not distributed.is_primary():
     return
   written = figures.make_all(results_dir)

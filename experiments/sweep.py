@@ -26,6 +26,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_flags()
+distributed.define_dtype_flags()
 
 
 def main(argv):
@@ -38,7 +39,8 @@ def main(argv):
   # one program sharded over all processes' devices. Process 0 writes.
   with sharding.using(distributed.mesh_from_flags()):
     rows = sweep.run_config(_CONFIG.value,
-                            distributed.output_dir(results_dir))
+                            distributed.output_dir(results_dir),
+                            distributed.dtypes_from_flags())
   if not distributed.is_primary():
     return
   print(f"{len(rows)} cells -> {results_dir}/sweep.jsonl")

@@ -28,7 +28,9 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import distributed
 from specjax import lab
+from specjax import sharding
 from specjax.decode import verifiers as vf
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
@@ -42,6 +44,8 @@ _GAMMAS = flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6"], "gammas.")
 _ROWS = flags.DEFINE_integer("rows", 256, "Rows decoded per cell (a batch).")
 _NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.")
 _RESULTS = flags.DEFINE_string("results_dir", "results/verifiers", "Output.")
+distributed.define_flags()
+distributed.define_dtype_flags()
 
 
 def _models(kind):
@@ -51,7 +55,8 @@ def _models(kind):
     return target, draft, pair
   config = sj.TransformerConfig(vocab_size=64, d_model=128, num_layers=4,
                                 num_heads=4, max_positions=256)
-  target = sj.TransformerLM.create(config, 0)
+  target = sj.TransformerLM.create(config, 0).astype(
+      **distributed.dtypes_from_flags())
   state = jax.tree_util.tree_map_with_path(
       lambda path, x: 3.0 * x if "embed" in jax.tree_util.keystr(path) else x,
       target.state)
@@ -131,8 +136,12 @@ def plot(records, path):
 
 def main(argv):
   del argv
-  records = run(_MODELS.value, _VERIFIERS.value,
-                [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
+  distributed.initialize_from_flags()
+  with sharding.using(distributed.mesh_from_flags()):
+    records = run(_MODELS.value, _VERIFIERS.value,
+                  [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
+  if not distributed.is_primary():
+    return
   os.makedirs(_RESULTS.value, exist_ok=True)
   stem = os.path.join(_RESULTS.value, f"verifiers_{_MODELS.value}")
   with open(stem + ".csv", "w", newline="") as f:

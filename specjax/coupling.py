@@ -48,10 +48,18 @@ def residual(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
 
 
 def _residual(p_xV, q_xV):
+  unnormalised_xV = _unnormalised_residual(p_xV, q_xV)
+  return unnormalised_xV / jnp.sum(unnormalised_xV, axis=-1, keepdims=True)
+
+
+def _unnormalised_residual(p_xV, q_xV):
+  """(p - q)+, or p itself where that has no mass: what the samplers draw
+  from. `sample_from_probs` reads the total off its CDF, so nothing is
+  divided by a sum over V (a sum whose rounding would depend on how a
+  sharded vocabulary is split); whether the excess has mass is exact."""
   excess_xV = jnp.maximum(p_xV - q_xV, 0)
-  mass_x1 = jnp.sum(excess_xV, axis=-1, keepdims=True)
-  safe_mass_x1 = jnp.where(mass_x1 > 0, mass_x1, 1)
-  return jnp.where(mass_x1 > 0, excess_xV / safe_mass_x1,
+  has_mass_x1 = jnp.any(excess_xV > 0, axis=-1, keepdims=True)
+  return jnp.where(has_mass_x1, excess_xV,
                    jnp.broadcast_to(p_xV, excess_xV.shape))
 
 
@@ -122,7 +130,8 @@ def _coupling(u_accept_x, u_residual_x, p_xV, q_xV, draft_token_x):
   q_x = _gather(q_xV, draft_token_x)
   # u < p/q without dividing: exact for q = 0 and for one-hot (greedy) rows.
   accepted_x = u_accept_x * q_x < p_x
-  fallback_x = sampling.sample_from_probs(u_residual_x, _residual(p_xV, q_xV))
+  fallback_x = sampling.sample_from_probs(u_residual_x,
+                                          _unnormalised_residual(p_xV, q_xV))
   token_x = jnp.where(accepted_x, draft_token_x, fallback_x)
   return token_x.astype(jnp.int32), accepted_x
 
@@ -162,7 +171,7 @@ def _first_rejection(u_accept_BxG, u_residual_BxG, u_bonus_B, p_BxG1xV,
   q_rej_BxV = jnp.take_along_axis(q_BxGxV, at_B1[..., None], axis=1)[:, 0]
   all_kept_B = num_accepted_B == gamma
   probs_BxV = jnp.where(all_kept_B[:, None], p_BxG1xV[:, gamma],
-                        _residual(p_rej_BxV, q_rej_BxV))
+                        _unnormalised_residual(p_rej_BxV, q_rej_BxV))
   u_B = jnp.where(all_kept_B, u_bonus_B,
                   jnp.take_along_axis(u_residual_BxG, at_B1, axis=1)[:, 0])
   last_B = sampling.sample_from_probs(u_B, probs_BxV)

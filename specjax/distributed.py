@@ -1,7 +1,8 @@
-"""Multi-host jobs: `--distributed` flags around `jax.distributed.initialize`.
+"""Entry-point flags every job shares: processes, mesh, model dtypes.
 
 Every experiment entry point calls `define_flags()` at import and
-`initialize_from_flags()` first thing in `main`:
+`initialize_from_flags()` first thing in `main` (`--distributed` around
+`jax.distributed.initialize`):
 
   --distributed                  join a multi-process job. On TPU pods and
                                  under SLURM, JAX finds the coordinator,
@@ -16,6 +17,14 @@ Every experiment entry point calls `define_flags()` at import and
 After initialization `jax.devices()` lists every process's devices; the
 same program runs in every process (SPMD). Only process 0 writes results
 (`is_primary()`); orbax coordinates checkpoint writes itself.
+
+Entry points that decode with Transformers also call `define_dtype_flags()`:
+
+  --dtype=bfloat16               compute dtype of every Transformer model
+  --param_dtype=bfloat16         storage dtype of its parameters
+                                 (default for both: as built or trained;
+                                 `dtypes_from_flags()` -> kwargs of
+                                 `TransformerLM.astype`)
 """
 
 from __future__ import annotations
@@ -29,8 +38,12 @@ from absl import logging
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
-  """Defines the flags above (once per process; safe to call again)."""
+def define_flags(mesh: bool = True) -> None:
+  """Defines the flags above (once per process; safe to call again).
+
+  `mesh=False` leaves `--mesh` to the entry point (a benchmark that takes
+  several meshes defines it as a repeated flag).
+  """
   if "distributed" in FLAGS:
     return
   flags.DEFINE_bool("distributed", False,
@@ -43,9 +56,32 @@ def define_flags() -> None:
   flags.DEFINE_integer("process_id", None,
                        "This process's id in [0, num_processes) (only off "
                        "TPU/SLURM).")
-  flags.DEFINE_string("mesh", None,
-                      "Device mesh, e.g. 'data:2,model:4' or 'data:-1' "
-                      "(default: one device per process, unsharded).")
+  if mesh:
+    flags.DEFINE_string("mesh", None,
+                        "Device mesh, e.g. 'data:2,model:4' or 'data:-1' "
+                        "(default: one device per process, unsharded).")
+
+
+def define_dtype_flags(default: str | None = None) -> None:
+  """Defines --dtype and --param_dtype (once per process).
+
+  `default` None means "as the models were built or trained"; a benchmark
+  that builds its own models passes "float32".
+  """
+  if "param_dtype" in FLAGS:
+    return
+  what = "as built or trained" if default is None else default
+  flags.DEFINE_string("dtype", default, "Compute dtype of every Transformer "
+                      f"model, e.g. bfloat16 (default: {what}). Logits, "
+                      "probabilities and the coupling stay float32.")
+  flags.DEFINE_string("param_dtype", default, "Storage dtype of every "
+                      f"Transformer model's parameters (default: {what}).")
+
+
+def dtypes_from_flags() -> dict[str, str]:
+  """`{"dtype": ..., "param_dtype": ...}` of the flags that are set."""
+  return {name: FLAGS[name].value for name in ("dtype", "param_dtype")
+          if FLAGS[name].value is not None}
 
 
 def initialize(distributed: bool, coordinator_address: str | None = None,

@@ -331,6 +331,48 @@ def _top_p_threshold(probs_xV, top_p, method=None):
       jnp.float32)
 
 
+# The batched inverse CDF runs in two levels over a fixed split of the
+# vocabulary into `cdf_chunks(V)` equal chunks (see `sample_from_probs`).
+_MAX_CDF_CHUNKS = 64
+
+
+def cdf_chunks(vocab: int) -> int:
+  """How many equal chunks the batched inverse CDF splits `vocab` into.
+
+  The largest power of two C <= 64 that divides V with C * C <= V (so a chunk
+  is at least as wide as the chunk count): 16 for 256 (and 259 -> 1, 32000
+  -> 64). A function of V alone, never of the device mesh, so that every
+  mesh runs the same additions in the same order.
+  """
+  chunks = 1
+  while (chunks * 2 <= _MAX_CDF_CHUNKS and vocab % (chunks * 2) == 0
+         and (chunks * 2) ** 2 <= vocab):
+    chunks *= 2
+  return chunks
+
+
+def _monotone_cdf(probs_xN):
+  """Inclusive CDF along the last axis, held flat at zero-mass entries.
+
+  XLA's cumsum adds in blocks, so it is not monotone to the last ulp and can
+  step up at a zero-mass entry; holding the CDF flat there (cummax of the
+  sums at positive entries) makes such entries unreachable.
+  """
+  return jax.lax.cummax(
+      jnp.where(probs_xN > 0, jnp.cumsum(probs_xN, axis=-1), 0),
+      axis=probs_xN.ndim - 1)
+
+
+def _last_positive(probs_xN):
+  """Index of the last entry with mass along the last axis; -1 if none.
+
+  A max over positions (not a flip and argmax), so a sharded axis costs one
+  all-reduce of a scalar per row.
+  """
+  index_N = jnp.arange(probs_xN.shape[-1], dtype=jnp.int32)
+  return jnp.max(jnp.where(probs_xN > 0, index_N, -1), axis=-1)
+
+
 def sample_from_probs(uniform_x: jax.Array, probs_xV: jax.Array) -> jax.Array:
   """Inverse-CDF sample: one token per uniform in [0, 1). Returns int32 `[...]`.
 
@@ -338,24 +380,52 @@ def sample_from_probs(uniform_x: jax.Array, probs_xV: jax.Array) -> jax.Array:
   CDF is computed once and searched, O(V + N log V)). The rows need not be
   normalised: the total mass is read off the CDF. Tokens of zero mass are
   never returned; a row of zero total mass returns token 0 (callers guard).
+
+  Batched rows are sampled in two levels over the C = `cdf_chunks(V)` equal
+  chunks of the vocabulary: each chunk's CDF (cumsum within the chunk), the
+  CDF of the C chunk masses, a chunk picked with u * total, and the index
+  within it found on the chunk's own CDF at u * total minus the mass before
+  the chunk. The law is the inverse CDF's (token t has probability
+  p_t / total, up to float32 rounding of the sums). A vocabulary sharded on
+  a mesh axis splits into whole chunks, so each device scans its own; only
+  the `[..., C]` chunk masses and per-row scalars cross devices, where a
+  single CDF would all-gather each `[..., V]` row. The additions depend on V
+  alone, so a row draws the same token for the same probabilities and
+  uniform on every mesh.
   """
-  # XLA's cumsum adds in blocks, so it is not monotone to the last ulp and can
-  # step up at a zero-mass token; holding the CDF flat there (cummax of the
-  # sums at positive tokens) makes such tokens unreachable.
-  cdf_xV = jax.lax.cummax(
-      jnp.where(probs_xV > 0, jnp.cumsum(probs_xV, axis=-1), 0),
-      axis=probs_xV.ndim - 1)
-  total_x = cdf_xV[..., -1]
-  target_x = uniform_x.astype(cdf_xV.dtype) * total_x
-  if cdf_xV.ndim == 1:
-    idx_x = jnp.searchsorted(cdf_xV, target_x, side="right")
-  else:
-    idx_x = jnp.sum(cdf_xV <= target_x[..., None], axis=-1)
-  # u * total can round up to total; fall back to the last token with mass.
   vocab = probs_xV.shape[-1]
-  last_positive_x = vocab - 1 - jnp.argmax(
-      jnp.flip(probs_xV > 0, axis=-1), axis=-1)
-  return jnp.minimum(idx_x, last_positive_x).astype(jnp.int32)
+  if probs_xV.ndim == 1:
+    cdf_V = _monotone_cdf(probs_xV)
+    idx_x = jnp.searchsorted(cdf_V, uniform_x.astype(cdf_V.dtype) * cdf_V[-1],
+                             side="right")
+    # u * total can round up to total; fall back to the last token with mass.
+    idx_x = jnp.minimum(idx_x, _last_positive(probs_xV))
+    return jnp.maximum(idx_x, 0).astype(jnp.int32)
+  chunks = cdf_chunks(vocab)
+  width = vocab // chunks
+  probs_xCxW = probs_xV.reshape(probs_xV.shape[:-1] + (chunks, width))
+  cdf_xCxW = _monotone_cdf(probs_xCxW)
+  mass_xC = cdf_xCxW[..., -1]
+  cdf_xC = _monotone_cdf(mass_xC)
+  target_x = uniform_x.astype(cdf_xC.dtype) * cdf_xC[..., -1]
+  # The first chunk whose CDF passes the target (it has mass); u * total can
+  # round up to total: then the last chunk with mass.
+  chunk_x = jnp.maximum(jnp.minimum(
+      jnp.sum(cdf_xC <= target_x[..., None], axis=-1),
+      _last_positive(mass_xC)), 0)
+  before_x = jnp.where(chunk_x > 0, jnp.take_along_axis(
+      cdf_xC, jnp.maximum(chunk_x - 1, 0)[..., None], axis=-1)[..., 0], 0)
+  # >= 0 exactly: the chosen chunk's predecessor's CDF is <= target.
+  within_target_x = target_x - before_x
+  chosen_xC = jnp.arange(chunks, dtype=jnp.int32) == chunk_x[..., None]
+  # Per chunk: the within-chunk index at the target, clipped to the chunk's
+  # last token with mass (the subtraction can round the target up to the
+  # chunk's total); only the chosen chunk's counts (one scalar per row).
+  within_xC = jnp.minimum(
+      jnp.sum(cdf_xCxW <= within_target_x[..., None, None], axis=-1),
+      _last_positive(probs_xCxW))
+  within_x = jnp.sum(jnp.where(chosen_xC, within_xC, 0), axis=-1)
+  return jnp.maximum(chunk_x * width + within_x, 0).astype(jnp.int32)
 
 
 def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:

@@ -416,6 +416,57 @@ def per_device_bytes(tree: Any) -> dict[Any, int]:
   return out
 
 
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+               "collective-permute")
+_ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
+                  "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8,
+                  "f64": 8}
+_COLLECTIVE_RE = re.compile(r"=\s*(.+?)\s+(" + "|".join(COLLECTIVES) +
+                            r")(-start)?\(")
+_SHAPE_RE = re.compile(r"\b(pred|bf16|[suf]\d+)\[([\d,]*)\]")
+
+
+def _shape_bytes(dtype: str, dims: str) -> int:
+  return _ELEMENT_BYTES.get(dtype, 4) * int(np.prod(
+      [int(d) for d in dims.split(",") if d] or [1]))
+
+
+def collectives(hlo_text: str) -> list[dict]:
+  """The collectives of a compiled program, from its HLO text.
+
+  `hlo_text` is `jax.jit(f).lower(...).compile().as_text()` (per-device
+  shapes). One entry per op (an async `-start`/`-done` pair counts once):
+  `{"op": "all-gather", "shapes": ["f32[4,16]"], "bytes": 256}`, the
+  per-device result shapes and their bytes (for an async start, its largest
+  shape: the result; its tuple also holds the operands). A collective inside
+  a loop body is listed once, not once per iteration.
+  """
+  out = []
+  for line in hlo_text.splitlines():
+    m = _COLLECTIVE_RE.search(line)
+    if not m:
+      continue
+    shapes = _SHAPE_RE.findall(m.group(1))
+    sizes = [_shape_bytes(*s) for s in shapes]
+    out.append({"op": m.group(2),
+                "shapes": [f"{t}[{d}]" for t, d in shapes],
+                "bytes": (max(sizes, default=0) if m.group(3)
+                          else sum(sizes))})
+  return out
+
+
+def collective_summary(hlo_text: str) -> dict[str, dict[str, int]]:
+  """Per collective kind: `{"count", "bytes", "largest"}` (bytes per device,
+  summed over the ops of the program; largest single op) of `collectives`."""
+  summary = {op: {"count": 0, "bytes": 0, "largest": 0} for op in COLLECTIVES}
+  for c in collectives(hlo_text):
+    s = summary[c["op"]]
+    s["count"] += 1
+    s["bytes"] += c["bytes"]
+    s["largest"] = max(s["largest"], c["bytes"])
+  return summary
+
+
 def constrain_replicated(tree: Any) -> Any:
   """Every array of `tree` replicated on the enclosing mesh (no-op without).
 

@@ -2,10 +2,12 @@
 
 `tests/test_sharding.py` starts this file with
 `XLA_FLAGS=--xla_force_host_platform_device_count=8` (or 4 per process for
-the multi-process check), so the rest of the suite keeps one device. Each
-section prints one JSON line `RESULT {...}` that the test reads; the
-assertions live in the test, the computation here.
+the multi-process check), so the rest of the suite keeps one device. A run
+prints one JSON line `RESULT {...}` that the test reads; the assertions live
+in the test, the computation here. `all` runs the decode and train sections
+in one process (one JAX start-up); each records its CPU seconds.
 
+  python tests/mesh_worker.py all WORKDIR
   python tests/mesh_worker.py decode
   python tests/mesh_worker.py train WORKDIR
   python tests/mesh_worker.py multiproc PROCESS_ID PORT   (2 processes)
@@ -17,6 +19,7 @@ import itertools
 import json
 import os
 import sys
+import time
 
 # The checks compare programs across meshes; keep XLA from choosing
 # different algorithms by load.
@@ -29,6 +32,7 @@ import numpy as np
 import specjax as sj
 from specjax.lab import controls
 from specjax import sharding
+from specjax.decode import loop
 
 MESHES = ("data:1,model:1", "data:8,model:1", "data:2,model:4",
           "data:4,model:2")
@@ -40,9 +44,12 @@ def _mesh(spec):
 
 
 def gqa_models():
-  """A Llama-flavour GQA target (8 query / 2 kv heads) and a GPT-2 draft."""
+  """A Llama-flavour GQA target (8 query / 2 kv heads) and a GPT-2 draft.
+
+  One layer each: every mesh compiles four programs of each, and the
+  sharding of a block does not change with depth."""
   target = sj.TransformerLM.create(sj.TransformerConfig(
-      vocab_size=256, d_model=64, num_layers=2, num_heads=8, num_kv_heads=2,
+      vocab_size=256, d_model=64, num_layers=1, num_heads=8, num_kv_heads=2,
       flavour="llama", max_positions=64), 0)
   draft = sj.TransformerLM.create(sj.TransformerConfig(
       vocab_size=256, d_model=32, num_layers=1, num_heads=4,
@@ -73,9 +80,40 @@ def generations(target, draft, mesh):
   return out
 
 
+def _placed(target, draft, p, lens, key, mesh, *, gamma, max_new_tokens,
+            sampling):
+  """The compiled loop's arguments, placed on `mesh` as a `mesh=` call does."""
+  padded, lengths, keys, *_ = loop._prepare(  # pylint: disable=protected-access
+      target, p, lens, key, max_new_tokens=max_new_tokens, lookahead=gamma,
+      sampling=sampling, eos_id=None, pad_id=0, models=())
+  (t, d), rest = sharding.place_decode_inputs(mesh, (target, draft),
+                                              (padded, lengths, keys))
+  return (t, d) + tuple(rest)
+
+
+def vocab_collectives(target, draft):
+  """The collectives of the sampled speculative program on 2x4, where the
+  vocabulary (256) is sharded on `model`: the program `generations` ran
+  (same shapes, so `compile` is served from the in-memory cache)."""
+  mesh = _mesh("data:2,model:4")
+  p, lens = prompts()
+  sampling = sj.SamplingConfig(temperature=1.0)
+  args = _placed(target, draft, p, lens, jax.random.key(7), mesh, gamma=2,
+                 max_new_tokens=8, sampling=sampling)
+  with sharding.using(mesh):
+    text = loop._generate.lower(  # pylint: disable=protected-access
+        *args, gamma=2, max_new_tokens=8, sampling=sampling, eos_id=None,
+        pad_id=0).compile().as_text()
+  return {"collectives": sharding.collectives(text),
+          "batch_per_device": len(p) // 2, "vocab": target.vocab_size,
+          "model": 4}
+
+
 # -- chi-square on 2x4 ---------------------------------------------------------
 
-V, K, N = 8, 2, 40_000
+# 8000 samples: the wrong-fallback control lands at chi2 ~ 1600 on 63 dof
+# (7867 at 40000) and TV 0.18 against a bound of ~0.07, rejected by far.
+V, K, N = 8, 2, 8_000
 PROMPT = np.array([1, 2, 3], np.int32)
 
 
@@ -103,7 +141,6 @@ def _exact_law(target):
 
 def chi_square_2x4():
   from specjax import testing  # pylint: disable=g-import-not-at-top
-  from specjax.decode import loop  # pylint: disable=g-import-not-at-top
   mesh = _mesh("data:2,model:4")
   target, draft = _peaked(0, "llama"), _peaked(1, "gpt2")
   law = _exact_law(target)
@@ -116,16 +153,12 @@ def chi_square_2x4():
                                 mesh=mesh)
   exact = testing.check_distribution(ids(out.tokens), law)
   # The same sharded program with the wrong fallback must be rejected.
-  padded, lengths, keys, *_ = loop._prepare(  # pylint: disable=protected-access
-      target, p, lens, jax.random.key(3), max_new_tokens=K, lookahead=3,
-      sampling=sampling, eos_id=None, pad_id=0, models=())
-  (t, d), (padded, lengths, keys) = sharding.place_decode_inputs(
-      mesh, (target, draft), (padded, lengths, keys))
+  args = _placed(target, draft, p, lens, jax.random.key(3), mesh, gamma=3,
+                 max_new_tokens=K, sampling=sampling)
   with sharding.using(mesh):
     wrong = loop._generate(  # pylint: disable=protected-access
-        t, d, padded, lengths, keys, gamma=3, max_new_tokens=K,
-        sampling=sampling, eos_id=None, pad_id=0,
-        coupling_rule=controls.wrong_fallback_rule)
+        *args, gamma=3, max_new_tokens=K, sampling=sampling, eos_id=None,
+        pad_id=0, coupling_rule=controls.wrong_fallback_rule)
   control = testing.check_distribution(ids(wrong.tokens), law)
   return {"exact_passed": bool(exact.passed), "exact": str(exact),
           "control_passed": bool(control.passed), "control": str(control),
@@ -152,8 +185,8 @@ def param_bytes():
 def decode():
   target, draft = gqa_models()
   results = {spec: generations(target, draft, _mesh(spec)) for spec in MESHES}
-  return {"tokens": results, "chi_square": chi_square_2x4(),
-          "param_bytes": param_bytes()}
+  return {"tokens": results, "collectives": vocab_collectives(target, draft),
+          "chi_square": chi_square_2x4(), "param_bytes": param_bytes()}
 
 
 # -- training ------------------------------------------------------------------
@@ -162,9 +195,10 @@ def decode():
 def _train_config(mesh_spec, rules="tp", steps=5):
   from specjax.train import recipes  # pylint: disable=g-import-not-at-top
   config = recipes.train_config("tiny")
+  config.model.num_layers = 1  # every run compiles its own train step
   config.model.num_heads = 4
   config.model.num_kv_heads = 4
-  config.corpus_max_bytes = 200_000
+  config.corpus_max_bytes = 50_000
   config.batch_size = 8
   config.seq_len = 32
   config.num_steps = steps
@@ -227,7 +261,7 @@ def train(workdir):
   dist = {}
   for name, spec, mesh in (("one", None, one),
                            ("tp", "data:2,model:4", None)):
-    config = _train_config(spec, steps=3)
+    config = _train_config(spec, steps=2)
     config.model.d_model = 16
     config.model.num_heads = 2
     config.model.num_kv_heads = 2
@@ -265,9 +299,17 @@ def multiproc(process_id, port):
   return res
 
 
+def _timed(fn, *args):
+  start = time.process_time()
+  out = fn(*args)
+  return {**out, "cpu_s": round(time.process_time() - start, 1)}
+
+
 def main(argv):
   section = argv[1]
-  if section == "decode":
+  if section == "all":
+    result = {"decode": _timed(decode), "train": _timed(train, argv[2])}
+  elif section == "decode":
     result = decode()
   elif section == "train":
     result = train(argv[2])

@@ -139,6 +139,38 @@ def test_sample_from_probs_never_returns_zero_mass_tokens_at_cdf_rounding():
   assert np.all(probs[tok] > 0), np.unique(tok[probs[tok] == 0])
 
 
+def test_two_level_inverse_cdf_is_the_inverse_cdf_and_skips_zero_mass():
+  """Batched rows are sampled in `cdf_chunks(V)` chunks (so that a sharded
+  vocabulary gathers only chunk masses): the draw is the float64 inverse
+  CDF's, and never a zero-mass token, also at uniforms aimed at every chunk
+  boundary."""
+  assert [sampling.cdf_chunks(v) for v in (8, 256, 259, 4096, 32000)] == [
+      2, 16, 1, 64, 64]
+  rng = np.random.default_rng(0)
+  vocab, rows = 1024, 128  # 32 chunks of 32
+  probs = rng.dirichlet(np.full(vocab, 0.3), size=rows).astype(np.float32)
+  probs[:, rng.random(vocab) < 0.3] = 0.0
+  probs[0, :vocab // 2] = 0.0  # whole chunks without mass
+  probs[1, 40:] = 0.0          # mass in the first two chunks only
+  u = rng.random(rows).astype(np.float32)
+  tok = np.asarray(sampling.sample_from_probs(jnp.asarray(u),
+                                              jnp.asarray(probs)))
+  p64 = probs.astype(np.float64)
+  expected = [np.searchsorted(np.cumsum(r), x * r.sum(), side="right")
+              for r, x in zip(p64, u.astype(np.float64))]
+  np.testing.assert_array_equal(tok, expected)
+  # Uniforms at (and one ulp around) each chunk's share of the mass.
+  chunk_cdf = np.cumsum(probs.reshape(rows, 32, 32).sum(-1), -1)
+  edges = (chunk_cdf / chunk_cdf[:, -1:]).astype(np.float32)
+  for u_r in (edges, np.nextafter(edges, np.float32(0)),
+              np.nextafter(edges, np.float32(1))):
+    u_r = np.minimum(u_r, np.float32(1 - 2**-24))
+    for j in range(0, 32, 5):
+      t = np.asarray(sampling.sample_from_probs(jnp.asarray(u_r[:, j]),
+                                                jnp.asarray(probs)))
+      assert np.all(probs[np.arange(rows), t] > 0), j
+
+
 def test_float32_and_float64():
   p, q = jnp.array(P_WORKED), jnp.array(Q_WORKED)
   assert specjax.residual(p, q).dtype == jnp.float32

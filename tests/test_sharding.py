@@ -35,7 +35,7 @@ def _env(devices):
   return env
 
 
-def _run_worker(*args, devices=8, timeout=900):
+def _run_worker(*args, devices=8, timeout=1800):
   proc = subprocess.run([sys.executable, str(WORKER), *map(str, args)],
                         env=_env(devices), capture_output=True, text=True,
                         timeout=timeout, cwd=REPO)
@@ -146,8 +146,14 @@ def test_one_device_mesh_gives_the_unmeshed_tokens():
 
 
 @pytest.fixture(scope="module")
-def decode_results():
-  return _run_worker("decode")
+def worker_results(tmp_path_factory):
+  """Decode and train sections in one 8-device process (one JAX start-up)."""
+  return _run_worker("all", tmp_path_factory.mktemp("mesh-train"))
+
+
+@pytest.fixture(scope="module")
+def decode_results(worker_results):
+  return worker_results["decode"]
 
 
 def test_outputs_identical_on_every_mesh(decode_results):
@@ -163,6 +169,25 @@ def test_outputs_identical_on_every_mesh(decode_results):
       assert value == reference[name], (spec, name)
   # The sampled runs are not degenerate (otherwise equality proves little).
   assert reference["generate_T1"] != reference["generate_T0"]
+
+
+def test_vocab_sharded_sampling_gathers_no_vocabulary_rows(decode_results):
+  """With V = 256 on `model:4`, the sampled speculative loop's inverse-CDF
+  draws (draft, residual, bonus) all-gather only the [B, C] chunk masses
+  (`sampling.cdf_chunks`) and per-row scalars: no all-gather is as large as
+  one device's [B/data, V/model] float32 block, and all of them together
+  are smaller than one [B/data, V] block (a single CDF gathered that at each
+  of the round's draws)."""
+  c = decode_results["collectives"]
+  row_block = c["batch_per_device"] * c["vocab"] * 4
+  gathers = [x for x in c["collectives"] if x["op"] == "all-gather"]
+  assert gathers  # the count is real (the program is sharded)
+  assert max(x["bytes"] for x in gathers) < row_block / c["model"], gathers
+  assert sum(x["bytes"] for x in gathers) < row_block, gathers
+  # Everything V-wide stays local: no collective of a [.., V] array at all.
+  for x in c["collectives"]:
+    for shape in x["shapes"]:
+      assert not shape.rstrip("]").endswith(str(c["vocab"])), x
 
 
 def test_chi_square_exact_on_2x4_and_control_rejected(decode_results):
@@ -182,8 +207,8 @@ def test_per_device_param_bytes_shrink_by_model_axis(decode_results):
 
 
 @pytest.fixture(scope="module")
-def train_results(tmp_path_factory):
-  return _run_worker("train", tmp_path_factory.mktemp("mesh-train"))
+def train_results(worker_results):
+  return worker_results["train"]
 
 
 def test_sharded_training_matches_one_device(train_results):

@@ -14,6 +14,7 @@ controls once for the lab, the harness (`specjax.testing`) and the tests.
 from specjax.lab.exact import CouplingTable
 from specjax.lab.exact import RULES
 from specjax.lab.exact import acceptance_rates
+from specjax.lab.exact import chain_blocks
 from specjax.lab.exact import coupling_table
 from specjax.lab.exact import exact_tv
 from specjax.lab.exact import round_distribution

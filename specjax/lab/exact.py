@@ -19,9 +19,11 @@ It is computed in two steps, neither of which assumes the answer:
      the first rejection, the rejected draft itself). Rejection mass and the
      fallback distribution are computed separately, so the residual algebra
      min(p, q) + (p - q)+ = p is *checked* by the result, not built in.
-  2. a dynamic program over committed prefixes chains rounds together (the
-     models are first-order Markov, so a round depends on the prefix only
-     through its last token) and truncates the last round at N.
+  2. `chain_blocks`, a dynamic program over committed prefixes, chains
+     rounds together (the models are first-order Markov, so a round depends
+     on the prefix only through its last token) and truncates the last round
+     at N. The other verifiers, stopping rules and trees of the lab reduce a
+     round to the same blocks and chain them with it.
 
 `_hidden_state_distribution` is a second, independent derivation (a forward
 algorithm over "tokens accepted so far in this round"); the audit checks that
@@ -220,13 +222,51 @@ def round_distribution(pair: markov.MarkovPair, gamma: int,
   return blocks
 
 
-def _extend(mass_prefix: np.ndarray, block_CxK: np.ndarray, length: int,
-            vocab: int) -> np.ndarray:
-  """mass[prefix] * block[last token of prefix, y...], flattened."""
-  if length == 0:
-    return block_CxK[vocab].reshape(-1)  # the BOS context row
-  by_last = mass_prefix.reshape(-1, vocab)
-  return (by_last[:, :, None] * block_CxK[:vocab][None]).reshape(-1)
+def chain_blocks(blocks, vocab: int, seq_len: int,
+                 context: int | None = None) -> np.ndarray:
+  """Chains one round's law into the law of the first `seq_len` tokens.
+
+  Rounds run until at least N tokens are committed; the output is truncated
+  at N (a round's tokens past position N are summed out).
+
+  Args:
+    blocks: `blocks[k - 1]` is float64 `[V + 1] + [V] * k`, P(a round emits
+      exactly these k tokens | the context token), BOS context last. Every
+      verifier and stopping rule of the lab reduces a round to this.
+    vocab: V.
+    seq_len: N >= 1.
+    context: the token the text so far ends with (a prompt's last token), or
+      None for the start of a sequence (the BOS row).
+
+  Returns:
+    float64 `[V] * seq_len`, the probability of every N-token sequence.
+  """
+  start = vocab if context is None else int(context)
+  final = np.zeros(vocab ** seq_len)
+  # boundary[L]: P(some round ends with exactly L committed tokens, and they
+  # are this prefix), flattened over the V**L prefixes.
+  boundary = {0: np.ones(1)}
+  for length in range(seq_len):
+    mass = boundary.pop(length, None)
+    if mass is None:
+      continue
+    for k, block in enumerate(blocks, start=1):
+      keep = min(k, seq_len - length)
+      if keep < k:
+        # Truncation at N: sum out the block tokens past position N.
+        block = block.reshape(block.shape[:keep + 1] + (-1,)).sum(-1)
+      rows = block.reshape(vocab + 1, -1)
+      if length == 0:
+        grown = rows[start]
+      else:  # mass[prefix] * block[last token of prefix, y...], flattened
+        grown = (mass.reshape(-1, vocab)[:, :, None]
+                 * rows[:vocab][None]).reshape(-1)
+      total = length + keep
+      if total == seq_len:
+        final += grown
+      else:
+        boundary[total] = boundary.get(total, 0.0) + grown
+  return final.reshape((vocab,) * seq_len)
 
 
 def speculative_distribution(pair: markov.MarkovPair, gamma: int,
@@ -249,27 +289,7 @@ def speculative_distribution(pair: markov.MarkovPair, gamma: int,
   vocab = pair.vocab_size
   seq_len = _check_seq_len(seq_len, vocab)
   blocks = round_distribution(pair, gamma, rule)
-  final = np.zeros(vocab ** seq_len)
-  # boundary[L]: P(some round ends with exactly L committed tokens, and they
-  # are this prefix), flattened over the V**L prefixes.
-  boundary = {0: np.ones(1)}
-  for length in range(seq_len):
-    mass = boundary.pop(length, None)
-    if mass is None:
-      continue
-    for k, block in enumerate(blocks, start=1):
-      keep = min(k, seq_len - length)
-      if keep < k:
-        # Truncation at N: sum out the block tokens past position N.
-        block = block.reshape(block.shape[:keep + 1] + (-1,)).sum(-1)
-      grown = _extend(mass, block.reshape(vocab + 1, -1), length, vocab)
-      if length + keep == seq_len:
-        final += grown
-      elif length + keep in boundary:
-        boundary[length + keep] = boundary[length + keep] + grown
-      else:
-        boundary[length + keep] = grown
-  return final.reshape((vocab,) * seq_len)
+  return chain_blocks(blocks, vocab, seq_len)
 
 
 def _hidden_state_distribution(pair: markov.MarkovPair, gamma: int,

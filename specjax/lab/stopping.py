@@ -113,23 +113,7 @@ def speculative_distribution(pair: markov.MarkovPair, gamma_max: int,
   vocab = pair.vocab_size
   seq_len = exact._check_seq_len(seq_len, vocab)  # pylint: disable=protected-access
   blocks = round_distribution(pair, gamma_max, stop, rule)
-  final = np.zeros(vocab ** seq_len)
-  boundary = {0: np.ones(1)}
-  for length in range(seq_len):
-    mass = boundary.pop(length, None)
-    if mass is None:
-      continue
-    for k, block in enumerate(blocks, start=1):
-      keep = min(k, seq_len - length)
-      if keep < k:
-        block = block.reshape(block.shape[:keep + 1] + (-1,)).sum(-1)
-      grown = exact._extend(mass, block.reshape(vocab + 1, -1), length, vocab)  # pylint: disable=protected-access
-      target = length + keep
-      if target == seq_len:
-        final += grown
-      else:
-        boundary[target] = boundary.get(target, 0) + grown
-  return final.reshape((vocab,) * seq_len)
+  return exact.chain_blocks(blocks, vocab, seq_len)
 
 
 def exact_tv(pair: markov.MarkovPair, gamma_max: int, stop: StopFn,

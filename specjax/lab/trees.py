@@ -123,7 +123,7 @@ def tree_process_law(pair, topology, seq_len, mode="iid", context=None,
   """Exact law of the first `seq_len` tokens under tree speculation."""
   if blocks is None:
     blocks, _ = tree_round_law(pair, topology, mode)
-  return lab_verifiers.chain_rounds(blocks, pair.vocab_size, seq_len, context)
+  return exact.chain_blocks(blocks, pair.vocab_size, seq_len, context)
 
 
 def tree_tv(pair, topology, seq_len, mode="iid", context=None) -> float:

@@ -216,38 +216,8 @@ def process_law(pair: markov.MarkovPair, gamma: int, seq_len: int,
       "context", context, low=0, high=vocab - 1)
   if blocks is None:
     blocks, _ = round_law(pair, gamma, verifier)
-  return chain_rounds(blocks, vocab, seq_len, None if start == vocab else start)
-
-
-def chain_rounds(blocks, vocab: int, seq_len: int, context=None) -> np.ndarray:
-  """Chains one round's law over committed prefixes, truncating at N.
-
-  `blocks[k - 1]`: `[V + 1] + [V] * k`, P(a round emits these k tokens |
-  context) (BOS context last). Returns float64 `[V] * seq_len`.
-  """
-  start = vocab if context is None else int(context)
-  final = np.zeros(vocab ** seq_len)
-  boundary = {0: np.ones(1)}
-  for length in range(seq_len):
-    mass = boundary.pop(length, None)
-    if mass is None:
-      continue
-    for k, block in enumerate(blocks, start=1):
-      keep = min(k, seq_len - length)
-      if keep < k:
-        block = block.reshape(block.shape[:keep + 1] + (-1,)).sum(-1)
-      rows = block.reshape(vocab + 1, -1)
-      if length == 0:
-        grown = rows[start]
-      else:
-        grown = (mass.reshape(-1, vocab)[:, :, None]
-                 * rows[:vocab][None]).reshape(-1)
-      total = length + keep
-      if total == seq_len:
-        final += grown
-      else:
-        boundary[total] = boundary.get(total, 0.0) + grown
-  return final.reshape((vocab,) * seq_len)
+  return exact.chain_blocks(blocks, vocab, seq_len,
+                            None if start == vocab else start)
 
 
 def target_law(pair: markov.MarkovPair, seq_len: int,

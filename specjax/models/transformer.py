@@ -542,6 +542,22 @@ class TransformerLM(struct.PyTreeNode):
   def param_count(self) -> int:
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state))
 
+  def astype(self, dtype: Any = None, param_dtype: Any = None
+             ) -> TransformerLM:
+    """This model computing in `dtype`, its parameters stored in
+    `param_dtype` (None: unchanged), e.g. a float32-trained model decoded in
+    bfloat16. Logits stay float32 whatever the dtypes."""
+    changes = {k: v for k, v in (("dtype", dtype), ("param_dtype", param_dtype))
+               if v is not None}
+    if not changes:
+      return self
+    config = dataclasses.replace(self.config, **changes)  # validates names
+    abstract = nnx.eval_shape(lambda: Transformer(config, nnx.Rngs(0)))
+    graphdef, shapes = nnx.split(abstract)
+    state = jax.tree.map(lambda x, s: jnp.asarray(x, s.dtype), self.state,
+                         shapes)
+    return TransformerLM(config=config, graphdef=graphdef, state=state)
+
   def init_cache(self, batch_size: int, max_len: int) -> KVCache:
     """An empty `KVCache` (see cache.py for the layout) in the compute dtype."""
     batch_size = _checks.check_int("batch_size", batch_size, low=1)

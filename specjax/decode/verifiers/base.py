@@ -20,6 +20,8 @@ from typing import Callable, ClassVar
 import jax
 import jax.numpy as jnp
 
+from specjax import coupling
+
 # sample(u_x, probs_xV) -> int32 [...]: the loop's sampler (inverse CDF, with
 # the greedy shortcut), so every verifier samples exactly as the baseline.
 Sampler = Callable[[jax.Array, jax.Array], jax.Array]
@@ -111,6 +113,4 @@ def residual(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
   residual means no rejection can happen except by rounding, and p is then
   the right law to fall back to.
   """
-  excess_xV = jnp.maximum(p_xV - q_xV, 0.0)
-  has_mass_x1 = jnp.sum(excess_xV, axis=-1, keepdims=True) > 0
-  return jnp.where(has_mass_x1, excess_xV, p_xV)
+  return coupling._unnormalised_residual(p_xV, q_xV)  # pylint: disable=protected-access
