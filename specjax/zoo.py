@@ -29,10 +29,10 @@ cadence), the corpus' content fingerprint, the objective, and for a distilled
 draft the teacher's own full key (so `teacher_overrides=None`, "the teacher
 uses `overrides`", and `{}`, "the teacher's default recipe", are different
 teachers; for an exit adapter None means the target's default recipe, since
-the adapter's training config has other fields). A changed recipe, corpus or teacher is a new entry, never the old
-model under the same name. Each entry records its recipe in `zoo.json`; one
-whose record differs from the request is refused with the differing fields
-named (`ZooError`), never returned.
+the adapter's training config has other fields). A changed recipe, corpus or
+teacher is a new entry, never the old model under the same name. Each entry
+records its recipe in `zoo.json`; one whose record differs from the request
+is refused with the differing fields named (`ZooError`), never returned.
 
 Entries are written atomically: training runs in `<entry>.partial` (resumed
 there after a crash) and the finished directory is renamed into place, so a
@@ -446,8 +446,9 @@ def _build_exit_adapter(name, size, teacher_name, config, recipe_, directory,
       "zoo_name": name, "heldout_tv": metrics["heldout_tv"],
       "heldout_tv_untrained": metrics["heldout_tv_untrained"]})
   _publish(partial, directory)
-  _say(verbose, f"{name}: held-out TV(p, q) {metrics['heldout_tv_untrained']:.3f}"
-       f" untrained -> {metrics['heldout_tv']:.3f}, trained in "
+  _say(verbose, f"{name}: held-out TV(p, q) "
+       f"{metrics['heldout_tv_untrained']:.3f} untrained -> "
+       f"{metrics['heldout_tv']:.3f}, trained in "
        f"{(time.time() - start) / 60:.1f} min")
 
 

@@ -128,7 +128,6 @@ def test_zoo_trains_an_adapter_once_then_loads_it(tmp_path, capsys):
   with pytest.raises(ValueError, match="Unknown zoo model"):
     zoo.load("exit-adapter-2@tiny", **kw)  # tiny has 2 blocks: k < 2
   # load_exit_adapter refuses another target's architecture.
-  entry = zoo.entry_dir("exit-adapter-1@tiny", **{
-      k: v for k, v in kw.items() if k != "corpus"}, corpus=corpus)
+  entry = zoo.entry_dir("exit-adapter-1@tiny", **kw)
   with pytest.raises(ValueError, match="different target"):
     exit_adapter_train.load_exit_adapter(entry, _target(layers=2, d_model=32))

@@ -91,7 +91,8 @@ class ExitAdapterModule(nnx.Module):
   def __init__(self, config: ExitAdapterConfig, rngs: nnx.Rngs):
     self.config = config
     mlp_config = dataclasses.replace(config.target, mlp_dim=config.mlp_dim)
-    self.norm = transformer_lib._norm(mlp_config, rngs)  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    self.norm = transformer_lib._norm(mlp_config, rngs)
     self.mlp = transformer_lib.Mlp(mlp_config, rngs)
     # Zero output projection: an untrained adapter is the identity.
     down = self.mlp.down
@@ -115,7 +116,8 @@ class ExitAdapter(struct.PyTreeNode):
   def create(cls, target: transformer_lib.TransformerLM, layers: Any, *,
              mlp_dim: int | None = None, seed: int = 0) -> ExitAdapter:
     """A fresh (identity) adapter for `SelfDraft(target, layers=layers)`."""
-    from specjax.models import self_draft  # pylint: disable=import-outside-toplevel
+    # pylint: disable-next=import-outside-toplevel
+    from specjax.models import self_draft  # (it imports this module)
     if not isinstance(target, transformer_lib.TransformerLM):
       raise TypeError(f"ExitAdapter target must be a specjax TransformerLM, "
                       f"got {type(target).__name__}.")
@@ -142,7 +144,7 @@ class ExitAdapter(struct.PyTreeNode):
 
   def check_target(self, target_config: transformer_lib.TransformerConfig,
                    layers: tuple[int, ...]) -> None:
-    """Raises unless this adapter was made for `target_config` after `layers`."""
+    """Raises unless made for `target_config`, following `layers`."""
     if target_config != self.config.target:
       diff = [f"{f.name}: {getattr(self.config.target, f.name)!r} (adapter) vs "
               f"{getattr(target_config, f.name)!r} (target)"
