@@ -1,27 +1,33 @@
 r"""Self-speculative drafts: alpha, c and measured speedup for every k.
 
-  python benchmarks/self_draft.py \
-      --target=quick --ks=0,1,2,3 --gamma=4 --temperature=0
-  python benchmarks/self_draft.py --target=byte-85m --ks=0,1,2,4,6 --gamma=4
+One command, both targets (about 5 min on 2 idle cores once the quick
+target and its adapters are in the zoo):
 
-`--target=quick` is the quick main job's trained target-3m (from the zoo,
-trained on first use); any `TransformerConfig` preset name (byte-85m) is an
-independent model with RANDOM weights (the table says so).
+  python benchmarks/self_draft.py --gamma=4 --temperature=0 \
+      --prompts=2 --max_new_tokens=48 --random_ks=0,1,2,4,6,8,10
 
-For each k, `SelfDraft(target, layers=k)` runs in both cache modes:
-own (a KV cache of k layers, prefilled) and shared (reads and writes the
-target's first k layers; no prefill, no cache). Per row of the table:
+Targets: `--quick` (default on) is the quick main job's trained target-3m
+(from the zoo, trained on first use), run for every k in 0..L-1 without and,
+for k >= 1, with its trained exit adapter (`exit-adapter-<k>@target-3m`
+from the zoo, trained on first use: a few minutes each); `--random_target`
+(default byte-85m, '' to skip) is a `TransformerConfig` preset with RANDOM
+weights (every row says so), for the ks in `--random_ks` ('all' = 0..L-1).
 
-* alpha: accepted / judged drafts over all prompts;
-* c: draft forward (T = 1) / target forward (T = 1), timed as jitted loops of
-  cached passes (`specjax.measure.pass_seconds`) at the generation's
-  middle context length;
+Each draft is `SelfDraft(target, layers=k, share_cache=True[, adapter=])`:
+a view of the target's arrays that reads and writes the target's first k
+cache layers. No second model is loaded. Per row:
+
+* alpha: accepted / judged drafts over all prompts, with a 95% interval
+  (1.96 binomial standard errors; drafts of one round are not independent,
+  so read it as approximate);
+* c: the draft's 1-token pass / the target's 1-token pass, each timed on the
+  loop's own shapes (`specjax.measure.loop_costs`: cache capacity, fill,
+  batch), which also gives `predicted`, the end-to-end speedup the cost
+  model predicts at this alpha (`measure.predict`);
 * speedup: `generate` time / `speculative_generate` time over the same
-  prompts and keys, whole compiled calls, fastest of interleaved repeats,
-  after compilation;
-* draft cache MiB: memory the draft's own cache takes (0 when shared).
-
-No second model is loaded: the drafts are pytree views of the target.
+  prompts and keys, whole compiled calls, fastest of interleaved repeats;
+* cache saved MiB: the KV cache a k-layer draft with its own cache would
+  hold at this shape, which sharing the target's saves.
 """
 
 from __future__ import annotations
@@ -36,31 +42,45 @@ import numpy as np
 import specjax as sj
 from specjax import data
 from specjax import measure
+from specjax import stats as stats_lib
 from specjax import zoo
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
 
-_TARGET = flags.DEFINE_string(
-    "target", "quick", "'quick' (the quick job's trained target-3m) or a "
-    "TransformerConfig preset name (random weights).")
-_KS = flags.DEFINE_list("ks", ["0", "1", "2", "3"], "Numbers of layers k.")
+_QUICK = flags.DEFINE_bool("quick", True, "Run the quick job's trained "
+                           "target-3m, with and without exit adapters.")
+_QUICK_KS = flags.DEFINE_list("quick_ks", ["all"], "ks for the quick target "
+                              "('all' = 0..L-1).")
+_RANDOM = flags.DEFINE_string("random_target", "byte-85m", "A "
+                              "TransformerConfig preset with random weights "
+                              "('' to skip).")
+_RANDOM_KS = flags.DEFINE_list("random_ks", ["all"], "ks for the random "
+                               "target ('all' = 0..L-1).")
+_ADAPTERS = flags.DEFINE_bool("adapters", True, "Also run the quick target's "
+                              "ks >= 1 with their trained exit adapters.")
 _GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
 _BATCH = flags.DEFINE_integer("batch", 1, "Rows per generate call.")
-_PROMPTS = flags.DEFINE_integer("prompts", 4, "Held-out prompts (calls).")
+_PROMPTS = flags.DEFINE_integer("prompts", 2, "Held-out prompts (calls).")
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.")
-_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per row.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (median).")
+_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (fastest).")
 
 
-def load_target(name: str) -> tuple[TransformerLM, str]:
-  if name == "quick":
-    from configs import reproduce  # pylint: disable=import-outside-toplevel
-    config = reproduce.get_config("quick")
-    model = zoo.load(config.target, overrides=dict(config.target_overrides))
-    return model, f"quick job's trained {config.target}"
-  model = TransformerLM.create(TransformerConfig.preset(name), 0)
-  return model, f"{name} with RANDOM weights (untrained)"
+def _quick_config():
+  from configs import reproduce  # pylint: disable=import-outside-toplevel
+  return reproduce.get_config("quick")
+
+
+def load_quick() -> TransformerLM:
+  config = _quick_config()
+  return zoo.load(config.target, overrides=dict(config.target_overrides))
+
+
+def load_adapter(k: int) -> sj.ExitAdapter:
+  config = _quick_config()
+  return zoo.load(f"exit-adapter-{k}@{config.target}",
+                  teacher_overrides=dict(config.target_overrides))
 
 
 def _min_times(fns, repeats):
@@ -84,59 +104,86 @@ def cache_bytes(cache) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
 
 
-def main(argv):
-  del argv
-  target, what = load_target(_TARGET.value)
-  corpus = data.stdlib_corpus()
-  heldout = corpus.tokens("heldout").astype(np.int32)
-  n, b = _PROMPTS.value, _BATCH.value
-  prompts = data.prompts(heldout, n * b, _PROMPT_LEN.value, 0).reshape(
-      n, b, _PROMPT_LEN.value)
-  lengths = np.full((b,), _PROMPT_LEN.value, np.int32)
+def _ks(spec: list[str], num_layers: int) -> list[int]:
+  if spec == ["all"]:
+    return list(range(num_layers))
+  ks = [int(k) for k in spec]
+  bad = [k for k in ks if not 0 <= k < num_layers]
+  if bad:
+    raise ValueError(f"ks {bad} are outside 0..{num_layers - 1} for a "
+                     f"{num_layers}-layer target.")
+  return ks
+
+
+def run_target(target: TransformerLM, what: str, drafts, prompts_NxBxP):
+  """Prints one row per (k, adapter) draft of `drafts`."""
+  n, b, width = prompts_NxBxP.shape
+  lengths = np.full((b,), width, np.int32)
   sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
   gamma, new = _GAMMA.value, _NEW.value
   keys = [jax.random.key(i) for i in range(n)]
-  buffer_len = sj.decode.prompt_bucket(_PROMPT_LEN.value) + new + gamma + 1
-  context = _PROMPT_LEN.value + new // 2
+  capacity = measure.LoopShape(b, width, new, gamma).capacity(target)
+  memo: dict = {}
 
   def baseline():
     return [sj.generate(target, p, lengths, k, max_new_tokens=new,
-                        sampling=sampling) for p, k in zip(prompts, keys)]
+                        sampling=sampling) for p, k in zip(prompts_NxBxP, keys)]
 
   def speculative(draft):
     return lambda: [sj.speculative_generate(
         target, draft, p, lengths, k, gamma=gamma, max_new_tokens=new,
-        sampling=sampling) for p, k in zip(prompts, keys)]
+        sampling=sampling) for p, k in zip(prompts_NxBxP, keys)]
 
-  one_pass = lambda model: measure.pass_seconds(
-      model, batch_size=b, num_tokens=1, capacity=context + 1, fill=context)
-  target_s = one_pass(target)
-  print(f"target: {what}, {target.param_count():,} parameters, "
+  print(f"\ntarget: {what}, {target.param_count():,} parameters, "
         f"{target.config.num_layers} layers; gamma={gamma}, T="
-        f"{_TEMPERATURE.value}, batch {b}, {n} prompts of {_PROMPT_LEN.value}"
-        f" + {new} new tokens; target step {target_s * 1e3:.2f} ms")
-  print(f"{'k':>3} {'cache':>6} {'alpha':>6} {'c':>6} {'tok/pass':>8} "
-        f"{'speedup':>8} {'draft cache MiB':>15}")
-  for k in (int(x) for x in _KS.value):
-    drafts = {"own": sj.SelfDraft(target, layers=k),
-              "shared": sj.SelfDraft(target, layers=k, share_cache=True)}
-    draft_s = one_pass(drafts["own"])
-    fns = {"baseline": baseline,
-           **{mode: speculative(d) for mode, d in drafts.items()}}
+        f"{_TEMPERATURE.value}, batch {b}, {n} prompts of {width} + {new} "
+        "new tokens; every draft shares the target's cache")
+  print(f"{'k':>3} {'adapter':>7} {'alpha':>6} {'95% interval':>15} "
+        f"{'c':>6} {'predicted':>9} {'speedup':>8} {'cache saved MiB':>15}")
+  for k, adapter in drafts:
+    draft = sj.SelfDraft(target, layers=k, share_cache=True, adapter=adapter)
+    costs = measure.loop_costs(target, draft, batch_size=b, prompt_len=width,
+                               max_new_tokens=new, gamma=gamma,
+                               sampling=sampling, seconds=0.05, repeats=3,
+                               memo=memo)
+    fns = {"baseline": baseline, "speculative": speculative(draft)}
     times = _min_times(fns, _REPEATS.value)
-    for mode, draft in drafts.items():
-      results = fns[mode]()
-      stats = [r.summary() for r in results]
-      accepted = sum(s["accepted"] for s in stats)
-      verified = sum(s["verified"] for s in stats)
-      passes = sum(s["target_calls"] for s in stats)
-      tokens = sum(s["generated_tokens"] for s in stats)
-      mib = 0.0 if draft.share_cache else cache_bytes(
-          draft.init_cache(b, buffer_len)) / 2**20
-      print(f"{k:>3} {mode:>6} {accepted / max(verified, 1):6.3f} "
-            f"{draft_s / target_s:6.3f} {tokens / passes:8.2f} "
-            f"{times['baseline'] / times[mode]:8.3f} {mib:15.2f}", flush=True)
-  print(f"(box shared with other jobs; {time.strftime('%H:%M UTC', time.gmtime())})")
+    summary = stats_lib.summarize(fns["speculative"]())
+    alpha, se = summary["alpha_hat"], summary["alpha_se"]
+    predicted = measure.predict(costs, alpha)["speedup"]
+    saved = cache_bytes(sj.SelfDraft(target, layers=k).init_cache(
+        b, capacity)) / 2**20
+    low, high = max(alpha - 1.96 * se, 0.0), min(alpha + 1.96 * se, 1.0)
+    interval = f"[{low:.3f}, {high:.3f}]"
+    print(f"{k:>3} {'yes' if adapter is not None else 'no':>7} {alpha:6.3f} "
+          f"{interval:>15} {costs.c:6.3f} {predicted:9.3f} "
+          f"{times['baseline'] / times['speculative']:8.3f} {saved:15.2f}",
+          flush=True)
+
+
+def main(argv):
+  del argv
+  start = time.time()
+  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+  n, b, width = _PROMPTS.value, _BATCH.value, _PROMPT_LEN.value
+  prompts = data.prompts(heldout, n * b, width, 0).reshape(n, b, width)
+  if _QUICK.value:
+    target = load_quick()
+    ks = _ks(_QUICK_KS.value, target.config.num_layers)
+    drafts = [(k, None) for k in ks]
+    if _ADAPTERS.value:
+      drafts += [(k, load_adapter(k)) for k in ks if k >= 1]
+    run_target(target, f"quick job's trained {_quick_config().target}",
+               drafts, prompts)
+  if _RANDOM.value:
+    target = TransformerLM.create(TransformerConfig.preset(_RANDOM.value), 0)
+    ks = _ks(_RANDOM_KS.value, target.config.num_layers)
+    run_target(target, f"{_RANDOM.value} with RANDOM weights (untrained): "
+               "its alpha says nothing about a trained model",
+               [(k, None) for k in ks], prompts)
+  print(f"\n({time.time() - start:.0f} s; "
+        f"{time.strftime('%H:%M UTC', time.gmtime())}; timings from a box "
+        "shared with other jobs are noise)")
 
 
 if __name__ == "__main__":

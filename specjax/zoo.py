@@ -11,6 +11,13 @@ and later calls load it. Names:
                          the <draft> size trained to match <target>'s
                          next-token distributions (forward KL, DistillSpec),
                          on corpus text (see `specjax.train.distill`).
+  exit-adapter-<k>@<target>
+                         an `ExitAdapter` for `SelfDraft(target, layers=k,
+                         adapter=...)`, distilled from <target>'s full depth
+                         (forward KL) with the target frozen (see
+                         `specjax.train.exit_adapter`). `load` returns the
+                         adapter, not a model; the target comes from
+                         `load(<target>, overrides=teacher_overrides)`.
 
 `overrides` change a recipe (e.g. `{"num_steps": 300}` for a quick run).
 
@@ -21,10 +28,11 @@ not touch the weights: progress bars, logging, evaluation, checkpoint
 cadence), the corpus' content fingerprint, the objective, and for a distilled
 draft the teacher's own full key (so `teacher_overrides=None`, "the teacher
 uses `overrides`", and `{}`, "the teacher's default recipe", are different
-teachers). A changed recipe, corpus or teacher is a new entry, never the old
-model under the same name. Each entry records its recipe in `zoo.json`; one
-whose record differs from the request is refused with the differing fields
-named (`ZooError`), never returned.
+teachers; for an exit adapter None means the target's default recipe, since
+the adapter's training config has other fields). A changed recipe, corpus or
+teacher is a new entry, never the old model under the same name. Each entry
+records its recipe in `zoo.json`; one whose record differs from the request
+is refused with the differing fields named (`ZooError`), never returned.
 
 Entries are written atomically: training runs in `<entry>.partial` (resumed
 there after a crash) and the finished directory is renamed into place, so a
@@ -49,9 +57,11 @@ from typing import Any
 import numpy as np
 
 from specjax import data
+from specjax.models.exit_adapter import ExitAdapterConfig
 from specjax.models.ngram import NGramLM
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train import distill
+from specjax.train import exit_adapter as exit_adapter_lib
 from specjax.train import losses
 from specjax.train import recipes
 from specjax.train import trainer
@@ -59,6 +69,7 @@ from specjax.train import trainer
 CACHE_ENV = "SPECJAX_CACHE"
 NGRAMS = {"unigram": 1, "bigram": 2}
 _DISTILLED = "distilled-"
+_EXIT_ADAPTER = "exit-adapter-"
 
 # Bump when the stored layout or the meaning of a recipe changes: every key
 # changes with it, so old entries are never mistaken for new ones.
@@ -71,7 +82,7 @@ _NOT_IN_KEY = ("progress", "log_every", "eval_every", "eval_batches",
                "max_to_keep")
 # The objective each kind trains with (part of the recipe).
 _OBJECTIVES = {"transformer": "next_token", "distilled": "forward_kl",
-               "ngram": "counts"}
+               "ngram": "counts", "exit_adapter": "forward_kl"}
 
 
 class ZooError(ValueError):
@@ -91,7 +102,9 @@ def names() -> list[str]:
   drafts = [s for s in sizes if s.startswith("draft-")]
   targets = [s for s in sizes if s.startswith("target-")]
   return (sorted(NGRAMS) + sizes
-          + [f"{_DISTILLED}{d}@{t}" for d in drafts for t in targets])
+          + [f"{_DISTILLED}{d}@{t}" for d in drafts for t in targets]
+          + [f"{_EXIT_ADAPTER}{k}@{t}" for t in targets
+             for k in range(1, recipes.SIZES[t]["num_layers"])])
 
 
 def _parse(name: str) -> tuple[str, str, str | None]:
@@ -106,13 +119,23 @@ def _parse(name: str) -> tuple[str, str, str | None]:
     student, teacher = name[len(_DISTILLED):].split("@", 1)
     if student in recipes.SIZES and teacher in recipes.SIZES:
       return "distilled", student, teacher
+  if name.startswith(_EXIT_ADAPTER) and "@" in name:
+    k, teacher = name[len(_EXIT_ADAPTER):].split("@", 1)
+    if (k.isdigit() and teacher in recipes.SIZES
+        and 0 < int(k) < recipes.SIZES[teacher]["num_layers"]):
+      return "exit_adapter", k, teacher
   raise ValueError(f"Unknown zoo model {name!r}. Known names: "
                    f"{', '.join(names())} (and 'tiny').")
 
 
-def _config(size: str, overrides: dict[str, Any] | None):
-  """The recipe of `size` with dotted `overrides` ("optim.lr": 1e-3) applied."""
-  config = recipes.train_config(size)
+def _config(size: str, overrides: dict[str, Any] | None,
+            kind: str = "transformer"):
+  """The recipe of `size` with dotted `overrides` ("optim.lr": 1e-3) applied.
+
+  For an exit adapter, `size` is its k (`recipes.exit_adapter_config`).
+  """
+  config = (recipes.exit_adapter_config(int(size)) if kind == "exit_adapter"
+            else recipes.train_config(size))
   config.progress = True
   for key, value in (overrides or {}).items():
     *parents, leaf = key.split(".")
@@ -159,12 +182,25 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
                        f"(got {overrides}); it has no training recipe.")
     out.update(order=NGRAMS[name], vocab_size=data.BYTE_VOCAB_SIZE)
     return out
-  config = _config(size, overrides)
+  config = _config(size, overrides, kind)
   train_config = json.loads(config.to_json_best_effort())
   for field in _NOT_IN_KEY:
     train_config.pop(field, None)
-  out.update(model_config=checkpoint_lib.model_config_dict(
-      trainer.model_config_from(config)), train_config=train_config)
+  out["train_config"] = train_config
+  if kind == "exit_adapter":
+    teacher_overrides = teacher_overrides or {}
+    out["teacher"] = recipe(teacher_name, corpus=corpus,
+                            overrides=teacher_overrides)
+    target_config = trainer.model_config_from(_config(teacher_name,
+                                                      teacher_overrides))
+    # As JSON (the record's form): the config's tuples are lists there.
+    out["model_config"] = json.loads(json.dumps(
+        checkpoint_lib.model_config_dict(ExitAdapterConfig(
+            target=target_config, layers=tuple(range(int(size))),
+            mlp_dim=config.model.mlp_dim))))
+    return out
+  out["model_config"] = checkpoint_lib.model_config_dict(
+      trainer.model_config_from(config))
   if kind == "distilled":
     out["teacher"] = recipe(
         teacher_name, corpus=corpus,
@@ -197,7 +233,7 @@ def _entry_path(root: str, name: str, recipe_: dict) -> str:
 def _default_corpus(kind: str, size: str, overrides) -> data.Corpus:
   if kind == "ngram":
     return data.stdlib_corpus()
-  return trainer.load_corpus(_config(size, overrides))
+  return trainer.load_corpus(_config(size, overrides, kind))
 
 
 def _recipe_diff(stored: Any, requested: Any, prefix: str = "") -> list[str]:
@@ -294,8 +330,9 @@ def load(name: str, *, cache_dir: str | None = None,
     verbose: print what is loaded or trained, and the expected time.
 
   Returns:
-    A `TransformerLM` or an `NGramLM` (both `CausalLM` pytrees), made by
-    exactly the requested recipe (see the module docstring).
+    A `TransformerLM` or an `NGramLM` (both `CausalLM` pytrees), or for an
+    exit-adapter name an `ExitAdapter`, made by exactly the requested recipe
+    (see the module docstring).
 
   Raises:
     ZooError: the entry's recorded recipe differs from the request.
@@ -315,6 +352,13 @@ def load(name: str, *, cache_dir: str | None = None,
   _check_record(directory, recipe_)
   if kind == "ngram":
     return _read_ngram(name, directory, verbose)
+  if kind == "exit_adapter":
+    target = _exit_adapter_target(teacher_name, cache_dir_, teacher_overrides,
+                                  corpus, verbose)
+    adapter, _ = exit_adapter_lib.load_exit_adapter(directory, target)
+    _say(verbose, f"loaded {name} ({adapter.param_count():,} parameters) "
+         f"from {directory}")
+    return adapter
   model, _ = checkpoint_lib.load_model(directory)
   _say(verbose, f"loaded {name} ({model.param_count():,} parameters) from "
        f"{directory}")
@@ -336,11 +380,15 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
     _write_record(partial, recipe_, {"zoo_name": name})
     _publish(partial, directory)
     return
-  config = _config(size, overrides)
-  minutes = _expected_minutes(config, size)
-  loss_fn, aux, what = losses.next_token_loss, None, "training"
+  config = _config(size, overrides, kind)
   extra = {"zoo_name": name, "overrides": overrides or {}, "zoo_key":
            key(recipe_)}
+  if kind == "exit_adapter":
+    _build_exit_adapter(name, size, teacher_name, config, recipe_, directory,
+                        cache_dir_, teacher_overrides, corpus, verbose, extra)
+    return
+  minutes = _expected_minutes(config, size)
+  loss_fn, aux, what = losses.next_token_loss, None, "training"
   if kind == "distilled":
     aux = load(teacher_name, cache_dir=cache_dir_,
                overrides=(overrides if teacher_overrides is None
@@ -366,6 +414,42 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
   bpb_text = f", held-out bits/byte {bpb[max(bpb)]:.3f}" if bpb else ""
   _say(verbose, f"{name}: {model.param_count():,} parameters{bpb_text}, "
        f"trained in {(time.time() - start) / 60:.1f} min")
+
+
+def _exit_adapter_target(teacher_name, cache_dir_, teacher_overrides, corpus,
+                         verbose):
+  return load(teacher_name, cache_dir=cache_dir_,
+              overrides=teacher_overrides or {}, corpus=corpus,
+              verbose=verbose)
+
+
+def _build_exit_adapter(name, size, teacher_name, config, recipe_, directory,
+                        cache_dir_, teacher_overrides, corpus, verbose,
+                        extra) -> None:
+  """`_build` for an exit adapter: the target frozen, the adapter trained."""
+  partial = directory + ".partial"
+  target = _exit_adapter_target(teacher_name, cache_dir_, teacher_overrides,
+                                corpus, verbose)
+  extra.update(teacher=teacher_name, teacher_key=key(recipe_["teacher"]))
+  # Teacher and student trunk forward, adapter and head backward: about
+  # the target's own training throughput (measured: 1.0-1.5x).
+  tokens = config.num_steps * config.batch_size * config.seq_len
+  minutes = tokens / recipes.TRAIN_TOKENS_PER_S.get(teacher_name, 1000) / 60
+  _say(verbose, f"training {name} ({config.num_steps} steps of "
+       f"{config.batch_size}x{config.seq_len} tokens, {teacher_name} frozen) "
+       f"into {directory}; expect about {minutes:.1f} min on 2 CPU cores")
+  start = time.time()
+  _, metrics = exit_adapter_lib.train_exit_adapter(
+      target, int(size), partial, config=config, mlp_dim=config.model.mlp_dim,
+      corpus=corpus, extra_metadata=extra)
+  _write_record(partial, recipe_, {
+      "zoo_name": name, "heldout_tv": metrics["heldout_tv"],
+      "heldout_tv_untrained": metrics["heldout_tv_untrained"]})
+  _publish(partial, directory)
+  _say(verbose, f"{name}: held-out TV(p, q) "
+       f"{metrics['heldout_tv_untrained']:.3f} untrained -> "
+       f"{metrics['heldout_tv']:.3f}, trained in "
+       f"{(time.time() - start) / 60:.1f} min")
 
 
 def _read_ngram(name: str, directory: str, verbose: bool) -> NGramLM:

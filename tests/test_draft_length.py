@@ -185,6 +185,18 @@ def test_goodput_picks_longer_drafts_for_better_rows():
   assert int(both[0]) == int(both[1])
 
 
+def test_goodput_charges_the_whole_round():
+  """A round costs c_first + (g - 1) c + r_g + overhead target passes; the
+  fixed per-round overhead makes longer drafts worth more."""
+  r = (1.1, 1.2, 1.3, 1.4, 1.5, 1.6)
+  bare = draft_length.Goodput(c=0.3, r=r)
+  full = draft_length.Goodput(c=0.3, r=r, c_first=0.5, overhead=2.0)
+  assert full.round_costs()[2] == pytest.approx(0.5 + 2 * 0.3 + 1.3 + 2.0)
+  alpha = jnp.array([0.7])
+  best = lambda rule: int(np.asarray(rule.expected_rate(alpha)).argmax()) + 1
+  assert best(full) > best(bare)
+
+
 @pytest.mark.slow  # ~1 min: times the models, then compiles 8 verify widths
 def test_auto_measures_costs_once(target):
   prompts, lengths = _prompts(2)
@@ -210,6 +222,8 @@ def test_auto_measures_costs_once(target):
     (lambda: draft_length.Goodput(c=-1.0, r=(1.0,)), ValueError, "c "),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0, 0.0)), ValueError, "r must"),
     (lambda: draft_length.Goodput(c=0.1, r=1.0), TypeError, "r must"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), overhead=-1.0), ValueError,
+     "overhead"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):

@@ -1,5 +1,9 @@
 """SelfDraft: the target's own shallow layers as a draft, with and without a shared cache.
 
+Also with an exit adapter (exit_adapter.py): the adapter variants join the
+greedy-equality and whole-generation exactness tests; its own checks are in
+tests/test_exit_adapter.py.
+
 Checks: the weights are shared, not copied; the draft's forward equals the
 kept blocks' forward; a shared-cache draft reads exactly the keys/values an
 own-cache draft computes; greedy speculative output equals greedy
@@ -19,6 +23,7 @@ import specjax as sj
 from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.models import TransformerConfig, TransformerLM
+from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.self_draft import SelfDraft
 
 V = 16
@@ -42,6 +47,19 @@ def _target(flavour="gpt2", layers=3, vocab=V, seed=0, embed_scale=1.0):
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
 def target(request):
   return _target(request.param)
+
+
+def perturbed_adapter(target, layers, seed=0, scale=0.5):
+  """An untrained adapter that is NOT the identity (random output matrix)."""
+  adapter = ExitAdapter.create(target, layers)
+  key = jax.random.key(seed)
+
+  def perturb(path, x):
+    if "down" in jax.tree_util.keystr(path) and x.ndim == 2:
+      return scale * jax.random.normal(key, x.shape, x.dtype)
+    return x
+  return adapter.replace(state=jax.tree_util.tree_map_with_path(
+      perturb, adapter.state))
 
 
 def _prompts(batch, seed=0, max_len=10):
@@ -108,6 +126,9 @@ def _variants(target):
       "embed-only-shared": SelfDraft(target, layers=0, share_cache=True),
       "skip-middle": SelfDraft.skipping(target, skip=[1]),
       "all-shared": SelfDraft(target, layers=n, share_cache=True),
+      "first-2-shared-adapter": SelfDraft(
+          target, layers=2, share_cache=True,
+          adapter=perturbed_adapter(target, 2)),
   }
 
 
@@ -193,11 +214,17 @@ class _EarlyViewSelfDraft(SelfDraft):
     return view.replace(lengths=jnp.maximum(view.lengths - 1, 0))
 
 
-@pytest.mark.parametrize("layers, share", [
-    pytest.param(1, False, marks=pytest.mark.slow), (1, True)])
-def test_generations_are_exact(exact_target, layers, share):
+@pytest.mark.parametrize("layers, share, adapter", [
+    pytest.param(1, False, False, marks=pytest.mark.slow),
+    pytest.param(1, True, False, marks=pytest.mark.slow),
+    # The default run's case: sharing and an adapter together (each alone is
+    # in the slow cases, and in the greedy test).
+    (1, True, True)])
+def test_generations_are_exact(exact_target, layers, share, adapter):
   sampling = sj.SamplingConfig(temperature=1.0)
-  draft = SelfDraft(exact_target, layers=layers, share_cache=share)
+  draft = SelfDraft(exact_target, layers=layers, share_cache=share,
+                    adapter=(perturbed_adapter(exact_target, layers, scale=2.0)
+                             if adapter else None))
   ids, s = _sample_ids(exact_target, draft, sampling, gamma=2)
   result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
   assert result.passed, str(result)

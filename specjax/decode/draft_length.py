@@ -28,14 +28,31 @@ negative control.
 Rules:
   `Confidence(threshold, gamma_max)`: stop after a draft whose max q is below
     `threshold` (the draft is unsure; the next token is likely rejected).
-  `Goodput(c, r, gamma_max)`: a per-row budget maximising expected tokens per
-    unit time, (1 - a^(g+1)) / (1 - a) / (g c + r_g), with a the row's running
-    acceptance estimate (accepted + 1) / (verified + 2) and the measured
-    costs: c = draft pass / target pass and r_g = target pass on g + 1 tokens
-    / target pass on 1, both at the batch size used (see `measure_goodput`).
+  `Goodput(c, r, gamma_max, c_first=, overhead=)`: a per-row budget
+    maximising expected tokens per unit time,
+
+      (1 - a^(g+1)) / (1 - a) / (c_first + (g - 1) c + r_g + overhead),
+
+    the denominator being one round of the loop in units of a target pass on
+    1 token: the draft's first pass (c_first: the 2-token catch-up window of a
+    draft with its own cache, 1 token for one that shares the target's),
+    g - 1 further draft passes (c), the verify pass on g + 1 tokens (r_g)
+    and the round's work outside the passes (overhead: RNG, sampling,
+    coupling, commit, loop control). a is the row's running acceptance
+    estimate (accepted + 1) / (verified + 2). `measure_goodput` times every
+    term on the loop's own shapes (`specjax.measure`), at the batch size used.
     With batch > 1 every row pays for the widest row, so the rule picks one
     budget for all rows, maximising the batch's expected tokens per time.
     An optional `threshold` adds the confidence stop.
+
+    The rule's first version charged a round only g c + r_g. Both missing
+    terms are the same for every g, and adding a constant to every g's cost
+    can only move the argmax to a longer budget (the ratio of tokens to cost
+    flattens), so that version chose budgets too short wherever the window
+    or the per-round overhead is not small next to a target pass (a small
+    target: the overhead is a fixed amount of work per round). Its c and r
+    were also timed at a cache capacity of context + gamma_max + 1 slots,
+    not the loop's (attention spans every slot, masked).
 """
 
 from __future__ import annotations
@@ -104,18 +121,22 @@ class Confidence(Rule):
 class Goodput(Rule):
   """Per-row budgets maximising expected tokens per unit time (see module doc).
 
-  Attributes:
-    c: draft pass / target pass (T = 1), measured at this batch size.
-    r: `gamma_max` floats, r[g - 1] = target pass on g + 1 tokens / on 1.
+  Attributes (costs in units of a target pass on 1 token, this batch size):
+    c: a draft pass on 1 token.
+    r: `gamma_max` floats, r[g - 1] = target pass on g + 1 tokens.
     gamma_max: the largest budget; len(r) when omitted.
     threshold: optional confidence stop (as `Confidence`), or None.
     prior: pseudo-counts (accepted, rejected) of the acceptance estimate.
+    c_first: the round's first draft pass; None means c.
+    overhead: a round's work outside the model passes (>= 0).
   """
   c: float
   r: tuple[float, ...]
   gamma_max: int | None = None
   threshold: float | None = None
   prior: tuple[float, float] = (1.0, 1.0)
+  c_first: float | None = None
+  overhead: float = 0.0
 
   def __post_init__(self):
     c = _checks.check_float("c", self.c)
@@ -134,8 +155,15 @@ class Goodput(Rule):
     prior = tuple(_checks.check_float("prior[i]", x) for x in self.prior)
     if len(prior) != 2 or min(prior) <= 0:
       raise ValueError(f"prior must be two positive pseudo-counts, got {prior}.")
+    c_first = c if self.c_first is None else _checks.check_float(
+        "c_first", self.c_first)
+    overhead = _checks.check_float("overhead", self.overhead)
+    if c_first < 0 or overhead < 0:
+      raise ValueError(f"c_first and overhead are costs (>= 0), got "
+                       f"c_first={c_first}, overhead={overhead}.")
     for name, value in (("c", c), ("r", r), ("gamma_max", gamma_max),
-                        ("prior", prior),
+                        ("prior", prior), ("c_first", c_first),
+                        ("overhead", overhead),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
 
@@ -144,8 +172,12 @@ class Goodput(Rule):
     g_G = jnp.arange(1, self.gamma_max + 1, dtype=jnp.float32)
     a_Bx1 = jnp.clip(alpha_B, 0.0, 1.0 - 1e-6)[:, None]
     tokens_BxG = (1.0 - a_Bx1 ** (g_G + 1)) / (1.0 - a_Bx1)
-    time_G = g_G * self.c + jnp.asarray(self.r, jnp.float32)
-    return tokens_BxG / time_G
+    return tokens_BxG / jnp.asarray(self.round_costs(), jnp.float32)
+
+  def round_costs(self) -> tuple[float, ...]:
+    """A round's cost for g = 1..gamma_max, in target passes on 1 token."""
+    return tuple(self.c_first + (g - 1) * self.c + self.r[g - 1]
+                 + self.overhead for g in range(1, self.gamma_max + 1))
 
   def plan(self, stats, active_B):
     a0, b0 = self.prior
@@ -180,44 +212,60 @@ def check_rule(rule: Any) -> Rule:
   return rule
 
 
-# (target structure, draft structure, batch, gamma_max, context) -> Goodput
+# (target, draft, batch, gamma_max, prompt_len, max_new_tokens, threshold,
+#  sampling) -> Goodput
 _MEASURED: dict[Any, Goodput] = {}
 
 
 def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
-                    context_len: int = 128, threshold: float | None = None,
+                    prompt_len: int = 64, max_new_tokens: int = 128,
+                    threshold: float | None = None, sampling: Any = None,
                     seconds: float = 0.05, repeats: int = 3) -> Goodput:
-  """A `Goodput` rule with c and r measured on this machine at this batch.
+  """A `Goodput` rule with every cost measured on the loop's own shapes.
 
-  Times one draft pass and target passes on 1..gamma_max + 1 tokens
-  (`specjax.measure.pass_seconds`) at `context_len` committed positions;
-  r(B) and c(B) therefore reflect how the passes grow with the batch.
-  Memoised per (model structures, batch, gamma_max, context_len) for this
-  process: the first call takes a few seconds.
+  The shapes are those `speculative_generate(..., gamma=<rule with
+  gamma_max>)` builds for `batch_size` rows of `prompt_len` tokens and
+  `max_new_tokens` new ones (`specjax.measure.LoopShape`: prompt bucket,
+  cache capacity, a fill from the middle of the generation). Timed with
+  `specjax.measure`: target passes on 1..gamma_max + 1 tokens, the draft's
+  first pass (2 tokens, or 1 when it shares the target's cache) and its
+  1-token pass (`pass_seconds`), and the round's work outside the passes
+  (`null_loop_seconds`, the fixed-gamma_max loop with null models).
+  Memoised per (model structures, batch, gamma_max, shapes, threshold,
+  sampling) for this process: the first call takes a few seconds.
   """
   from specjax import measure  # pylint: disable=import-outside-toplevel
+  # pylint: disable-next=import-outside-toplevel
+  from specjax import sampling as sampling_lib
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
   gamma_max = _check_gamma_max(gamma_max)
-  context_len = _checks.check_int("context_len", context_len, low=0)
-  key = (measure.model_key(target), measure.model_key(draft), batch_size,
-         gamma_max, context_len, threshold)
+  sampling = sampling_lib.SamplingConfig() if sampling is None else sampling
+  if not isinstance(sampling, sampling_lib.SamplingConfig):
+    raise TypeError(f"sampling must be a specjax.SamplingConfig, got "
+                    f"{sampling!r}.")
+  shape = measure.LoopShape(batch_size, prompt_len, max_new_tokens, gamma_max)
+  key = (measure.model_key(target), measure.model_key(draft), shape,
+         _check_threshold(threshold), sampling)
   if key not in _MEASURED:
-    limit = min(x for x in (getattr(target, "max_positions", None),
-                            getattr(draft, "max_positions", None),
-                            context_len + gamma_max + 1) if x is not None)
-    context = max(0, min(context_len, limit - gamma_max - 1))
-    time = lambda model, tokens: measure.pass_seconds(
-        model, batch_size=batch_size, num_tokens=tokens,
-        capacity=context + gamma_max + 1, fill=context, seconds=seconds,
-        repeats=repeats)
+    def time(model, tokens):
+      capacity = shape.capacity(model)
+      return measure.pass_seconds(
+          model, batch_size=batch_size, num_tokens=min(tokens, capacity),
+          capacity=capacity, fill=shape.fill(model, tokens), seconds=seconds,
+          repeats=repeats)
     base = time(target, 1)
     # Floors keep a noisy timing from producing a zero or inverted ratio.
     r = [1.0]
     for g in range(1, gamma_max + 1):
       r.append(max(time(target, g + 1) / base, r[-1]))
     c = max(time(draft, 1) / base, 1e-3)
+    shares = bool(getattr(draft, "reads_target_cache", False))
+    c_first = c if shares else max(time(draft, 2) / base, c)
+    other, _ = measure.null_loop_seconds(target, draft, shape, sampling,
+                                         repeats=repeats)
     _MEASURED[key] = Goodput(c=c, r=tuple(r[1:]), gamma_max=gamma_max,
-                             threshold=threshold)
+                             threshold=threshold, c_first=c_first,
+                             overhead=other / base)
   return _MEASURED[key]
 
 

@@ -378,7 +378,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     # Costs at the middle of the generation, at this batch size (r(B), c(B)).
     rule = draft_length_lib.measure_goodput(
         target, draft, batch_size=prompts.shape[0], gamma_max=gamma,
-        context_len=prompts.shape[1] + max_new_tokens // 2)
+        prompt_len=int(np.max(lengths)), max_new_tokens=max_new_tokens,
+        sampling=sampling)
   mesh = sharding.as_mesh(mesh)
   (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (target, draft), (prompts, lengths, keys))

@@ -1,6 +1,8 @@
 """Models: anything mapping `(tokens[B, T], cache) -> (logits[B, T, V], cache)`."""
 
 from specjax.models.cache import KVCache
+from specjax.models.exit_adapter import ExitAdapter
+from specjax.models.exit_adapter import ExitAdapterConfig
 from specjax.models.protocol import CausalLM
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM

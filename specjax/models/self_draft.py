@@ -25,6 +25,12 @@ Two cache modes:
   With a skipped block below a kept one, the kept block's inputs differ from
   the target's, so sharing is refused.
 
+`adapter=` (an `ExitAdapter`, see exit_adapter.py) inserts a small trained
+residual MLP between the last kept block and the final norm. It is
+position-wise (no keys or values), so both cache modes work unchanged: the
+draft's cache is still exactly its kept blocks' (own, or the target's first
+k layers when shared). The adapter is the draft's only own parameters.
+
 Exactness never depends on the draft (the verifier judges whatever q it
 returns), so both modes are exact by construction; the tests check it.
 """
@@ -40,10 +46,12 @@ from flax import struct
 
 from specjax import _checks
 from specjax.models.cache import KVCache
+from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.transformer import TransformerLM
 
 
-def _normalise_layers(layers: Any, num_layers: int) -> tuple[int, ...]:
+def normalise_layers(layers: Any, num_layers: int) -> tuple[int, ...]:
+  """`layers` (an int k or block indices) as a strictly increasing tuple."""
   if isinstance(layers, (bool, np.bool_)):
     raise TypeError(f"SelfDraft layers must be an int k (the first k blocks) "
                     f"or a sequence of block indices, got {layers!r}.")
@@ -73,10 +81,13 @@ class SelfDraft(struct.PyTreeNode):
       increasing indices of the blocks to keep, in [0, num_layers).
     share_cache: static; read and write the target's KV cache instead of
       keeping one (requires `layers` to be a prefix `0..k-1`; see module doc).
+    adapter: None (training-free), or an `ExitAdapter` made for this
+      target's config and these `layers`, applied before the final norm.
   """
   target: TransformerLM
   layers: Any = struct.field(pytree_node=False, default=1)
   share_cache: bool = struct.field(pytree_node=False, default=False)
+  adapter: ExitAdapter | None = None
 
   one_hot_q: ClassVar[bool] = False
 
@@ -86,7 +97,7 @@ class SelfDraft(struct.PyTreeNode):
                       f"{type(self.target).__name__}.")
     num_layers = self.target.config.num_layers
     object.__setattr__(self, "layers",
-                       _normalise_layers(self.layers, num_layers))
+                       normalise_layers(self.layers, num_layers))
     if not isinstance(self.share_cache, (bool, np.bool_)):
       raise TypeError(f"SelfDraft share_cache must be a bool, got "
                       f"{self.share_cache!r}.")
@@ -97,6 +108,11 @@ class SelfDraft(struct.PyTreeNode):
           f"layers={self.layers} skips a block below a kept one, so the kept "
           "blocks' keys and values differ from the target's. Use "
           "share_cache=False.")
+    if self.adapter is not None:
+      if not isinstance(self.adapter, ExitAdapter):
+        raise TypeError(f"SelfDraft adapter must be an ExitAdapter or None, "
+                        f"got {type(self.adapter).__name__}.")
+      self.adapter.check_target(self.target.config, self.layers)
 
   @classmethod
   def skipping(cls, target: TransformerLM, skip: Sequence[int],
@@ -106,7 +122,7 @@ class SelfDraft(struct.PyTreeNode):
       raise TypeError(f"SelfDraft target must be a specjax TransformerLM, got "
                       f"{type(target).__name__}.")
     n = target.config.num_layers
-    skip = set(_normalise_layers(sorted(set(skip)), n))
+    skip = set(normalise_layers(sorted(set(skip)), n))
     return cls(target=target, layers=tuple(i for i in range(n) if i not in skip),
                **kwargs)
 
@@ -130,7 +146,7 @@ class SelfDraft(struct.PyTreeNode):
     return len(self.layers)
 
   def param_count(self) -> int:
-    """Parameters the draft's forward pass reads (none of them its own)."""
+    """Parameters the draft's forward pass reads (its own: the adapter's)."""
     module_state = self.target.state
     total = 0
     for path, x in jax.tree_util.tree_leaves_with_path(module_state):
@@ -140,7 +156,7 @@ class SelfDraft(struct.PyTreeNode):
         if block not in self.layers:
           continue
       total += int(np.prod(x.shape))
-    return total
+    return total + (0 if self.adapter is None else self.adapter.param_count())
 
   def init_cache(self, batch_size: int, max_len: int) -> KVCache:
     """An empty `KVCache` with one entry per kept block."""
@@ -169,22 +185,38 @@ class SelfDraft(struct.PyTreeNode):
           f"kept block: draft.init_cache(...) or "
           f"draft.cache_from_target(target_cache)), got "
           f"{getattr(cache, 'num_layers', type(cache).__name__)}.")
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    logits_BxTxV, cache = self._forward(tokens_BxT, positions_BxT, cache)
+    return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
+
+  def logits(self, tokens_BxT: jax.Array) -> jax.Array:
+    """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""
+    tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
+    b, t = tokens_BxT.shape
+    if t > self.max_positions:
+      raise ValueError(f"tokens_BxT has {t} positions; the target has "
+                       f"max_positions={self.max_positions}.")
+    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    return self._forward(tokens_BxT, positions_BxT, None)[0]
+
+  def _forward(self, tokens_BxT, positions_BxT, cache: KVCache | None):
+    """Embeddings, kept blocks (cache slot i for the i-th), adapter, head."""
     module = self.target.module()
     c = self.target.config
-    positions_BxT = cache.positions(tokens_BxT.shape[1])
     x_BxTxD = module.embed(tokens_BxT)
     if c.flavour == "gpt2":
       x_BxTxD = x_BxTxD + module.pos_embed(
           jnp.minimum(positions_BxT, c.max_positions - 1))
     for slot, layer in enumerate(self.layers):
       x_BxTxD, cache = module.blocks[layer](x_BxTxD, positions_BxT, cache, slot)
+    if self.adapter is not None:
+      x_BxTxD = self.adapter(x_BxTxD)
     x_BxTxD = module.final_norm(x_BxTxD)
     if c.tie_embeddings:
       logits_BxTxV = module.embed.attend(x_BxTxD)
     else:
       logits_BxTxV = module.lm_head(x_BxTxD)
-    return (logits_BxTxV.astype(jnp.float32),
-            cache.replace(lengths=positions_BxT[:, -1] + 1))
+    return logits_BxTxV.astype(jnp.float32), cache
 
   # --- the shared-cache hook (used by the decode loop when reads_target_cache)
 

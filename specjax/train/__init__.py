@@ -17,3 +17,6 @@ from specjax.train.distill import DIVERGENCES
 from specjax.train.distill import distillation_loss
 from specjax.train.distill import mean_tv
 from specjax.train.distill import teacher_corpus
+from specjax.train.exit_adapter import exit_adapter_loss
+from specjax.train.exit_adapter import load_exit_adapter
+from specjax.train.exit_adapter import train_exit_adapter

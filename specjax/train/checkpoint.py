@@ -76,8 +76,9 @@ def tree_checksum(tree: Any) -> str | None:
   return hasher.hexdigest()
 
 
-def model_config_dict(config: transformer_lib.TransformerConfig) -> dict:
-  """JSON-ready dict of a `TransformerConfig` (all derived fields resolved)."""
+def model_config_dict(config: Any) -> dict:
+  """JSON-ready dict of a model's dataclass config (a `TransformerConfig`, all
+  derived fields resolved, or e.g. an `ExitAdapterConfig`)."""
   return dataclasses.asdict(config)
 
 
@@ -256,11 +257,15 @@ class Checkpointer:
     """Raises CheckpointError naming the differing fields, if any."""
     # Fields added to TransformerConfig after a checkpoint was written take
     # their defaults (so older checkpoints still load).
-    stored = {f.name: f.default
-              for f in dataclasses.fields(transformer_lib.TransformerConfig)
-              if f.name in _LATER_FIELDS}
+    stored = {}
+    if isinstance(model_config, transformer_lib.TransformerConfig):
+      stored = {f.name: f.default
+                for f in dataclasses.fields(transformer_lib.TransformerConfig)
+                if f.name in _LATER_FIELDS}
     stored.update(metadata.get("model_config") or {})
-    diff = config_diff(stored, model_config_dict(model_config))
+    # Compared as stored (JSON): tuples in the config are lists on disk.
+    requested = json.loads(json.dumps(model_config_dict(model_config)))
+    diff = config_diff(stored, requested)
     if diff:
       raise CheckpointError(
           f"Checkpoint {self.step_dir(step)!r} holds a different model than "

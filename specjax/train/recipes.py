@@ -200,3 +200,36 @@ def train_config(size: str, *, runlocal: bool = False) -> config_dict.ConfigDict
     config.eval_batch_size = 8
     config.checkpoint_every = 5
   return config
+
+
+# An exit adapter's recipe (`specjax.train.exit_adapter`): the adapter is
+# small and its target frozen, so short windows and few steps suffice.
+_EXIT_ADAPTER_RECIPE = (16, 128, 1e-3, 300, 20)
+
+
+def exit_adapter_config(layers: int | tuple[int, ...] = 1,
+                        mlp_dim: int | None = None, *,
+                        runlocal: bool = False) -> config_dict.ConfigDict:
+  """The training ConfigDict of an exit adapter after `layers`.
+
+  `config.model` records the adapter (layers, mlp_dim; the trainer takes the
+  adapter itself). Held-out bits per byte does not apply (`eval_every=0`);
+  the evaluation fields choose the windows of the final held-out TV.
+  """
+  batch_size, seq_len, lr, num_steps, warmup = _EXIT_ADAPTER_RECIPE
+  config = train_config("tiny", runlocal=runlocal)
+  config.model_name = "exit-adapter"
+  config.model = config_dict.ConfigDict(
+      {"layers": layers, "mlp_dim": config_dict.placeholder(int)})
+  config.model.mlp_dim = mlp_dim
+  config.batch_size = batch_size
+  config.seq_len = seq_len
+  config.num_steps = 10 if runlocal else num_steps
+  config.optim.lr = lr
+  config.optim.warmup_steps = 2 if runlocal else warmup
+  config.log_every = 10
+  config.eval_every = 0
+  config.eval_batches = 4
+  config.eval_batch_size = 16
+  config.checkpoint_every = 100
+  return config

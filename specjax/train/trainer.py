@@ -36,6 +36,7 @@ Files written under `workdir`:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -300,7 +301,8 @@ def train(config: Any, workdir: str, *,
           loss_fn: losses.LossFn = losses.next_token_loss, aux: Any = None,
           corpus: data.Corpus | None = None,
           extra_metadata: dict | None = None,
-          mesh: jax.sharding.Mesh | None = None
+          mesh: jax.sharding.Mesh | None = None,
+          model: Any = None
           ) -> tuple[transformer_lib.TransformerLM, dict]:
   """Trains (or resumes) the model `config` describes; returns it and metrics.
 
@@ -323,9 +325,17 @@ def train(config: Any, workdir: str, *,
       (replicated). The batch is always split over `data`; losses equal the
       one-device run's up to float summation order. A teacher `aux` that
       names its axes (a `TransformerLM`) is sharded by the same rules.
+    model: the freshly initialised model to train instead of
+      `TransformerLM.create(config.model, config.seed)`: any pytree with a
+      dataclass `config` (stored in, and checked against, the checkpoints),
+      an nnx `graphdef` and its `state` (e.g. an `ExitAdapter`, trained with
+      a frozen target in `aux`). `config.model` is then ignored. Held-out
+      bits per byte needs a model that maps tokens to logits, so
+      `config.eval_every` must be 0.
 
   Returns:
-    `(model, metrics)`: the trained `TransformerLM`, and a dict with
+    `(model, metrics)`: the trained `TransformerLM` (or `model`'s type), and
+      a dict with
       steps:        int64 `[n]`, the steps run by this call;
       train_loss:   float32 `[n]`, the loss of batch `steps[i]` under the
                     parameters before that update;
@@ -335,7 +345,21 @@ def train(config: Any, workdir: str, *,
       start_step, final_step, param_count, resumed (bool).
   """
   check_config(config)
-  model_config = model_config_from(config)
+  if model is None:
+    model_config = model_config_from(config)
+  else:
+    model_config = getattr(model, "config", None)
+    if not dataclasses.is_dataclass(model_config) or not all(
+        hasattr(model, f) for f in ("graphdef", "state")):
+      raise TypeError("model must be a pytree with a dataclass `config`, an "
+                      "nnx `graphdef` and its `state` (like TransformerLM), "
+                      f"got {type(model).__name__}.")
+    if config.eval_every:
+      raise ValueError(
+          f"config.eval_every={config.eval_every}: held-out bits per byte "
+          f"needs a model that maps tokens to logits, and a given "
+          f"{type(model).__name__} is trained through its loss only. Set "
+          "config.eval_every=0.")
   check_seq_len(config.seq_len, model_config)
   if mesh is None:
     spec = config.get("mesh")
@@ -353,8 +377,10 @@ def train(config: Any, workdir: str, *,
   heldout_N = (corpus_tokens(corpus, "heldout", window, "evaluation")
                if config.eval_every else None)
 
-  model = transformer_lib.TransformerLM.create(model_config, config.seed)
+  if model is None:
+    model = transformer_lib.TransformerLM.create(model_config, config.seed)
   graphdef = model.graphdef
+  model_type = type(model)
   shardings = state_shardings(model, optimizer, mesh, rules=rules)
   state = init_state(model, optimizer, mesh, rules=rules)
   del model  # the state holds copies of its arrays
@@ -369,7 +395,7 @@ def train(config: Any, workdir: str, *,
       max_to_keep=config.max_to_keep, create=True) as ckpt:
     return _loop(config, workdir, ckpt, state, graphdef, model_config,
                  metadata, optimizer, schedule, loss_fn, aux, mesh, train_N,
-                 heldout_N, shardings, rules)
+                 heldout_N, shardings, rules, model_type)
 
 
 SHARDING_CHOICES = ("tp", "fsdp", "dp")
@@ -387,7 +413,7 @@ def rules_from(config: Any):
 
 def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
           optimizer, schedule, loss_fn, aux, mesh, train_N, heldout_N,
-          shardings, rules):
+          shardings, rules, model_type):
   """`train` once the checkpoint directory is open: resume, steps, saves."""
   resumed = ckpt.latest_step() is not None
   if resumed:
@@ -486,8 +512,8 @@ def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
   finally:
     bar.close()
 
-  model = transformer_lib.TransformerLM(config=model_config, graphdef=graphdef,
-                                        state=state["params"])
+  model = model_type(config=model_config, graphdef=graphdef,
+                     state=state["params"])
   metrics = {
       "steps": np.asarray(steps, np.int64),
       "train_loss": np.asarray(step_losses, np.float32),

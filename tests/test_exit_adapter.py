@@ -1,0 +1,133 @@
+"""The exit adapter of a SelfDraft: identity at init, no copy, bad input, training.
+
+Greedy equality and whole-generation exactness of a SelfDraft with an
+adapter are in tests/test_self_draft.py (with the other SelfDraft variants).
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import data
+from specjax import zoo
+from specjax.models import TransformerConfig, TransformerLM
+from specjax.train import exit_adapter as exit_adapter_train
+from specjax.train import recipes
+from specjax.train import trainer
+
+V = 16
+
+
+def _target(layers=3, d_model=32, flavour="llama"):
+  return TransformerLM.create(TransformerConfig(
+      vocab_size=V, d_model=d_model, num_layers=layers, num_heads=4,
+      max_positions=64, flavour=flavour), 0)
+
+
+@pytest.fixture(scope="module")
+def target():
+  return _target()
+
+
+def test_untrained_adapter_is_the_training_free_draft(target):
+  adapter = sj.ExitAdapter.create(target, 2)
+  tokens = jnp.asarray(np.arange(20).reshape(2, 10) % V, jnp.int32)
+  plain = sj.SelfDraft(target, layers=2)
+  adapted = sj.SelfDraft(target, layers=2, adapter=adapter)
+  np.testing.assert_array_equal(plain.logits(tokens), adapted.logits(tokens))
+  # Cached calls give the full forward's logits.
+  got, _ = adapted(tokens, adapted.init_cache(2, 16))
+  np.testing.assert_allclose(got, adapted.logits(tokens), atol=1e-5)
+  # The target's arrays are the draft's leaves (no copy); the adapter's
+  # parameters are the only ones the draft adds.
+  leaves = jax.tree.leaves(adapted)
+  for a, b in zip(leaves, jax.tree.leaves(target)):
+    assert a is b
+  assert adapted.param_count() == plain.param_count() + adapter.param_count()
+  assert adapter.param_count() == 3 * 32 * 32 + 32  # norm, gate/up/down (llama)
+
+
+def test_shared_cache_with_adapter_holds_only_the_targets_layers(target):
+  adapted = sj.SelfDraft(target, layers=1, share_cache=True,
+                         adapter=sj.ExitAdapter.create(target, 1))
+  view = adapted.cache_from_target(target.init_cache(2, 16))
+  assert view.num_layers == 1
+
+
+@pytest.mark.parametrize("other, match", [
+    (dict(layers=4), "different target"),       # same width, another depth
+    (dict(d_model=48), "d_model"),             # another width
+    (dict(flavour="gpt2"), "flavour"),
+])
+def test_adapter_for_another_target_is_refused(target, other, match):
+  adapter = sj.ExitAdapter.create(_target(**other), 1)
+  with pytest.raises(ValueError, match=match):
+    sj.SelfDraft(target, layers=1, adapter=adapter)
+
+
+def test_bad_adapter_arguments_get_clear_errors(target):
+  adapter = sj.ExitAdapter.create(target, 1)
+  with pytest.raises(ValueError, match=r"follows blocks \(0,\)"):
+    sj.SelfDraft(target, layers=2, adapter=adapter)
+  with pytest.raises(TypeError, match="ExitAdapter"):
+    sj.SelfDraft(target, layers=1, adapter=target)
+  with pytest.raises(TypeError, match="TransformerLM"):
+    sj.ExitAdapter.create(sj.NGramLM.fit(np.arange(50) % V, V, order=1), 1)
+  with pytest.raises(ValueError, match="layers"):
+    sj.ExitAdapter.create(target, 5)
+  with pytest.raises(ValueError, match="mlp_dim"):
+    sj.ExitAdapter.create(target, 1, mlp_dim=0)
+  with pytest.raises(ValueError, match="eval_every"):
+    cfg = recipes.exit_adapter_config(1)
+    cfg.eval_every = 5
+    trainer.train(cfg, "/nonexistent", model=adapter)
+
+
+def test_zoo_trains_an_adapter_once_then_loads_it(tmp_path, capsys):
+  root = tmp_path / "corpus"
+  os.makedirs(root)
+  for i, path in enumerate(data.stdlib_corpus().files[:8]):
+    with open(path.path, "rb") as src, open(root / f"f{i}.py", "wb") as dst:
+      dst.write(src.read()[:8_000])
+  corpus = data.text_corpus(str(root), heldout_fraction=0.2)
+  fast = {"num_steps": 3, "optim.warmup_steps": 1, "batch_size": 4,
+          "seq_len": 32, "checkpoint_every": 0, "progress": False}
+  kw = dict(cache_dir=str(tmp_path / "zoo"), corpus=corpus,
+            overrides=dict(fast, eval_batches=1, eval_batch_size=4),
+            teacher_overrides=dict(fast, eval_every=0))
+  adapter = zoo.load("exit-adapter-1@tiny", **kw)
+  assert "held-out TV(p, q)" in capsys.readouterr().out
+  again = zoo.load("exit-adapter-1@tiny", **kw)
+  assert "training" not in capsys.readouterr().out
+  target = zoo.load("tiny", cache_dir=kw["cache_dir"], corpus=corpus,
+                    overrides=kw["teacher_overrides"], verbose=False)
+  assert isinstance(adapter, sj.ExitAdapter)
+  assert adapter.config.target == target.config
+  for a, b in zip(jax.tree.leaves(adapter), jax.tree.leaves(again)):
+    np.testing.assert_array_equal(a, b)
+  # Trained: the output projection left zero, and the draft runs.
+  down = [x for p, x in jax.tree_util.tree_leaves_with_path(adapter.state)
+          if "down" in jax.tree_util.keystr(p) and x.ndim == 2]
+  assert np.abs(down[0]).max() > 0
+  draft = sj.SelfDraft(target, layers=1, share_cache=True, adapter=adapter)
+  out = sj.speculative_generate(target, draft, np.ones((1, 4), np.int32),
+                                np.array([4], np.int32), jax.random.key(0),
+                                gamma=2, max_new_tokens=4, sampling=sj.GREEDY)
+  assert int(out.lengths[0]) == 4
+  # Another target recipe is another adapter entry, never this one.
+  other = zoo.recipe("exit-adapter-1@tiny", corpus=corpus,
+                     overrides=kw["overrides"],
+                     teacher_overrides=dict(fast, num_steps=4))
+  assert zoo.key(other) != zoo.key(zoo.recipe(
+      "exit-adapter-1@tiny", corpus=corpus, overrides=kw["overrides"],
+      teacher_overrides=kw["teacher_overrides"]))
+  with pytest.raises(ValueError, match="Unknown zoo model"):
+    zoo.load("exit-adapter-2@tiny", **kw)  # tiny has 2 blocks: k < 2
+  # load_exit_adapter refuses another target's architecture.
+  entry = zoo.entry_dir("exit-adapter-1@tiny", **kw)
+  with pytest.raises(ValueError, match="different target"):
+    exit_adapter_train.load_exit_adapter(entry, _target(layers=2, d_model=32))
