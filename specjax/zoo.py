@@ -11,6 +11,11 @@ and later calls load it. Names:
                          the <draft> size trained to match <target>'s
                          next-token distributions (forward KL, DistillSpec),
                          on corpus text (see `specjax.train.distill`).
+  eagle-head@<target>    an EAGLE feature-level head for <target>
+                         (`specjax.EagleDraft`; `load` returns the draft,
+                         holding the target), distilled on the target's
+                         features and next-token distributions
+                         (`specjax.train.eagle`).
 
 `overrides` change a recipe (e.g. `{"num_steps": 300}` for a quick run).
 
@@ -52,6 +57,7 @@ from specjax import data
 from specjax.models.ngram import NGramLM
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train import distill
+from specjax.train import eagle as eagle_train
 from specjax.train import losses
 from specjax.train import recipes
 from specjax.train import trainer
@@ -59,6 +65,7 @@ from specjax.train import trainer
 CACHE_ENV = "SPECJAX_CACHE"
 NGRAMS = {"unigram": 1, "bigram": 2}
 _DISTILLED = "distilled-"
+_EAGLE = "eagle-head@"
 
 # Bump when the stored layout or the meaning of a recipe changes: every key
 # changes with it, so old entries are never mistaken for new ones.
@@ -71,6 +78,7 @@ _NOT_IN_KEY = ("progress", "log_every", "eval_every", "eval_batches",
                "max_to_keep")
 # The objective each kind trains with (part of the recipe).
 _OBJECTIVES = {"transformer": "next_token", "distilled": "forward_kl",
+               "eagle": "eagle_features+forward_kl",
                "ngram": "counts"}
 
 
@@ -91,7 +99,8 @@ def names() -> list[str]:
   drafts = [s for s in sizes if s.startswith("draft-")]
   targets = [s for s in sizes if s.startswith("target-")]
   return (sorted(NGRAMS) + sizes
-          + [f"{_DISTILLED}{d}@{t}" for d in drafts for t in targets])
+          + [f"{_DISTILLED}{d}@{t}" for d in drafts for t in targets]
+          + [f"{_EAGLE}{t}" for t in targets])
 
 
 def _parse(name: str) -> tuple[str, str, str | None]:
@@ -102,6 +111,8 @@ def _parse(name: str) -> tuple[str, str, str | None]:
     return "ngram", name, None
   if name in recipes.SIZES:
     return "transformer", name, None
+  if name.startswith(_EAGLE) and name[len(_EAGLE):] in recipes.SIZES:
+    return "eagle", "eagle-head", name[len(_EAGLE):]
   if name.startswith(_DISTILLED) and "@" in name:
     student, teacher = name[len(_DISTILLED):].split("@", 1)
     if student in recipes.SIZES and teacher in recipes.SIZES:
@@ -110,9 +121,24 @@ def _parse(name: str) -> tuple[str, str, str | None]:
                    f"{', '.join(names())} (and 'tiny').")
 
 
-def _config(size: str, overrides: dict[str, Any] | None):
-  """The recipe of `size` with dotted `overrides` ("optim.lr": 1e-3) applied."""
-  config = recipes.train_config(size)
+def _teacher_overrides(overrides, teacher_overrides):
+  return overrides if teacher_overrides is None else teacher_overrides
+
+
+def _config(size: str, overrides: dict[str, Any] | None, teacher: str = "",
+            teacher_overrides: dict[str, Any] | None = None):
+  """The recipe of `size` with dotted `overrides` ("optim.lr": 1e-3) applied.
+
+  For the EAGLE head (`size` "eagle-head"), the head of the `teacher`
+  Transformer that `teacher_overrides` (None: `overrides`) describe.
+  """
+  if size == "eagle-head":
+    teacher_config = _config(teacher, _teacher_overrides(overrides,
+                                                         teacher_overrides))
+    config = eagle_train.train_config(
+        trainer.model_config_from(teacher_config))
+  else:
+    config = recipes.train_config(size)
   config.progress = True
   for key, value in (overrides or {}).items():
     *parents, leaf = key.split(".")
@@ -159,19 +185,19 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
                        f"(got {overrides}); it has no training recipe.")
     out.update(order=NGRAMS[name], vocab_size=data.BYTE_VOCAB_SIZE)
     return out
-  config = _config(size, overrides)
+  config = _config(size, overrides, teacher_name, teacher_overrides)
   train_config = json.loads(config.to_json_best_effort())
   for field in _NOT_IN_KEY:
     train_config.pop(field, None)
   out.update(model_config=checkpoint_lib.model_config_dict(
       trainer.model_config_from(config)), train_config=train_config)
-  if kind == "distilled":
+  if kind in ("distilled", "eagle"):
     out["teacher"] = recipe(
         teacher_name, corpus=corpus,
-        overrides=overrides if teacher_overrides is None else teacher_overrides)
+        overrides=_teacher_overrides(overrides, teacher_overrides))
   elif teacher_overrides is not None:
-    raise ValueError(f"teacher_overrides apply to distilled names only, not "
-                     f"{name!r}.")
+    raise ValueError(f"teacher_overrides apply to distilled and eagle-head "
+                     f"names only, not {name!r}.")
   return out
 
 
@@ -197,7 +223,9 @@ def _entry_path(root: str, name: str, recipe_: dict) -> str:
 def _default_corpus(kind: str, size: str, overrides) -> data.Corpus:
   if kind == "ngram":
     return data.stdlib_corpus()
-  return trainer.load_corpus(_config(size, overrides))
+  # The head's schedule is a draft recipe's; so is its corpus field.
+  return trainer.load_corpus(_config(
+      eagle_train.RECIPE_OF if kind == "eagle" else size, overrides))
 
 
 def _recipe_diff(stored: Any, requested: Any, prefix: str = "") -> list[str]:
@@ -315,6 +343,14 @@ def load(name: str, *, cache_dir: str | None = None,
   _check_record(directory, recipe_)
   if kind == "ngram":
     return _read_ngram(name, directory, verbose)
+  if kind == "eagle":
+    target = load(teacher_name, cache_dir=cache_dir_,
+                  overrides=_teacher_overrides(overrides, teacher_overrides),
+                  corpus=corpus, verbose=verbose)
+    model, _ = eagle_train.load_head(directory, target)
+    _say(verbose, f"loaded {name} ({model.param_count():,} parameters of "
+         f"its own) from {directory}")
+    return model
   model, _ = checkpoint_lib.load_model(directory)
   _say(verbose, f"loaded {name} ({model.param_count():,} parameters) from "
        f"{directory}")
@@ -336,7 +372,7 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
     _write_record(partial, recipe_, {"zoo_name": name})
     _publish(partial, directory)
     return
-  config = _config(size, overrides)
+  config = _config(size, overrides, teacher_name, teacher_overrides)
   minutes = _expected_minutes(config, size)
   loss_fn, aux, what = losses.next_token_loss, None, "training"
   extra = {"zoo_name": name, "overrides": overrides or {}, "zoo_key":
@@ -354,6 +390,25 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
     extra["teacher"] = teacher_name
     extra["teacher_key"] = key(recipe_["teacher"])
     minutes *= 1.5  # the teacher's forward pass rides along
+  if kind == "eagle":
+    target = load(teacher_name, cache_dir=cache_dir_,
+                  overrides=_teacher_overrides(overrides, teacher_overrides),
+                  corpus=corpus, verbose=verbose)
+    extra["teacher"] = teacher_name
+    extra["teacher_key"] = key(recipe_["teacher"])
+    # About the teacher's own training rate: its forward pass dominates.
+    minutes = _expected_minutes(config, teacher_name)
+    _say(verbose, f"training {name} ({config.num_steps} steps of "
+         f"{config.batch_size}x{config.seq_len} tokens) into {directory}; "
+         f"expect about {minutes:.1f} min on 2 CPU cores")
+    start = time.time()
+    draft, _ = eagle_train.train_head(target, config, partial, corpus=corpus,
+                                      extra_metadata=extra)
+    _write_record(partial, recipe_, {"zoo_name": name})
+    _publish(partial, directory)
+    _say(verbose, f"{name}: {draft.param_count():,} parameters of its own, "
+         f"trained in {(time.time() - start) / 60:.1f} min")
+    return
   _say(verbose, f"{what} {name} ({config.num_steps} steps of "
        f"{config.batch_size}x{config.seq_len} tokens) into {directory}; "
        f"expect about {minutes:.1f} min on 2 CPU cores")

@@ -17,3 +17,6 @@ from specjax.train.distill import DIVERGENCES
 from specjax.train.distill import distillation_loss
 from specjax.train.distill import mean_tv
 from specjax.train.distill import teacher_corpus
+from specjax.train.eagle import eagle_loss
+from specjax.train.eagle import load_head
+from specjax.train.eagle import train_head

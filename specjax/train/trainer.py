@@ -300,7 +300,8 @@ def train(config: Any, workdir: str, *,
           loss_fn: losses.LossFn = losses.next_token_loss, aux: Any = None,
           corpus: data.Corpus | None = None,
           extra_metadata: dict | None = None,
-          mesh: jax.sharding.Mesh | None = None
+          mesh: jax.sharding.Mesh | None = None,
+          init_model: Any = None
           ) -> tuple[transformer_lib.TransformerLM, dict]:
   """Trains (or resumes) the model `config` describes; returns it and metrics.
 
@@ -323,6 +324,12 @@ def train(config: Any, workdir: str, *,
       (replicated). The batch is always split over `data`; losses equal the
       one-device run's up to float summation order. A teacher `aux` that
       names its axes (a `TransformerLM`) is sharded by the same rules.
+    init_model: `(TransformerConfig, seed) -> model`, the pytree to train
+      (with `graphdef`, `state`, `param_count()`), built from the config
+      `config.model` describes; default `TransformerLM.create`. A model that
+      is not a language model (an `EagleHead`) cannot be evaluated in bits
+      per byte: set `config.eval_every=0`. The returned model is this one
+      with the trained `state`.
 
   Returns:
     `(model, metrics)`: the trained `TransformerLM`, and a dict with
@@ -353,7 +360,13 @@ def train(config: Any, workdir: str, *,
   heldout_N = (corpus_tokens(corpus, "heldout", window, "evaluation")
                if config.eval_every else None)
 
-  model = transformer_lib.TransformerLM.create(model_config, config.seed)
+  if init_model is not None and config.eval_every:
+    raise ValueError("config.eval_every must be 0 when training a model "
+                     "given by init_model: held-out bits per byte needs a "
+                     "language model.")
+  model = (init_model or transformer_lib.TransformerLM.create)(
+      model_config, config.seed)
+  template = model.replace(state=None)  # the structure, to wrap the result
   graphdef = model.graphdef
   shardings = state_shardings(model, optimizer, mesh, rules=rules)
   state = init_state(model, optimizer, mesh, rules=rules)
@@ -367,7 +380,7 @@ def train(config: Any, workdir: str, *,
   with checkpoint_lib.Checkpointer(
       os.path.join(workdir, checkpoint_lib.CHECKPOINTS_SUBDIR),
       max_to_keep=config.max_to_keep, create=True) as ckpt:
-    return _loop(config, workdir, ckpt, state, graphdef, model_config,
+    return _loop(config, workdir, ckpt, state, template, model_config,
                  metadata, optimizer, schedule, loss_fn, aux, mesh, train_N,
                  heldout_N, shardings, rules)
 
@@ -385,10 +398,11 @@ def rules_from(config: Any):
       choice]
 
 
-def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
+def _loop(config, workdir, ckpt, state, template, model_config, metadata,
           optimizer, schedule, loss_fn, aux, mesh, train_N, heldout_N,
           shardings, rules):
   """`train` once the checkpoint directory is open: resume, steps, saves."""
+  graphdef = template.graphdef
   resumed = ckpt.latest_step() is not None
   if resumed:
     state, stored = ckpt.restore(state, model_config=model_config)
@@ -486,8 +500,7 @@ def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
   finally:
     bar.close()
 
-  model = transformer_lib.TransformerLM(config=model_config, graphdef=graphdef,
-                                        state=state["params"])
+  model = template.replace(state=state["params"])
   metrics = {
       "steps": np.asarray(steps, np.int64),
       "train_loss": np.asarray(step_losses, np.float32),
