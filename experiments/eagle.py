@@ -42,6 +42,7 @@ import numpy as np
 import specjax as sj
 from specjax import data
 from specjax import zoo
+from specjax.train import eagle as eagle_train
 from configs import reproduce
 
 _GAMMAS = flags.DEFINE_list("gammas", ["1", "4"], "Draft lengths.")
@@ -54,6 +55,12 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per prompt.")
 _STEPS = flags.DEFINE_integer(
     "num_steps", 300, "Training steps of every draft and of the head (16 x "
     "256 bytes each; the quick job's distilled draft uses 300).")
+_HEAD_WORKDIR = flags.DEFINE_string(
+    "head_workdir", None, "Evaluate the head checkpoint in this training "
+    "workdir (e.g. a zoo entry's .partial while it trains) instead of the "
+    "zoo's finished eagle-head entry.")
+_HEAD_STEP = flags.DEFINE_integer("head_step", None, "With --head_workdir: "
+                                  "the checkpoint step (default: latest).")
 _SEED = flags.DEFINE_integer("seed", 0, "Prompts and decoding keys.")
 _CACHE = flags.DEFINE_string("cache_dir", None, "Zoo cache (default: "
                              "$SPECJAX_CACHE or ~/.cache/specjax).")
@@ -65,19 +72,26 @@ def _budget(num_steps: int) -> dict:
           "checkpoint_every": 100, "optim.warmup_steps": max(1, num_steps // 10)}
 
 
-def load_models(num_steps: int, cache_dir: str | None):
-  """(target, {name: draft}) from the zoo, every draft on the same budget."""
+def load_models(num_steps: int, cache_dir: str | None,
+                head_workdir: str | None = None, head_step: int | None = None):
+  """(target, {name: draft}) from the zoo, every draft on the same budget.
+
+  With `head_workdir`, the head is that checkpoint's instead of the zoo's.
+  """
   quick = reproduce.get_config("quick")
   target_overrides = dict(quick.target_overrides)
   target = zoo.load(quick.target, overrides=target_overrides,
                     cache_dir=cache_dir)
   budget = _budget(num_steps)
   head_budget = {k: v for k, v in budget.items() if k != "eval_every"}
+  if head_workdir:
+    head, meta = eagle_train.load_head(head_workdir, target, head_step)
+    print(f"head from {head_workdir}, step {meta['step']}", flush=True)
+  else:
+    head = zoo.load(f"eagle-head@{quick.target}", overrides=head_budget,
+                    teacher_overrides=target_overrides, cache_dir=cache_dir)
   drafts = {
-      "eagle-head": zoo.load(f"eagle-head@{quick.target}",
-                             overrides=head_budget,
-                             teacher_overrides=target_overrides,
-                             cache_dir=cache_dir),
+      "eagle-head": head,
       "distilled-draft-0.5m": zoo.load(
           f"distilled-draft-0.5m@{quick.target}", overrides=budget,
           teacher_overrides=target_overrides, cache_dir=cache_dir),
@@ -152,7 +166,8 @@ def write(rows, results_dir, header):
 
 def main(argv):
   del argv
-  target, drafts = load_models(_STEPS.value, _CACHE.value)
+  target, drafts = load_models(_STEPS.value, _CACHE.value,
+                               _HEAD_WORKDIR.value, _HEAD_STEP.value)
   corpus = data.stdlib_corpus()
   heldout = corpus.tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, _NUM_PROMPTS.value, _PROMPT_LEN.value,
@@ -167,9 +182,15 @@ def main(argv):
             f"draft trained {_STEPS.value} steps of 16 x 256 bytes.\n"
             "params: the draft's own (the head's excludes the target's "
             "shared embedding and LM head).\n"
-            "Command: python -m experiments.eagle "
+            + (f"The head is the checkpoint at step {_HEAD_STEP.value} "
+               f"(latest if None) of {_HEAD_WORKDIR.value}.\n"
+               if _HEAD_WORKDIR.value else "")
+            + "Command: python -m experiments.eagle "
             f"--num_prompts={_NUM_PROMPTS.value} "
-            f"--max_new_tokens={_NEW.value} --num_steps={_STEPS.value}")
+            f"--max_new_tokens={_NEW.value} --num_steps={_STEPS.value} "
+            f"--gammas={','.join(_GAMMAS.value)}"
+            + (f" --head_workdir=<that dir> --head_step={_HEAD_STEP.value}"
+               if _HEAD_WORKDIR.value else ""))
   write(rows, _RESULTS.value, header)
 
 
