@@ -35,6 +35,8 @@ from specjax.models import KVCache
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
 from specjax.models.exit_adapter import ExitAdapter
+from specjax.models.eagle import EagleDraft
+from specjax.models.eagle import EagleHead
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.self_draft import SelfDraft

@@ -279,7 +279,9 @@ def cache_names(cache: Any, batch: int) -> Any:
   """
   from specjax.models import cache as cache_lib  # pylint: disable=g-import-not-at-top
   if isinstance(cache, cache_lib.KVCache):
-    return cache.replace(k=tuple(cache_lib.AXES for _ in cache.k),
+    # A KVCache subclass's own fields (an EagleCache's feature) go by batch.
+    names = jax.tree.map(lambda x: _batch_names(x, batch), cache)
+    return names.replace(k=tuple(cache_lib.AXES for _ in cache.k),
                          v=tuple(cache_lib.AXES for _ in cache.v),
                          lengths=("batch",))
   return jax.tree.map(lambda x: _batch_names(x, batch), cache)
@@ -382,7 +384,8 @@ def decode_state_names(state: Any) -> Any:
       target_cache=cache_names(state.target_cache, batch),
       draft_cache=(None if state.draft_cache is None
                    else cache_names(state.draft_cache, batch)),
-      stats=per_row(state.stats))
+      stats=per_row(state.stats),
+      target_features=per_row(state.target_features))
 
 
 def constrain_decode_state(state: Any, units: Units | None = None) -> Any:

@@ -18,6 +18,11 @@ and later calls load it. Names:
                          `specjax.train.exit_adapter`). `load` returns the
                          adapter, not a model; the target comes from
                          `load(<target>, overrides=teacher_overrides)`.
+  eagle-head@<target>    an EAGLE feature-level head for <target>
+                         (`specjax.EagleDraft`; `load` returns the draft,
+                         holding the target), distilled on the target's
+                         features and next-token distributions
+                         (`specjax.train.eagle`).
 
 `overrides` change a recipe (e.g. `{"num_steps": 300}` for a quick run).
 
@@ -62,6 +67,7 @@ from specjax.models.ngram import NGramLM
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train import distill
 from specjax.train import exit_adapter as exit_adapter_lib
+from specjax.train import eagle as eagle_train
 from specjax.train import losses
 from specjax.train import recipes
 from specjax.train import trainer
@@ -70,6 +76,7 @@ CACHE_ENV = "SPECJAX_CACHE"
 NGRAMS = {"unigram": 1, "bigram": 2}
 _DISTILLED = "distilled-"
 _EXIT_ADAPTER = "exit-adapter-"
+_EAGLE = "eagle-head@"
 
 # Bump when the stored layout or the meaning of a recipe changes: every key
 # changes with it, so old entries are never mistaken for new ones.
@@ -82,7 +89,8 @@ _NOT_IN_KEY = ("progress", "log_every", "eval_every", "eval_batches",
                "max_to_keep")
 # The objective each kind trains with (part of the recipe).
 _OBJECTIVES = {"transformer": "next_token", "distilled": "forward_kl",
-               "ngram": "counts", "exit_adapter": "forward_kl"}
+               "ngram": "counts", "exit_adapter": "forward_kl",
+               "eagle": "eagle_features+forward_kl"}
 
 
 class ZooError(ValueError):
@@ -104,7 +112,8 @@ def names() -> list[str]:
   return (sorted(NGRAMS) + sizes
           + [f"{_DISTILLED}{d}@{t}" for d in drafts for t in targets]
           + [f"{_EXIT_ADAPTER}{k}@{t}" for t in targets
-             for k in range(1, recipes.SIZES[t]["num_layers"])])
+             for k in range(1, recipes.SIZES[t]["num_layers"])]
+          + [f"{_EAGLE}{t}" for t in targets])
 
 
 def _parse(name: str) -> tuple[str, str, str | None]:
@@ -115,6 +124,8 @@ def _parse(name: str) -> tuple[str, str, str | None]:
     return "ngram", name, None
   if name in recipes.SIZES:
     return "transformer", name, None
+  if name.startswith(_EAGLE) and name[len(_EAGLE):] in recipes.SIZES:
+    return "eagle", "eagle-head", name[len(_EAGLE):]
   if name.startswith(_DISTILLED) and "@" in name:
     student, teacher = name[len(_DISTILLED):].split("@", 1)
     if student in recipes.SIZES and teacher in recipes.SIZES:
@@ -128,14 +139,28 @@ def _parse(name: str) -> tuple[str, str, str | None]:
                    f"{', '.join(names())} (and 'tiny').")
 
 
+def _teacher_overrides(overrides, teacher_overrides):
+  return overrides if teacher_overrides is None else teacher_overrides
+
+
 def _config(size: str, overrides: dict[str, Any] | None,
-            kind: str = "transformer"):
+            kind: str = "transformer", teacher: str = "",
+            teacher_overrides: dict[str, Any] | None = None):
   """The recipe of `size` with dotted `overrides` ("optim.lr": 1e-3) applied.
 
-  For an exit adapter, `size` is its k (`recipes.exit_adapter_config`).
+  For an exit adapter, `size` is its k (`recipes.exit_adapter_config`). For
+  the EAGLE head (kind "eagle"), the head of the `teacher` Transformer that
+  `teacher_overrides` (None: `overrides`) describe.
   """
-  config = (recipes.exit_adapter_config(int(size)) if kind == "exit_adapter"
-            else recipes.train_config(size))
+  if kind == "eagle":
+    teacher_config = _config(teacher, _teacher_overrides(overrides,
+                                                         teacher_overrides))
+    config = eagle_train.train_config(
+        trainer.model_config_from(teacher_config))
+  elif kind == "exit_adapter":
+    config = recipes.exit_adapter_config(int(size))
+  else:
+    config = recipes.train_config(size)
   config.progress = True
   for key, value in (overrides or {}).items():
     *parents, leaf = key.split(".")
@@ -182,7 +207,7 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
                        f"(got {overrides}); it has no training recipe.")
     out.update(order=NGRAMS[name], vocab_size=data.BYTE_VOCAB_SIZE)
     return out
-  config = _config(size, overrides, kind)
+  config = _config(size, overrides, kind, teacher_name, teacher_overrides)
   train_config = json.loads(config.to_json_best_effort())
   for field in _NOT_IN_KEY:
     train_config.pop(field, None)
@@ -201,13 +226,13 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
     return out
   out["model_config"] = checkpoint_lib.model_config_dict(
       trainer.model_config_from(config))
-  if kind == "distilled":
+  if kind in ("distilled", "eagle"):
     out["teacher"] = recipe(
         teacher_name, corpus=corpus,
-        overrides=overrides if teacher_overrides is None else teacher_overrides)
+        overrides=_teacher_overrides(overrides, teacher_overrides))
   elif teacher_overrides is not None:
-    raise ValueError(f"teacher_overrides apply to distilled names only, not "
-                     f"{name!r}.")
+    raise ValueError(f"teacher_overrides apply to distilled and eagle-head "
+                     f"names only, not {name!r}.")
   return out
 
 
@@ -233,6 +258,9 @@ def _entry_path(root: str, name: str, recipe_: dict) -> str:
 def _default_corpus(kind: str, size: str, overrides) -> data.Corpus:
   if kind == "ngram":
     return data.stdlib_corpus()
+  if kind == "eagle":
+    # The head's schedule is a draft recipe's; so is its corpus field.
+    return trainer.load_corpus(_config(eagle_train.RECIPE_OF, overrides))
   return trainer.load_corpus(_config(size, overrides, kind))
 
 
@@ -359,6 +387,14 @@ def load(name: str, *, cache_dir: str | None = None,
     _say(verbose, f"loaded {name} ({adapter.param_count():,} parameters) "
          f"from {directory}")
     return adapter
+  if kind == "eagle":
+    target = load(teacher_name, cache_dir=cache_dir_,
+                  overrides=_teacher_overrides(overrides, teacher_overrides),
+                  corpus=corpus, verbose=verbose)
+    model, _ = eagle_train.load_head(directory, target)
+    _say(verbose, f"loaded {name} ({model.param_count():,} parameters of "
+         f"its own) from {directory}")
+    return model
   model, _ = checkpoint_lib.load_model(directory)
   _say(verbose, f"loaded {name} ({model.param_count():,} parameters) from "
        f"{directory}")
@@ -380,7 +416,7 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
     _write_record(partial, recipe_, {"zoo_name": name})
     _publish(partial, directory)
     return
-  config = _config(size, overrides, kind)
+  config = _config(size, overrides, kind, teacher_name, teacher_overrides)
   extra = {"zoo_name": name, "overrides": overrides or {}, "zoo_key":
            key(recipe_)}
   if kind == "exit_adapter":
@@ -402,6 +438,25 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
     extra["teacher"] = teacher_name
     extra["teacher_key"] = key(recipe_["teacher"])
     minutes *= 1.5  # the teacher's forward pass rides along
+  if kind == "eagle":
+    target = load(teacher_name, cache_dir=cache_dir_,
+                  overrides=_teacher_overrides(overrides, teacher_overrides),
+                  corpus=corpus, verbose=verbose)
+    extra["teacher"] = teacher_name
+    extra["teacher_key"] = key(recipe_["teacher"])
+    # About the teacher's own training rate: its forward pass dominates.
+    minutes = _expected_minutes(config, teacher_name)
+    _say(verbose, f"training {name} ({config.num_steps} steps of "
+         f"{config.batch_size}x{config.seq_len} tokens) into {directory}; "
+         f"expect about {minutes:.1f} min on 2 CPU cores")
+    start = time.time()
+    draft, _ = eagle_train.train_head(target, config, partial, corpus=corpus,
+                                      extra_metadata=extra)
+    _write_record(partial, recipe_, {"zoo_name": name})
+    _publish(partial, directory)
+    _say(verbose, f"{name}: {draft.param_count():,} parameters of its own, "
+         f"trained in {(time.time() - start) / 60:.1f} min")
+    return
   _say(verbose, f"{what} {name} ({config.num_steps} steps of "
        f"{config.batch_size}x{config.seq_len} tokens) into {directory}; "
        f"expect about {minutes:.1f} min on 2 CPU cores")

@@ -171,11 +171,16 @@ def _draft_kinds(models):
       # Declares one_hot_q, returns soft logits: verified against
       # one_hot(proposal) all the same.
       "lying_one_hot": LyingOneHot(models[1]),
+      # Feature-level (EAGLE): drafts from the target's hidden states, which
+      # the verify pass returns; an untrained head, since exactness must not
+      # depend on training.
+      "eagle": sj.EagleDraft.create(models[0], 7),
   }
 
 
 @pytest.mark.parametrize("kind", ["bigram", "prompt_lookup",
-                                  "prompt_lookup+unigram", "lying_one_hot"])
+                                  "prompt_lookup+unigram", "lying_one_hot",
+                                  "eagle"])
 def test_every_draft_kind_is_exact(models, kind):
   target, _ = models
   sampling = sj.SamplingConfig(temperature=1.0)

@@ -82,9 +82,11 @@ def propose(draft, state, rule, keys_BxG, sampling, first_draft):
 
 
 def verify(target, cache, last_B, drafts_BxG, q_BxGxV, lengths_B, width,
-           keys_B, sampling, coupling_rule, verifier=None):
+           keys_B, sampling, coupling_rule, verifier=None,
+           return_hidden=False):
   """`steps._verify_step` on the first `width` drafts, each row keeping at
-  most `lengths_B[b]` of them; tokens padded to `[B, gamma_max + 1]`."""
+  most `lengths_B[b]` of them; tokens (and hidden features, when asked for)
+  padded to `[B, gamma_max + 1, ...]`."""
   gamma_max = drafts_BxG.shape[1]
 
   def branch(w):
@@ -92,9 +94,13 @@ def verify(target, cache, last_B, drafts_BxG, q_BxGxV, lengths_B, width,
       out = steps._verify_step(target, cache, last_B, drafts_BxG[:, :w],
                                q_BxGxV[:, :w], keys_B, sampling,
                                coupling_rule, verifier,
-                               num_drafts_B=jnp.minimum(lengths_B, w))
+                               num_drafts_B=jnp.minimum(lengths_B, w),
+                               return_hidden=return_hidden)
       tokens_BxG1 = jnp.pad(out.tokens, ((0, 0), (0, gamma_max - w)))
-      return out.replace(tokens=tokens_BxG1)
+      hidden = out.hidden
+      if return_hidden:
+        hidden = jnp.pad(hidden, ((0, 0), (0, gamma_max - w), (0, 0)))
+      return out.replace(tokens=tokens_BxG1, hidden=hidden)
     return run
 
   return jax.lax.switch(width - 1, [branch(w) for w in

@@ -77,6 +77,24 @@ def _prefill(model, prompts_BxP, buffer_len, lengths_B):
   return cache.replace(lengths=lengths_B)
 
 
+def _prefill_features(target, draft, prompts_BxP, buffer_len, lengths_B,
+                      gamma):
+  """`_prefill` of both models for a `reads_target_features` draft.
+
+  The target's prefill also returns its features of the prompt, which seed
+  the draft's cache; returns (target cache, draft cache, the draft's first
+  window of unread features `[B, gamma + 1, D]`).
+  """
+  limit = target.max_positions
+  cache = target.init_cache(prompts_BxP.shape[0], min(buffer_len, limit))
+  _, hidden_BxPxD, cache = target.forward_with_hidden(prompts_BxP, cache)
+  draft_cache = draft.init_cache(prompts_BxP.shape[0],
+                                 min(buffer_len, draft.max_positions))
+  draft_cache, features_BxWxD = draft.prefill(
+      prompts_BxP, hidden_BxPxD, lengths_B, draft_cache, gamma + 1)
+  return cache.replace(lengths=lengths_B - 1), draft_cache, features_BxWxD
+
+
 def _propose(draft, state, gamma, keys_BxG, sampling):
   """gamma draft tokens per row, and the q each was drawn from."""
   n_B = state.lengths
@@ -84,7 +102,26 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
   # once (unused, and so compiled away, when the draft's q is one-hot).
   u_BxG = jax.vmap(lambda k_B: steps._row_uniforms(k_B, 1)[:, 0],
                    in_axes=1, out_axes=1)(keys_BxG)
-  if getattr(draft, "reads_target_cache", False):
+  if getattr(draft, "reads_target_features", False):
+    # The target's features of the last verify pass (or the prompt) pair
+    # with the tokens from the draft cache's length on; the pair of the last
+    # committed token, at n - 1, predicts the first draft (see `EagleDraft`).
+    features_BxWxD = state.target_features
+    width = features_BxWxD.shape[1]
+    start_B = state.draft_cache.lengths
+    window_BxW = jnp.take_along_axis(
+        state.tokens, start_B[:, None] + jnp.arange(width)[None, :], axis=1)
+    logits_BxWxV, predicted_BxWxD, cache = draft.from_features(
+        features_BxWxD, window_BxW, state.draft_cache)
+    select_Bx1 = jnp.clip(n_B - 1 - start_B, 0, width - 1)[:, None]
+    x_B, q_BxV = steps._sample_logits(
+        draft, jnp.take_along_axis(logits_BxWxV, select_Bx1[..., None],
+                                   axis=1)[:, 0], u_BxG[:, 0], sampling)
+    cache = cache.replace(
+        lengths=n_B, feature=jnp.take_along_axis(
+            predicted_BxWxD, select_Bx1[..., None], axis=1)[:, 0].astype(
+                cache.feature.dtype))
+  elif getattr(draft, "reads_target_cache", False):
     # The draft's cache is a view of the target's, which holds every
     # committed position but the last token's: feed that one token.
     cache = draft.cache_from_target(state.target_cache)
@@ -152,14 +189,24 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     q_BxGxV = jnp.zeros((batch, 0, target.vocab_size), jnp.float32)
     draft_cache = state.draft_cache
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
+  features = getattr(draft, "reads_target_features", False) and gamma > 0
   if draft_length is not None:
     out = adaptive.verify(target, target_cache, last_B, drafts_BxG, q_BxGxV,
                           drafted_B, draft_passes, verify_keys_B, sampling,
-                          coupling_rule, verifier)
+                          coupling_rule, verifier, return_hidden=features)
   else:
     out = steps._verify_step(target, target_cache, last_B, drafts_BxG,
                              q_BxGxV, verify_keys_B,
-                             sampling, coupling_rule, verifier)
+                             sampling, coupling_rule, verifier,
+                             return_hidden=features)
+  target_features = state.target_features
+  if features:
+    # The scored positions n - 1 ... hold this round's features; the first
+    # (emitted) of them pair with the committed tokens n ... next round, so
+    # the head's cache rolls back to n, where that window starts. (A
+    # finished row's state is never read again.)
+    target_features = out.hidden
+    draft_cache = draft_cache.replace(lengths=n_B)
 
   # Commit: accepted prefix + one, cut at the budget and just after an EOS.
   positions_G1 = jnp.arange(gamma + 1)
@@ -201,7 +248,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   return state.replace(
       tokens=tokens, lengths=new_n_B, done=done_B, round=state.round + 1,
       target_cache=out.cache.replace(lengths=new_n_B - 1),
-      draft_cache=draft_cache, stats=stats)
+      draft_cache=draft_cache, target_features=target_features, stats=stats)
 
 
 @functools.partial(
@@ -222,18 +269,23 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   buffer_len = width + max_new_tokens + gamma + 1
   tokens_BxS = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(
       prompts_BxP)
+  target_features = None
+  if getattr(draft, "reads_target_features", False):
+    target_cache, draft_cache, target_features = _prefill_features(
+        target, draft, prompts_BxP, buffer_len, prompt_lengths_B, gamma)
+  else:
+    target_cache = _prefill(target, prompts_BxP, buffer_len,
+                            prompt_lengths_B - 1)
+    draft_cache = (None if draft is None
+                   or getattr(draft, "reads_target_cache", False)
+                   else _prefill(draft, prompts_BxP, buffer_len,
+                                 jnp.maximum(prompt_lengths_B - 2, 0)))
   state = state_lib.DecodeState(
       tokens=tokens_BxS, lengths=prompt_lengths_B,
       prompt_lengths=prompt_lengths_B,
       done=jnp.zeros((batch,), bool), round=jnp.zeros((), jnp.int32),
-      row_keys=row_keys_B,
-      target_cache=_prefill(target, prompts_BxP, buffer_len,
-                            prompt_lengths_B - 1),
-      draft_cache=(None if draft is None
-                   or getattr(draft, "reads_target_cache", False)
-                   else _prefill(
-          draft, prompts_BxP, buffer_len,
-          jnp.maximum(prompt_lengths_B - 2, 0))),
+      row_keys=row_keys_B, target_cache=target_cache, draft_cache=draft_cache,
+      target_features=target_features,
       stats=state_lib.RowStats.zeros(batch, gamma))
   # Under a mesh (`mesh=`), the carry is pinned to the rules' shardings
   # (batch on `data`, kv heads on `model`); without one these are no-ops.
@@ -354,6 +406,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
                      "decoding needs one shared vocabulary.")
   if getattr(draft, "reads_target_cache", False):
     draft.check_target(target)  # its cache must be the draft's to read
+  if getattr(draft, "reads_target_features", False):
+    draft.check_target(target)  # the target must return features it reads
   rule, auto = None, isinstance(gamma, str)
   if auto:
     if gamma != "auto":

@@ -57,6 +57,12 @@ class DecodeState:
   target_cache: Any
   draft_cache: Any
   stats: RowStats
+  # Only for a draft with `reads_target_features` (None otherwise, so other
+  # drafts' programs are unchanged): the target's features `[B, G+1, D]` of
+  # the last verify pass (or the prompt), which the draft has not read yet.
+  # Row b's first `lengths[b] - draft_cache.lengths[b]` of them pair with
+  # the tokens at positions draft_cache.lengths[b], ... (see `EagleDraft`).
+  target_features: Any = None
 
   @property
   def generated(self) -> jax.Array:

@@ -37,6 +37,9 @@ class VerifyOutput:
   nonfinite: int32 `[B]`, scored positions (of the G+1) whose target logits
     were non-finite (see `nonfinite_rows`); the row's tokens are then not a
     sample of the target.
+  hidden: None, or (when the loop asks for it, for a feature-level draft)
+    the target's features `[B, G+1, D]` at the G+1 scored positions
+    (`TransformerLM.forward_with_hidden`).
   """
   tokens: jax.Array
   num_accepted: jax.Array
@@ -44,6 +47,7 @@ class VerifyOutput:
   overlap: jax.Array
   cache: Any
   nonfinite: jax.Array
+  hidden: Any = None
 
   @property
   def num_emitted(self) -> jax.Array:
@@ -96,6 +100,12 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
   else:
     logits_BxV = jnp.take_along_axis(
         logits_BxTxV, select_B[:, None, None], axis=1)[:, 0]
+  token_B, q_BxV = _sample_logits(draft, logits_BxV, u_B, sampling)
+  return token_B, q_BxV, cache
+
+
+def _sample_logits(draft, logits_BxV, u_B, sampling):
+  """`(token_B, q_BxV)`: the draft's proposal from its logits `[B, V]`."""
   if getattr(draft, "one_hot_q", False):
     # The proposal is the argmax (which every sampling transform keeps), and
     # the q it was drawn from is exactly one_hot(proposal), built from the
@@ -109,14 +119,18 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
   # A proposal drawn from non-finite logits gets q = NaN, so the loop (and a
   # caller of `draft_step`) can see it; see `nonfinite_rows`.
   q_BxV = jnp.where(nonfinite_rows(logits_BxV)[:, None], jnp.nan, q_BxV)
-  return token_B, q_BxV, cache
+  return token_B, q_BxV
 
 
 def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
                  coupling_rule=coupling._coupling, verifier=None,
-                 num_drafts_B=None):
+                 num_drafts_B=None, return_hidden=False):
   """`verifier` (a `Verifier`, static) decides what to keep; None is token
   verification with `coupling_rule` (kept for tests' negative controls).
+
+  `return_hidden` (static): also return the target's features at the G+1
+  scored positions in `VerifyOutput.hidden` (the target must have
+  `forward_with_hidden`); the decision is the same either way.
 
   `num_drafts_B` (int32 `[B]`, optional): row b stopped drafting after
   num_drafts_B[b] <= G tokens (an adaptive draft length) and keeps at most
@@ -125,7 +139,12 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   gamma = drafts_BxG.shape[1]
   batch = last_B.shape[0]
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
-  logits_BxG1xV, cache = target(tokens_BxG1, cache)
+  hidden_BxG1xD = None
+  if return_hidden:
+    logits_BxG1xV, hidden_BxG1xD, cache = target.forward_with_hidden(
+        tokens_BxG1, cache)
+  else:
+    logits_BxG1xV, cache = target(tokens_BxG1, cache)
   nonfinite_B = jnp.sum(nonfinite_rows(logits_BxG1xV), axis=1,
                         dtype=jnp.int32)
   if verifier is None:
@@ -177,7 +196,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
       num_accepted=num_accepted_B.astype(jnp.int32),
       num_verified=num_verified_B.astype(jnp.int32),
       overlap=jnp.sum(jnp.where(judged_BxG, overlap_BxG, 0.0), axis=1),
-      cache=cache, nonfinite=nonfinite_B)
+      cache=cache, nonfinite=nonfinite_B, hidden=hidden_BxG1xD)
 
 
 _draft_step_jit = jax.jit(_draft_step, static_argnames=("sampling",))

@@ -434,6 +434,13 @@ class Transformer(nnx.Module):
 
   def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
               tree=None):
+    features_BxTxD, cache = self.features(tokens_BxT, positions_BxT, cache,
+                                          tree)
+    return self.head(features_BxTxD), cache
+
+  def features(self, tokens_BxT, positions_BxT, cache: KVCache | None,
+               tree=None):
+    """The final-norm output `[B, T, D]` (compute dtype): what `head` reads."""
     x_BxTxD = self.embed(tokens_BxT)
     if self.config.flavour == "gpt2":
       # Clamped: a padded prefill may score positions past the table (their
@@ -443,12 +450,15 @@ class Transformer(nnx.Module):
       x_BxTxD = x_BxTxD + self.pos_embed(table_positions_BxT)
     for layer, block in enumerate(self.blocks):
       x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer, tree)
-    x_BxTxD = self.final_norm(x_BxTxD)
+    return self.final_norm(x_BxTxD), cache
+
+  def head(self, features_BxTxD):
+    """float32 `[B, T, V]` logits of features (tied or untied LM head)."""
     if self.config.tie_embeddings:
-      logits_BxTxV = self.embed.attend(x_BxTxD)
+      logits_BxTxV = self.embed.attend(features_BxTxD)
     else:
-      logits_BxTxV = self.lm_head(x_BxTxD)
-    return logits_BxTxV.astype(jnp.float32), cache
+      logits_BxTxV = self.lm_head(features_BxTxD)
+    return logits_BxTxV.astype(jnp.float32)
 
 
 # (module, parameter) -> logical axis names, for `TransformerLM.logical_axes`.
@@ -585,6 +595,26 @@ class TransformerLM(struct.PyTreeNode):
     """
     self._check_static(tokens_BxT, cache)
     return self.module().decode(tokens_BxT, cache)
+
+  def forward_with_hidden(self, tokens_BxT: jax.Array, cache: KVCache
+                          ) -> tuple[jax.Array, jax.Array, KVCache]:
+    """`__call__` that also returns the features its LM head read.
+
+    Returns `(logits_BxTxV, hidden_BxTxD, cache)`: `hidden` is the final
+    norm's output at each new position (compute dtype), so
+    `logits == self.head_logits(hidden)`. Feature-level drafts
+    (`specjax.EagleDraft`) draft from it.
+    """
+    self._check_static(tokens_BxT, cache)
+    module = self.module()
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    hidden_BxTxD, cache = module.features(tokens_BxT, positions_BxT, cache)
+    return (module.head(hidden_BxTxD), hidden_BxTxD,
+            cache.replace(lengths=positions_BxT[:, -1] + 1))
+
+  def head_logits(self, features_BxTxD: jax.Array) -> jax.Array:
+    """float32 `[B, T, V]`: the LM head (tied embedding or `lm_head`) alone."""
+    return self.module().head(features_BxTxD)
 
   def tree_decode(self, tokens_BxT: jax.Array, cache: KVCache, depth_T,
                   ancestor_TxT) -> tuple[jax.Array, KVCache]:

@@ -20,3 +20,6 @@ from specjax.train.distill import teacher_corpus
 from specjax.train.exit_adapter import exit_adapter_loss
 from specjax.train.exit_adapter import load_exit_adapter
 from specjax.train.exit_adapter import train_exit_adapter
+from specjax.train.eagle import eagle_loss
+from specjax.train.eagle import load_head
+from specjax.train.eagle import train_head

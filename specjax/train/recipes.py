@@ -83,6 +83,11 @@ TRAIN_TOKENS_PER_S = {
     "tiny": 60_000,
 }
 
+# The MLP width of the zoo's EAGLE head (`specjax.models.eagle`): with it, a
+# head for target-3m (D = 256) has 559,936 parameters of its own, the size
+# of draft-0.5m (561,024), so the two compare at equal size.
+EAGLE_HEAD_MLP_DIM = 320
+
 _FIELD_TYPES = {"num_kv_heads": int, "head_dim": int, "mlp_dim": int,
                 "tie_embeddings": bool}
 # TransformerConfig fields a byte-level recipe never sets: RoPE rescaling is

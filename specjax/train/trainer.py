@@ -379,8 +379,8 @@ def train(config: Any, workdir: str, *,
 
   if model is None:
     model = transformer_lib.TransformerLM.create(model_config, config.seed)
+  template = model.replace(state=None)  # the structure, to wrap the result
   graphdef = model.graphdef
-  model_type = type(model)
   shardings = state_shardings(model, optimizer, mesh, rules=rules)
   state = init_state(model, optimizer, mesh, rules=rules)
   del model  # the state holds copies of its arrays
@@ -393,9 +393,9 @@ def train(config: Any, workdir: str, *,
   with checkpoint_lib.Checkpointer(
       os.path.join(workdir, checkpoint_lib.CHECKPOINTS_SUBDIR),
       max_to_keep=config.max_to_keep, create=True) as ckpt:
-    return _loop(config, workdir, ckpt, state, graphdef, model_config,
+    return _loop(config, workdir, ckpt, state, template, model_config,
                  metadata, optimizer, schedule, loss_fn, aux, mesh, train_N,
-                 heldout_N, shardings, rules, model_type)
+                 heldout_N, shardings, rules)
 
 
 SHARDING_CHOICES = ("tp", "fsdp", "dp")
@@ -411,10 +411,11 @@ def rules_from(config: Any):
       choice]
 
 
-def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
+def _loop(config, workdir, ckpt, state, template, model_config, metadata,
           optimizer, schedule, loss_fn, aux, mesh, train_N, heldout_N,
-          shardings, rules, model_type):
+          shardings, rules):
   """`train` once the checkpoint directory is open: resume, steps, saves."""
+  graphdef = template.graphdef
   resumed = ckpt.latest_step() is not None
   if resumed:
     state, stored = ckpt.restore(state, model_config=model_config)
@@ -512,8 +513,7 @@ def _loop(config, workdir, ckpt, state, graphdef, model_config, metadata,
   finally:
     bar.close()
 
-  model = model_type(config=model_config, graphdef=graphdef,
-                     state=state["params"])
+  model = template.replace(state=state["params"])
   metrics = {
       "steps": np.asarray(steps, np.int64),
       "train_loss": np.asarray(step_losses, np.float32),

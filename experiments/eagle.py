@@ -1,0 +1,198 @@
+r"""EAGLE head vs token drafts: acceptance alpha on the quick target.
+
+  python -m experiments.eagle                       # trains what is missing
+  python -m experiments.eagle --num_prompts=8 --max_new_tokens=32   # smoke
+
+Loads from the zoo (training into the cache when missing) the quick job's
+target-3m (configs/reproduce.py:quick) and, each with the same budget as the
+quick job's distilled draft (300 steps of 16 x 256 bytes):
+
+  eagle-head@target-3m             the feature-level head (559,936 parameters
+                                   of its own: fc + one block; the target's
+                                   embedding and LM head are shared)
+  distilled-draft-0.5m@target-3m   an independent draft of the same size
+                                   (561,024 parameters, all its own),
+                                   distilled from the target (forward KL)
+  draft-0.5m                       the same size trained on the corpus text
+  distilled-draft-0.1m@target-3m   the quick job's distilled draft (118,224)
+
+then decodes the same held-out prompts with each at every gamma and
+temperature and reports alpha = accepted / verified drafts with a 95%
+interval. Rows are the independent units (positions within a row are not),
+so the interval is the ratio estimator's delta-method interval over rows:
+alpha +- 1.96 sqrt(n / (n - 1) * sum_i (a_i - alpha v_i)^2) / sum_i v_i.
+`one_minus_tv` (mean sum_x min(p, q) over the verified positions) estimates
+the same acceptance with less noise. alpha is a count, not a timing, so it is
+valid on a busy machine.
+
+Writes `<results_dir>/eagle.csv` and `<results_dir>/eagle.md`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+import specjax as sj
+from specjax import data
+from specjax import zoo
+from specjax.train import eagle as eagle_train
+from configs import reproduce
+
+_GAMMAS = flags.DEFINE_list("gammas", ["1", "4"], "Draft lengths.")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"],
+                                  "Sampling temperatures (0: greedy).")
+_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 64,
+                                    "Held-out prompts (decoded as one batch).")
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt bytes.")
+_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per prompt.")
+_STEPS = flags.DEFINE_integer(
+    "num_steps", 300, "Training steps of every draft and of the head (16 x "
+    "256 bytes each; the quick job's distilled draft uses 300).")
+_HEAD_WORKDIR = flags.DEFINE_string(
+    "head_workdir", None, "Evaluate the head checkpoint in this training "
+    "workdir (e.g. a zoo entry's .partial while it trains) instead of the "
+    "zoo's finished eagle-head entry.")
+_HEAD_STEP = flags.DEFINE_integer("head_step", None, "With --head_workdir: "
+                                  "the checkpoint step (default: latest).")
+_SEED = flags.DEFINE_integer("seed", 0, "Prompts and decoding keys.")
+_CACHE = flags.DEFINE_string("cache_dir", None, "Zoo cache (default: "
+                             "$SPECJAX_CACHE or ~/.cache/specjax).")
+_RESULTS = flags.DEFINE_string("results_dir", "results/eagle", "Output.")
+
+
+def _budget(num_steps: int) -> dict:
+  return {"num_steps": num_steps, "batch_size": 16, "eval_every": 100,
+          "checkpoint_every": 100, "optim.warmup_steps": max(1, num_steps // 10)}
+
+
+def load_models(num_steps: int, cache_dir: str | None,
+                head_workdir: str | None = None, head_step: int | None = None):
+  """(target, {name: draft}) from the zoo, every draft on the same budget.
+
+  With `head_workdir`, the head is that checkpoint's instead of the zoo's.
+  """
+  quick = reproduce.get_config("quick")
+  target_overrides = dict(quick.target_overrides)
+  target = zoo.load(quick.target, overrides=target_overrides,
+                    cache_dir=cache_dir)
+  budget = _budget(num_steps)
+  head_budget = {k: v for k, v in budget.items() if k != "eval_every"}
+  if head_workdir:
+    head, meta = eagle_train.load_head(head_workdir, target, head_step)
+    print(f"head from {head_workdir}, step {meta['step']}", flush=True)
+  else:
+    head = zoo.load(f"eagle-head@{quick.target}", overrides=head_budget,
+                    teacher_overrides=target_overrides, cache_dir=cache_dir)
+  drafts = {
+      "eagle-head": head,
+      "distilled-draft-0.5m": zoo.load(
+          f"distilled-draft-0.5m@{quick.target}", overrides=budget,
+          teacher_overrides=target_overrides, cache_dir=cache_dir),
+      "draft-0.5m": zoo.load("draft-0.5m", overrides=budget,
+                             cache_dir=cache_dir),
+      "distilled-draft-0.1m": zoo.load(
+          f"distilled-draft-0.1m@{quick.target}", overrides=budget,
+          teacher_overrides=target_overrides, cache_dir=cache_dir),
+  }
+  return target, drafts
+
+
+def alpha_interval(accepted_B, verified_B) -> tuple[float, float, float]:
+  """(alpha, low, high): pooled alpha and its 95% interval over rows."""
+  a = np.asarray(accepted_B, np.float64)
+  v = np.asarray(verified_B, np.float64)
+  n, total = len(v), v.sum()
+  alpha = a.sum() / total
+  se = math.sqrt(n / max(n - 1, 1) * np.sum((a - alpha * v) ** 2)) / total
+  return alpha, alpha - 1.96 * se, alpha + 1.96 * se
+
+
+def run(target, drafts, prompts_NxP, gammas, temperatures, max_new_tokens,
+        seed):
+  """One row per (draft, temperature, gamma)."""
+  lengths_N = np.full(prompts_NxP.shape[0], prompts_NxP.shape[1], np.int32)
+  rows = []
+  for name, draft in drafts.items():
+    for temperature in temperatures:
+      sampling = sj.SamplingConfig(temperature=temperature)
+      for gamma in gammas:
+        out = sj.speculative_generate(
+            target, draft, prompts_NxP, lengths_N, jax.random.key(seed),
+            gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
+        s = out.summary()
+        alpha, low, high = alpha_interval(out.stats.accepted,
+                                          out.stats.verified)
+        rows.append({
+            "draft": name, "params": draft.param_count(),
+            "temperature": temperature, "gamma": gamma,
+            "alpha": alpha, "alpha_low": low, "alpha_high": high,
+            "one_minus_tv": s["one_minus_tv"],
+            "tokens_per_target_call": s["tokens_per_target_call"],
+            "verified": int(np.sum(out.stats.verified))})
+        print(f"{name:22s} T={temperature:g} gamma={gamma}: alpha "
+              f"{alpha:.3f} [{low:.3f}, {high:.3f}], 1-TV "
+              f"{s['one_minus_tv']:.3f}", flush=True)
+  return rows
+
+
+def write(rows, results_dir, header):
+  os.makedirs(results_dir, exist_ok=True)
+  with open(os.path.join(results_dir, "eagle.csv"), "w", newline="") as fh:
+    writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  lines = [header, "",
+           "| draft | params | T | gamma | alpha [95% interval] | 1 - TV | "
+           "tokens / target call |", "| --- | --- | --- | --- | --- | --- | "
+           "--- |"]
+  for r in rows:
+    lines.append(
+        f"| {r['draft']} | {r['params']:,} | {r['temperature']:g} | "
+        f"{r['gamma']} | {r['alpha']:.3f} [{r['alpha_low']:.3f}, "
+        f"{r['alpha_high']:.3f}] | {r['one_minus_tv']:.3f} | "
+        f"{r['tokens_per_target_call']:.2f} |")
+  text = "\n".join(lines) + "\n"
+  with open(os.path.join(results_dir, "eagle.md"), "w") as fh:
+    fh.write(text)
+  print(text)
+
+
+def main(argv):
+  del argv
+  target, drafts = load_models(_STEPS.value, _CACHE.value,
+                               _HEAD_WORKDIR.value, _HEAD_STEP.value)
+  corpus = data.stdlib_corpus()
+  heldout = corpus.tokens("heldout").astype(np.int32)
+  prompts = data.prompts(heldout, _NUM_PROMPTS.value, _PROMPT_LEN.value,
+                         _SEED.value)
+  gammas = [int(g) for g in _GAMMAS.value]
+  temperatures = [float(t) for t in _TEMPERATURES.value]
+  rows = run(target, drafts, prompts, gammas, temperatures, _NEW.value,
+             _SEED.value)
+  header = (f"EAGLE head vs token drafts on the quick target-3m: "
+            f"{_NUM_PROMPTS.value} held-out prompts of {_PROMPT_LEN.value} "
+            f"bytes, {_NEW.value} new bytes each, seed {_SEED.value}; every "
+            f"draft trained {_STEPS.value} steps of 16 x 256 bytes.\n"
+            "params: the draft's own (the head's excludes the target's "
+            "shared embedding and LM head).\n"
+            + (f"The head is the checkpoint at step {_HEAD_STEP.value} "
+               f"(latest if None) of {_HEAD_WORKDIR.value}.\n"
+               if _HEAD_WORKDIR.value else "")
+            + "Command: python -m experiments.eagle "
+            f"--num_prompts={_NUM_PROMPTS.value} "
+            f"--max_new_tokens={_NEW.value} --num_steps={_STEPS.value} "
+            f"--gammas={','.join(_GAMMAS.value)}"
+            + (f" --head_workdir=<that dir> --head_step={_HEAD_STEP.value}"
+               if _HEAD_WORKDIR.value else ""))
+  write(rows, _RESULTS.value, header)
+
+
+if __name__ == "__main__":
+  app.run(main)

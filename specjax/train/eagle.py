@@ -1,0 +1,188 @@
+"""Training an `EagleHead` by distillation on a frozen target's features.
+
+At every position j of a corpus window the target gives its feature h_j
+(final-norm output) and its next-token logits; the head reads the pairs
+(h_{j-1}, emb(t_j)) (teacher forcing: the target's true features) and
+predicts f_j. The loss is EAGLE's two terms:
+
+  feature_weight * smooth_l1(f_j - h_j)   (mean over the width D)
+  + kl_weight * KL(p_j || q_j)            (q_j = softmax(LM head(f_j)), the
+                                           target's shared head; at
+                                           `temperature`)
+
+averaged over non-PAD targets. The KL term trains the head for what the
+coupling pays for (distribution match, as `distill` does for token drafts);
+the regression keeps f on the target's feature manifold, which is what the
+head reads back as input while drafting.
+
+`train_head` runs `trainer.train` (same batches, optimizer, orbax
+checkpoints and resume) on the head's parameters, with the target as the
+frozen `aux`; `load_head` restores one. `specjax.zoo.load("eagle-head@<target>")`
+trains and caches one per target recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from ml_collections import config_dict
+from flax import nnx
+
+from specjax import _checks
+from specjax import data
+from specjax.models import eagle
+from specjax.models.transformer import TransformerConfig
+from specjax.models.transformer import TransformerLM
+from specjax.train import checkpoint as checkpoint_lib
+from specjax.train import distill
+from specjax.train import losses
+from specjax.train import recipes
+from specjax.train import trainer
+
+KIND = "eagle-head"  # recorded in every head checkpoint's metadata
+# The training schedule a head takes by default: a draft of about its size.
+RECIPE_OF = "draft-0.5m"
+
+
+def _smooth_l1(x):
+  """Huber with threshold 1: x^2 / 2 inside [-1, 1], |x| - 1/2 outside."""
+  a = jnp.abs(x)
+  return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
+
+
+def eagle_loss(*, feature_weight: float = 1.0, kl_weight: float = 1.0,
+               temperature: float = 1.0) -> losses.LossFn:
+  """A `LossFn` for an `EagleHeadModule`; its `aux` is the frozen target.
+
+  Metrics: `feature_loss` (smooth L1), `kl` and `tv` (1 - acceptance of the
+  head's first draft under teacher forcing, at `temperature`).
+  """
+  feature_weight = _checks.check_float("feature_weight", feature_weight)
+  kl_weight = _checks.check_float("kl_weight", kl_weight)
+  temperature = _checks.check_float("temperature", temperature)
+  if feature_weight < 0 or kl_weight < 0 or feature_weight + kl_weight <= 0:
+    raise ValueError("feature_weight and kl_weight must be >= 0 and not both "
+                     f"0, got {feature_weight}, {kl_weight}.")
+  if temperature <= 0:
+    raise ValueError(f"temperature must be > 0, got {temperature}.")
+
+  def loss_fn(module, batch, rng, target):
+    del rng
+    inputs_BxT, targets_BxT = losses.split_inputs_targets(batch["tokens"])
+    frozen = target.module()
+    b, t = inputs_BxT.shape
+    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    hidden_BxTxD, _ = frozen.features(inputs_BxT, positions_BxT, None)
+    hidden_BxTxD = jax.lax.stop_gradient(hidden_BxTxD)
+    teacher_BxTxV = jax.lax.stop_gradient(frozen.head(hidden_BxTxD))
+    embeds_BxTxD = jax.lax.stop_gradient(frozen.embed(inputs_BxT))
+    predicted_BxTxD, _ = module(eagle.shift_features(hidden_BxTxD),
+                                embeds_BxTxD, positions_BxT, None)
+    # Gradients reach the head through the (frozen) LM head.
+    student_BxTxV = frozen.head(predicted_BxTxD)
+    mask_BxT = losses.target_mask(targets_BxT)
+    count = jnp.maximum(mask_BxT.sum(), 1.0)
+    mean = lambda x_BxT: (x_BxT * mask_BxT).sum() / count
+    feature = mean(jnp.mean(_smooth_l1(
+        predicted_BxTxD.astype(jnp.float32)
+        - hidden_BxTxD.astype(jnp.float32)), axis=-1))
+    kl = mean(distill.divergence_BxT("forward_kl", teacher_BxTxV / temperature,
+                                     student_BxTxV / temperature))
+    tv = mean(distill.divergence_BxT("tv", teacher_BxTxV / temperature,
+                                     student_BxTxV / temperature))
+    loss = feature_weight * feature + kl_weight * kl
+    return loss, {"feature_loss": jax.lax.stop_gradient(feature),
+                  "kl": jax.lax.stop_gradient(kl),
+                  "tv": jax.lax.stop_gradient(tv)}
+
+  return loss_fn
+
+
+def train_config(target_config: TransformerConfig, *,
+                 mlp_dim: int | None = recipes.EAGLE_HEAD_MLP_DIM,
+                 recipe_of: str = RECIPE_OF) -> config_dict.ConfigDict:
+  """A trainer config for a head of `target_config`.
+
+  The schedule is `recipe_of`'s (a draft of about the head's size by
+  default); `config.model` is the head's one-block config (`head_config`),
+  and held-out evaluation is off (the head is not a language model).
+  """
+  config = recipes.train_config(recipe_of)
+  config.model_name = KIND
+  fields = dataclasses.asdict(eagle.head_config(target_config,
+                                                mlp_dim=mlp_dim))
+  fields.pop("rope_scaling")
+  if target_config.rope_scaling:
+    raise ValueError("train_config: targets with rope_scaling are not "
+                     "supported by the head's config record.")
+  config.model = config_dict.ConfigDict(fields)
+  config.seq_len = min(config.seq_len, target_config.max_positions)
+  config.eval_every = 0
+  config.sharding = "dp"  # a small head: replicate it
+  return config
+
+
+def train_head(target: TransformerLM, config: Any, workdir: str, *,
+               corpus: data.Corpus | None = None,
+               extra_metadata: dict | None = None,
+               loss_fn: losses.LossFn | None = None, **kwargs
+               ) -> tuple[eagle.EagleDraft, dict]:
+  """Trains (or resumes) a head for `target`; returns the draft and metrics.
+
+  Args:
+    target: the frozen `TransformerLM` (its features are the teacher).
+    config: from `train_config(target.config)` (any field overridable).
+    workdir: checkpoints and metrics.jsonl, as `trainer.train` writes them.
+    corpus: default `config.corpus`.
+    extra_metadata: added to the checkpoints' metadata (`kind` is set).
+    loss_fn: default `eagle_loss()`.
+    **kwargs: passed to `trainer.train` (e.g. `mesh`).
+  """
+  if not isinstance(target, TransformerLM):
+    raise TypeError(f"target must be a specjax TransformerLM, got "
+                    f"{type(target).__name__}.")
+  head_cfg = trainer.model_config_from(config)
+  want = eagle.head_config(target.config, mlp_dim=head_cfg.mlp_dim)
+  if head_cfg != want:
+    diff = checkpoint_lib.config_diff(dataclasses.asdict(head_cfg),
+                                      dataclasses.asdict(want))
+    raise ValueError("config.model is not a head for this target (start from "
+                     "specjax.train.eagle.train_config(target.config)):\n  "
+                     + "\n  ".join(diff))
+  head, metrics = trainer.train(
+      config, workdir, loss_fn=loss_fn or eagle_loss(), aux=target,
+      corpus=corpus, extra_metadata=dict(extra_metadata or {}, kind=KIND),
+      model=eagle.EagleHead.create(head_cfg, config.seed), **kwargs)
+  return eagle.EagleDraft(target=target, head=head), metrics
+
+
+def load_head(directory: str, target: TransformerLM, step: int | None = None
+              ) -> tuple[eagle.EagleDraft, dict]:
+  """The `EagleDraft` of a head checkpoint (a `train_head` workdir) for `target`.
+
+  Raises `CheckpointError` if the checkpoint is not a head, and ValueError if
+  its width or vocabulary is not the target's.
+  """
+  ckpt = checkpoint_lib.Checkpointer(
+      checkpoint_lib.checkpoints_dir(os.fspath(directory)))
+  try:
+    metadata = ckpt.read_metadata(step)
+    if (metadata.get("extra") or {}).get("kind") != KIND:
+      raise checkpoint_lib.CheckpointError(
+          f"{ckpt.step_dir(metadata['step'])!r} is not an EagleHead "
+          "checkpoint (its metadata lacks extra.kind = "
+          f"{KIND!r}); load a Transformer with specjax.train.load_model.")
+    config = TransformerConfig(**metadata["model_config"])
+    graphdef, abstract = nnx.split(nnx.eval_shape(
+        lambda: eagle.EagleHeadModule(config, nnx.Rngs(0))))
+    state, metadata = ckpt.restore({"params": abstract},
+                                   step=metadata["step"])
+  finally:
+    ckpt.close()
+  head = eagle.EagleHead(config=config, graphdef=graphdef,
+                         state=state["params"])
+  return eagle.EagleDraft(target=target, head=head), metadata
