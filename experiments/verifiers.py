@@ -17,7 +17,8 @@ the lab models, the verifier's exact TV to the target from
 
 Draft trees against the chain (same draft, same depth = gamma):
 
-  python -m experiments.verifiers --models=quick --results_dir=results/verifiers
+  python -m experiments.verifiers --models=quick --rows=64 --max_new_tokens=64 \
+      --results_dir=results/verifiers
 
 --models=quick: the zoo's target-3m with distilled-draft-0.1m@target-3m and
   the bigram draft, held-out prompts, T = 1. For every tree in --trees
@@ -49,8 +50,7 @@ _MODELS = flags.DEFINE_enum("models", "lab", ["lab", "tiny", "quick"],
                             "Model pair (quick: zoo models, trees vs chain).")
 _TREES = flags.DEFINE_string(
     "trees", "tree:3,2,1;tree-wor:3,2,1;tree:4,1,1;tree-wor:4,1,1;"
-    "tree:2,2,2;tree-wor:2,2,2;tree:2,2,1,1;tree-wor:2,2,1,1;"
-    "tree:4,1,1,1;tree-wor:4,1,1,1;tree:3,1,1,1;tree-wor:3,1,1,1",
+    "tree:2,2,1,1;tree-wor:2,2,1,1;tree:4,1,1,1;tree-wor:4,1,1,1",
     "';'-separated tree verifiers (--models=quick), each <= 16 nodes.")
 _QUICK_DRAFTS = flags.DEFINE_list(
     "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
@@ -156,16 +156,34 @@ def _ci95(values):
 
 def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
   """Chain vs trees of the same depth on the zoo's quick models, T = 1."""
+  from configs import reproduce  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
   from specjax import zoo  # pylint: disable=import-outside-toplevel
-  target = zoo.load("target-3m")
+  # The quick job's recipes (configs/reproduce.py), so the cached models are
+  # reused, never retrained.
+  config = reproduce.get_config("quick")
+  recipes = {d.name: d for d in config.drafts}
+
+  def load(name, overrides, teacher_overrides=None):
+    where = zoo.entry_dir(name, overrides=overrides,
+                          teacher_overrides=teacher_overrides)
+    if not os.path.isdir(where):
+      raise FileNotFoundError(f"{where} is missing: run the quick job first "
+                              "(python -m experiments.reproduce); this "
+                              "measurement does not train models.")
+    return zoo.load(name, overrides=overrides,
+                    teacher_overrides=teacher_overrides)
+
+  target = load(config.target, dict(config.target_overrides))
   heldout = data.stdlib_corpus().tokens("heldout")
   prompts = data.prompts(heldout.astype(np.int32), rows, prompt_len, seed=0)
   lengths = np.full(rows, prompt_len, np.int32)
   sampling = sj.SamplingConfig(temperature=1.0)
   records = []
   for name in drafts:
-    draft = zoo.load(name)
+    recipe = recipes[name]
+    draft = load(name, dict(recipe.overrides),
+                 dict(recipe.teacher_overrides) or None)
     chains = {}
     for spec in ["token"] + list(trees):
       v = vf.get_verifier(spec)
@@ -198,7 +216,7 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
                          / rec["tokens_per_target_call"],
                          chain["tokens_per_target_call_ci95"]
                          / chain["tokens_per_target_call"])
-          rec.update(vs_chain=ratio, vs_chain_ci95=ratio * rel,
+          rec.update(vs_chain=ratio, vs_chain_ci95=float(ratio * rel),
                      seconds_vs_chain=chain["seconds"] / secs)
         records.append(rec)
         print({k: (round(x, 4) if isinstance(x, float) else x)

@@ -275,9 +275,11 @@ def test_greedy_trees_equal_greedy_autoregressive(spec, flavour):
   depth = tree_lib.TreeTopology(
       sj.get_verifier(spec).topology.parents).max_depth
   assert hist.shape == (3, depth + 1)
-  # Some rounds stopped short of the full depth and some kept drafts (whose
-  # moved KV entries the next rounds read back).
-  assert hist[:, :depth].sum() > 0 and hist[:, 1:].sum() > 0
+  # Drafts were kept, so later rounds read moved KV entries back (the bigram
+  # keeps full-depth paths of the irregular tree); the Transformer draft is
+  # also rejected at the root.
+  assert hist[:, 1:].sum() > 0
+  assert flavour == "gpt2" or hist[:, 0].sum() > 0
   s = out.summary()
   assert s["draft_calls"] == depth * s["rounds"]
   assert s["accepted"] <= s["verified"] <= depth * s["rounds"]
