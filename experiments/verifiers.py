@@ -19,6 +19,9 @@ Draft trees against the chain (same draft, same depth = gamma):
 
   python -m experiments.verifiers --models=quick --rows=64 --max_new_tokens=64 \
       --results_dir=results/verifiers
+  python -m experiments.verifiers --models=quick --rows=64 --max_new_tokens=64 \
+      --quick_drafts=bigram --trees="tree-wor:4,3;tree-wor:8,1" \
+      --results_dir=results/verifiers/depth2
 
 --models=quick: the zoo's target-3m with distilled-draft-0.1m@target-3m and
   the bigram draft, held-out prompts, T = 1. For every tree in --trees
@@ -49,8 +52,7 @@ from specjax.models.ngram import NGramLM
 _MODELS = flags.DEFINE_enum("models", "lab", ["lab", "tiny", "quick"],
                             "Model pair (quick: zoo models, trees vs chain).")
 _TREES = flags.DEFINE_string(
-    "trees", "tree:3,2,1;tree-wor:3,2,1;tree:4,1,1;tree-wor:4,1,1;"
-    "tree:2,2,1,1;tree-wor:2,2,1,1;tree:4,1,1,1;tree-wor:4,1,1,1",
+    "trees", "tree-wor:3,2,1;tree:3,2,1;tree-wor:4,1,1",
     "';'-separated tree verifiers (--models=quick), each <= 16 nodes.")
 _QUICK_DRAFTS = flags.DEFINE_list(
     "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
