@@ -14,6 +14,21 @@ the lab models, the verifier's exact TV to the target from
   target call is meaningful, wall-clock is not (target as cheap as draft).
 --models=tiny: a random peaked Transformer target (d=128, 4 layers) and a
   bigram draft fitted to 16k of the target's own samples.
+
+Draft trees against the chain (same draft, same depth = gamma):
+
+  python -m experiments.verifiers --models=quick --rows=64 --max_new_tokens=64 \
+      --results_dir=results/verifiers
+  python -m experiments.verifiers --models=quick --rows=64 --max_new_tokens=64 \
+      --quick_drafts=bigram --trees="tree-wor:4,3;tree-wor:8,1" \
+      --results_dir=results/verifiers/depth2
+
+--models=quick: the zoo's target-3m with distilled-draft-0.1m@target-3m and
+  the bigram draft, held-out prompts, T = 1. For every tree in --trees
+  (';'-separated registry strings) and the chain "token" at the tree's depth,
+  writes `trees_quick.csv` (tokens per target call with a 95% interval, the
+  ratio tree / chain with its interval, wall-clock seconds of the compiled
+  call: noise on a shared box) and `fig_trees_quick.png`.
 """
 
 from __future__ import annotations
@@ -36,7 +51,14 @@ from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
 from specjax.models.ngram import NGramLM
 
-_MODELS = flags.DEFINE_enum("models", "lab", ["lab", "tiny"], "Model pair.")
+_MODELS = flags.DEFINE_enum("models", "lab", ["lab", "tiny", "quick"],
+                            "Model pair (quick: zoo models, trees vs chain).")
+_TREES = flags.DEFINE_string(
+    "trees", "tree-wor:3,2,1;tree:3,2,1;tree-wor:4,1,1",
+    "';'-separated tree verifiers (--models=quick), each <= 16 nodes.")
+_QUICK_DRAFTS = flags.DEFINE_list(
+    "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
+    "Zoo drafts for --models=quick.")
 _VERIFIERS = flags.DEFINE_list(
     "verifiers", ["token", "block", "lenient:0.5", "typical:0.09,0.3"],
     "Registry strings (specjax.decode.verifiers).")
@@ -134,20 +156,137 @@ def plot(records, path):
   fig.savefig(path, dpi=120)
 
 
+def _ci95(values):
+  values = np.asarray(values, np.float64)
+  return 1.96 * float(values.std(ddof=1) / np.sqrt(len(values)))
+
+
+def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
+  """Chain vs trees of the same depth on the zoo's quick models, T = 1."""
+  from configs import reproduce  # pylint: disable=import-outside-toplevel
+  from specjax import data  # pylint: disable=import-outside-toplevel
+  from specjax import zoo  # pylint: disable=import-outside-toplevel
+  # The quick job's recipes (configs/reproduce.py), so the cached models are
+  # reused, never retrained.
+  config = reproduce.get_config("quick")
+  recipes = {d.name: d for d in config.drafts}
+
+  def load(name, overrides, teacher_overrides=None):
+    where = zoo.entry_dir(name, overrides=overrides,
+                          teacher_overrides=teacher_overrides)
+    if not os.path.isdir(where):
+      raise FileNotFoundError(f"{where} is missing: run the quick job first "
+                              "(python -m experiments.reproduce); this "
+                              "measurement does not train models.")
+    return zoo.load(name, overrides=overrides,
+                    teacher_overrides=teacher_overrides)
+
+  target = load(config.target, dict(config.target_overrides))
+  heldout = data.stdlib_corpus().tokens("heldout")
+  prompts = data.prompts(heldout.astype(np.int32), rows, prompt_len, seed=0)
+  lengths = np.full(rows, prompt_len, np.int32)
+  sampling = sj.SamplingConfig(temperature=1.0)
+  records = []
+  for name in drafts:
+    recipe = recipes[name]
+    draft = load(name, dict(recipe.overrides),
+                 dict(recipe.teacher_overrides) or None)
+    chains = {}
+    for spec in ["token"] + list(trees):
+      v = vf.get_verifier(spec)
+      depths = ([vf.get_verifier(t).depth for t in trees] if spec == "token"
+                else [v.depth])
+      for depth in dict.fromkeys(depths):
+        out, secs = _timed(lambda: sj.speculative_generate(
+            target, draft, prompts, lengths, jax.random.key(depth),
+            gamma=depth if spec == "token" else None,
+            max_new_tokens=max_new_tokens, sampling=sampling, verifier=v))
+        s = out.summary()
+        per_row = (np.asarray(out.lengths)
+                   / np.maximum(np.asarray(out.stats.target_calls), 1))
+        rec = dict(
+            models="quick", draft=name, verifier=v.spec,
+            mode=getattr(v, "mode", "chain"), depth=depth,
+            nodes=v.topology.num_nodes if spec != "token" else depth,
+            tokens_per_target_call=s["tokens_per_target_call"],
+            tokens_per_target_call_ci95=_ci95(per_row),
+            alpha_hat=s["alpha_hat"], seconds=secs,
+            draft_calls_per_round=s["draft_calls"] / s["rounds"])
+        if spec == "token":
+          chains[depth] = rec
+        else:
+          chain = chains[depth]
+          ratio = rec["tokens_per_target_call"] / chain[
+              "tokens_per_target_call"]
+          # Independent keys: the relative errors add in quadrature.
+          rel = np.hypot(rec["tokens_per_target_call_ci95"]
+                         / rec["tokens_per_target_call"],
+                         chain["tokens_per_target_call_ci95"]
+                         / chain["tokens_per_target_call"])
+          rec.update(vs_chain=ratio, vs_chain_ci95=float(ratio * rel),
+                     seconds_vs_chain=chain["seconds"] / secs)
+        records.append(rec)
+        print({k: (round(x, 4) if isinstance(x, float) else x)
+               for k, x in rec.items()}, flush=True)
+  return records
+
+
+def plot_trees(records, path):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  drafts = list(dict.fromkeys(r["draft"] for r in records))
+  fig, axes = plt.subplots(1, len(drafts), figsize=(6 * len(drafts), 4.5),
+                           squeeze=False)
+  for ax, name in zip(axes[0], drafts):
+    cells = [r for r in records if r["draft"] == name]
+    labels = [f"{r['verifier']} ({r['nodes']})" for r in cells]
+    colors = ["grey" if r["mode"] == "chain" else
+              "tab:blue" if r["mode"] == "iid" else "tab:orange"
+              for r in cells]
+    ax.barh(range(len(cells)), [r["tokens_per_target_call"] for r in cells],
+            xerr=[r["tokens_per_target_call_ci95"] for r in cells],
+            color=colors)
+    ax.set_yticks(range(len(cells)), labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set(xlabel="tokens per target call (95% CI)",
+           title=f"target-3m / {name}, T=1")
+  fig.suptitle("draft trees (blue iid, orange wor; nodes in brackets) vs "
+               "the chain of the same depth (grey)")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def _write(records, stem):
+  fields = list(dict.fromkeys(k for r in records for k in r))
+  with open(stem + ".csv", "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(records)
+
+
 def main(argv):
   del argv
   distributed.initialize_from_flags()
   with sharding.using(distributed.mesh_from_flags()):
-    records = run(_MODELS.value, _VERIFIERS.value,
-                  [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
+    if _MODELS.value == "quick":
+      records = run_trees([t for t in _TREES.value.split(";") if t],
+                          _QUICK_DRAFTS.value, _ROWS.value, _NEW.value)
+    else:
+      records = run(_MODELS.value, _VERIFIERS.value,
+                    [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
   if not distributed.is_primary():
+    return
+  if _MODELS.value == "quick":
+    os.makedirs(_RESULTS.value, exist_ok=True)
+    stem = os.path.join(_RESULTS.value, "trees_quick")
+    _write(records, stem)
+    plot_trees(records, os.path.join(_RESULTS.value, "fig_trees_quick.png"))
+    print(f"{len(records)} cells -> {stem}.csv")
     return
   os.makedirs(_RESULTS.value, exist_ok=True)
   stem = os.path.join(_RESULTS.value, f"verifiers_{_MODELS.value}")
-  with open(stem + ".csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(records[0]))
-    writer.writeheader()
-    writer.writerows(records)
+  _write(records, stem)
   plot(records, os.path.join(_RESULTS.value,
                              f"fig_verifiers_{_MODELS.value}.png"))
   print(f"{len(records)} cells -> {stem}.csv")

@@ -26,6 +26,7 @@ from specjax.decode import generate
 from specjax.decode import speculative_generate
 from specjax.decode import verify_step
 from specjax.decode.tree import TreeTopology
+from specjax.decode.verifiers import TreeVerifier
 from specjax.decode.verifiers import Verifier
 from specjax.decode.verifiers import available_verifiers
 from specjax.decode.verifiers import get_verifier

@@ -78,7 +78,8 @@ def _exact_law(target, sampling, prompt, k):
   return ids, law[first]
 
 
-def _run(target, draft, sampling, gamma, k, coupling_rule=None, seed=0, n=N):
+def _run(target, draft, sampling, gamma, k, coupling_rule=None, seed=0, n=N,
+         verifier="token"):
   prompts = np.zeros((n, max(map(len, PROMPTS))), np.int32)
   lengths = np.zeros(n, np.int32)
   for i, prompt in enumerate(PROMPTS):
@@ -88,7 +89,7 @@ def _run(target, draft, sampling, gamma, k, coupling_rule=None, seed=0, n=N):
   key = jax.random.key(seed)
   if coupling_rule is None:
     return sj.speculative_generate(target, draft, prompts, lengths, key,
-                                   gamma=gamma, **kwargs)
+                                   gamma=gamma, verifier=verifier, **kwargs)
   prompts, lengths, keys, *_ = loop._prepare(
       target, prompts, lengths, key, lookahead=gamma, models=(), **kwargs)
   return loop._generate(target, draft, prompts, lengths, keys, gamma=gamma,
@@ -201,3 +202,25 @@ def test_negative_controls_are_rejected(models, name):
              coupling_rule=controls.coupling_rule(name), n=N // 5)
   results = _check(target, out, sampling, k)
   assert not any(r.passed for r in results), "\n".join(map(str, results))
+
+
+@pytest.mark.parametrize("spec, n", [
+    # iid trees and the control also run on the lab's real loop
+    # (tests/test_verifiers.py), which is far cheaper: slow here.
+    pytest.param("tree:2,1", N, marks=pytest.mark.slow), ("tree-wor:2,1", N),
+    # The control is far off: a fifth of the samples must reject it.
+    pytest.param("tree-skip-residual:2,1", N // 5, marks=pytest.mark.slow)])
+def test_tree_generations_are_exact(models, spec, n):
+  """Draft trees in the compiled loop (gpt2 target, llama draft drafting
+  level by level with positions = depth), K = 2 (depth + 1) tokens."""
+  target, draft = models
+  sampling = sj.SamplingConfig(temperature=1.0)
+  depth, k = 2, 6
+  out = _run(target, draft, sampling, None, k, n=n, verifier=spec)
+  results = _check(target, out, sampling, k)
+  if spec.startswith("tree-skip"):
+    assert not any(r.passed for r in results), "\n".join(map(str, results))
+    return
+  for result in results:
+    assert result.passed, f"{spec}: {result}"
+  _assert_covers_full_accepts_and_eos(out, depth, k)

@@ -40,7 +40,9 @@ def test_registry_builds_every_verifier_and_labels_lossy_ones():
 
 
 @pytest.mark.parametrize("spec, match", [
-    ("tree", "unknown verifier"), ("lenient", "needs 1"),
+    ("tre", "unknown verifier"), ("tree", "branching per depth"),
+    ("tree:2,x", "integers"), ("tree:0", r"branching\[0\]"),
+    ("tree:parents=-1,2", "earlier node"), ("lenient", "needs 1"),
     ("lenient:2", r"\(0, 1\]"), ("lenient:x", "numbers"),
     ("typical:0.1", "needs 2"), ("block:3", "takes no arguments"),
     (3, "registry string")])
@@ -257,3 +259,29 @@ def test_real_loop_on_the_lab_is_exact(lab_loop, spec, gamma, eos_id):
 def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
   result, _ = _run_loop(lab_loop, spec, 2, EOS)
   assert not result.passed, f"{spec}: {result}"
+
+
+# ------------------------------------ trees in the REAL loop on the lab
+
+TREES = ("tree:2,1", "tree-wor:2,1")
+
+
+@pytest.mark.parametrize("spec", TREES)
+def test_real_loop_trees_on_the_lab_are_exact(lab_loop, spec):
+  """The compiled tree round (level-by-level drafting, one tree pass, RRS,
+  the kept path moved in both caches, ragged commit) on 10^5 rows: the
+  first K = 2 (depth + 1) tokens, with EOS and ragged prompts, follow the
+  target's law."""
+  depth = vf.get_verifier(spec).depth
+  result, out = _run_loop(lab_loop, spec, depth, EOS)
+  assert result.passed, f"{spec}: {result}"
+  hist = np.asarray(out.stats.accept_hist)
+  # Rounds after a full-depth accept happened, and EOS stopped rows early.
+  assert ((hist[:, depth] >= 1)
+          & (np.asarray(out.stats.rounds) > hist[:, depth])).sum() > 1000
+  assert np.asarray(out.lengths).min() < 2 * (depth + 1)
+
+
+def test_real_loop_rejects_the_tree_control(lab_loop):
+  result, _ = _run_loop(lab_loop, "tree-skip-residual:2,1", 2, EOS)
+  assert not result.passed, str(result)

@@ -27,8 +27,10 @@ from specjax.decode import adaptive
 from specjax.decode import draft_length as draft_length_lib
 from specjax.decode import state as state_lib
 from specjax.decode import steps
+from specjax.decode import tree_round
 from specjax.decode import validation
 from specjax.decode import verifiers as verifiers_lib
+from specjax.models import protocol
 
 # Prompts are padded to a power of two >= this, so prompts of similar length
 # share one compiled program.
@@ -160,10 +162,16 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   """One speculative round for every row (gamma = 0: one autoregressive step).
 
   With a `draft_length` rule, gamma is its gamma_max and each row drafts
-  (and keeps) at most its own number of tokens (see `adaptive`)."""
+  (and keeps) at most its own number of tokens (see `adaptive`). A
+  `TreeVerifier` runs a tree round instead (`tree_round`, gamma = depth)."""
   n_B = state.lengths
   batch = n_B.shape[0]
-  active_B = ~state.done
+  if isinstance(verifier, verifiers_lib.TreeVerifier):
+    out, draft_cache, draft_passes, draft_nonfinite_B = tree_round.tree_round(
+        target, draft, state, verifier, sampling)
+    return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
+                   gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                   target_features=state.target_features)
   draft_keys_BxG, verify_keys_B = _round_keys(state.row_keys, state.round,
                                               gamma)
   target_cache = state.target_cache
@@ -207,7 +215,21 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     # finished row's state is never read again.)
     target_features = out.hidden
     draft_cache = draft_cache.replace(lengths=n_B)
+  # `_draft_sample` marks a proposal drawn from non-finite logits by a NaN q
+  # row (a one-hot or probability row never holds a NaN).
+  draft_nonfinite_B = jnp.sum(jnp.isnan(q_BxGxV[..., 0]), axis=1,
+                              dtype=jnp.int32)
+  return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
+                 gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                 target_features=target_features)
 
+
+def _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B, *,
+            gamma, max_new_tokens, eos_id, target_features):
+  """Commits a verified round (`out.tokens` `[B, gamma + 1]`) for every row."""
+  n_B = state.lengths
+  batch = n_B.shape[0]
+  active_B = ~state.done
   # Commit: accepted prefix + one, cut at the budget and just after an EOS.
   positions_G1 = jnp.arange(gamma + 1)
   budget_B = max_new_tokens - (n_B - state.prompt_lengths)
@@ -241,10 +263,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
       accept_hist=s.accept_hist.at[jnp.arange(batch), out.num_accepted].add(
           a_B),
       target_nonfinite=s.target_nonfinite + out.nonfinite * a_B,
-      # `_draft_sample` marks a proposal drawn from non-finite logits by a
-      # NaN q row (a one-hot or probability row never holds a NaN).
-      draft_nonfinite=s.draft_nonfinite + jnp.sum(
-          jnp.isnan(q_BxGxV[..., 0]), axis=1, dtype=jnp.int32) * a_B)
+      draft_nonfinite=s.draft_nonfinite + draft_nonfinite_B * a_B)
   return state.replace(
       tokens=tokens, lengths=new_n_B, done=done_B, round=state.round + 1,
       target_cache=out.cache.replace(lengths=new_n_B - 1),
@@ -265,8 +284,8 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   `Verifier`), when given, replaces token verification altogether."""
   batch, width = prompts_BxP.shape
   # Room for the prompt, the budget, and the gamma + 1 tokens a final round
-  # scores past the last committed one.
-  buffer_len = width + max_new_tokens + gamma + 1
+  # scores past the last committed one (a tree: its root and every node).
+  buffer_len = width + max_new_tokens + _lookahead(gamma, verifier) + 1
   tokens_BxS = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(
       prompts_BxP)
   target_features = None
@@ -306,6 +325,13 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   out_BxN = jnp.where(cols_N < generated_B[:, None], out_BxN, pad_id)
   return sharding.constrain_replicated(state_lib.GenerationResult(
       tokens=out_BxN, lengths=generated_B, stats=state.stats))
+
+
+def _lookahead(gamma, verifier):
+  """Cache slots a round writes past the root: gamma, or a tree's nodes."""
+  if isinstance(verifier, verifiers_lib.TreeVerifier):
+    return verifier.topology.num_nodes
+  return gamma
 
 
 def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
@@ -348,7 +374,7 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
 
 
 def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
-                         gamma: int | str | draft_length_lib.Rule,
+                         gamma: int | str | draft_length_lib.Rule | None = None,
                          max_new_tokens: int,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                          eos_id: int | None = None, pad_id: int = 0,
@@ -370,7 +396,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       (`specjax.Confidence`, `specjax.Goodput`) under which each row stops
       drafting early, up to the rule's gamma_max; or "auto": the `Goodput`
       rule with gamma_max = AUTO_GAMMA_MAX and c, r measured on this machine
-      at this batch size on the first call (a few seconds; memoised).
+      at this batch size on the first call (a few seconds; memoised). With a
+      tree verifier gamma is the tree's depth: None (implied) or that int.
     max_new_tokens: generation budget per row (>= 1).
     sampling: the transform applied to target and draft logits alike.
     eos_id: a row stops after emitting this token (it is included); a
@@ -380,7 +407,11 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       `Verifier` (`specjax.decode.verifiers`): "token" (default), "block"
       (exact, keeps at least as many drafts); "lenient:l" and
       "typical:eps,delta" are LOSSY baselines whose output is not the
-      target's (`Verifier.exact` is False). A static choice: one compile each.
+      target's (`Verifier.exact` is False); "tree:3,2,1,1" (children i.i.d.,
+      SpecInfer) and "tree-wor:3,2,1,1" (without replacement, RSD) draft a
+      static tree and keep one path (exact; draft and target need
+      `tree_decode`, see `specjax.models.protocol.supports_trees`). A static
+      choice: one compile each.
     on_nonfinite: "raise" (default) or "warn". If either model produced
       non-finite logits (NaN, +inf, or a row of -inf) for an active row, the
       tokens of that row are not a sample of the target: after the loop this
@@ -409,6 +440,11 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   if getattr(draft, "reads_target_features", False):
     draft.check_target(target)  # the target must return features it reads
   rule, auto = None, isinstance(gamma, str)
+  if isinstance(verifier, verifiers_lib.TreeVerifier):
+    gamma = _check_tree(verifier, gamma, target, draft)
+  elif gamma is None:
+    raise ValueError("gamma is required (draft tokens per round, e.g. "
+                     "gamma=4); only a tree verifier implies it (its depth).")
   if auto:
     if gamma != "auto":
       raise ValueError(f"gamma must be an int >= 1, 'auto' or a draft-length "
@@ -426,8 +462,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         "draft-length rule); use an int gamma, or verifier='token'.")
   prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
-      lookahead=gamma, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
-      models=(("target", target), ("draft", draft)))
+      lookahead=_lookahead(gamma, verifier), sampling=sampling, eos_id=eos_id,
+      pad_id=pad_id, models=(("target", target), ("draft", draft)))
   if auto:
     # Costs at the middle of the generation, at this batch size (r(B), c(B)).
     rule = draft_length_lib.measure_goodput(
@@ -445,6 +481,31 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   validation.check_finite_logits(result.stats, "speculative_generate",
                                  on_nonfinite)
   return result
+
+
+def _check_tree(verifier, gamma, target, draft) -> int:
+  """gamma for a tree verifier (its depth); refuses models without trees."""
+  depth = verifier.depth
+  if gamma is not None and (isinstance(gamma, (str, draft_length_lib.Rule))
+                            or _checks.check_int("gamma", gamma) != depth):
+    raise ValueError(f"verifier={verifier.spec!r} drafts a tree of depth "
+                     f"{depth}, so gamma is {depth}; got gamma={gamma!r}. "
+                     f"Pass gamma=None (implied) or gamma={depth}; adaptive "
+                     "draft lengths do not apply to trees.")
+  for name, model in (("target", target), ("draft", draft)):
+    if not protocol.supports_trees(model):
+      raise ValueError(
+          f"verifier={verifier.spec!r} needs a {name} that scores a tree in "
+          f"one pass (a `tree_decode` method over a movable cache, see "
+          f"specjax.models.protocol.supports_trees); {type(model).__name__} "
+          "has none. Use TransformerLM or NGramLM models, or a chain "
+          "verifier such as 'token'.")
+  if verifier.mode == "wor" and verifier.topology.max_children > (
+      target.vocab_size):
+    raise ValueError(f"verifier={verifier.spec!r} draws up to "
+                     f"{verifier.topology.max_children} distinct children per "
+                     f"node, more than the vocabulary ({target.vocab_size}).")
+  return depth
 
 
 def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,

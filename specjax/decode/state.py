@@ -16,6 +16,12 @@ class RowStats:
   A *verified* draft position is one the target actually judged: positions up
   to and including the first rejection. Drafts after a rejection are thrown
   away unjudged, so they count as proposed but not verified.
+
+  Under a tree verifier (gamma = the tree's depth) the same fields count
+  depths: `accepted` the kept path's depth, `verified` the depths at which
+  a child was judged, `overlap_sum` sum_x min(p, q) at those nodes (a single
+  draft's acceptance, so alpha_hat exceeds one_minus_tv there: that is the
+  tree's gain), `draft_calls` draft passes (depth per round: one per level).
   """
   rounds: jax.Array          # int32 [B]: rounds in which the row was active
   target_calls: jax.Array    # int32 [B]: target forward passes after prefill

@@ -255,6 +255,10 @@ def verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B,
       ("lenient:l", "typical:eps,delta"), whose output is NOT the target's.
   """
   verifier = verifiers_lib.get_verifier(verifier)
+  if isinstance(verifier, verifiers_lib.TreeVerifier):
+    raise ValueError(f"verifier={verifier.spec!r} judges a draft tree, which "
+                     "verify_step (a chain of drafts) cannot hold; run trees "
+                     "through speculative_generate(..., verifier=...).")
   validation.check_model("target", target)
   last_B = _checks.check_array("last", last_B, rank=1, kind="i")
   drafts_BxG = _checks.check_array("drafts", drafts_BxG, rank=2, kind="i")

@@ -30,7 +30,8 @@ positive q) is skipped: it is rejected without changing r.
 Model side: `TransformerLM.tree_decode(tokens, cache, depth, ancestor)`
 scores every node in ONE pass (tree attention mask from `ancestor_table`,
 positions = depth) and `KVCache.move` copies the kept path's entries into the
-row's contiguous cache. The decode loop does not run trees yet.
+row's contiguous cache. `speculative_generate(..., verifier="tree:3,2,1,1")`
+runs trees inside the compiled loop (`specjax.decode.tree_round`).
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def draft_children(u_BxK, gumbel_BxKxV, q_BxV, k: int, mode: str, sample):
 
 
 def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
-                topology: TreeTopology, mode: str, sample):
+                topology: TreeTopology, mode: str, sample,
+                update_residual: bool = True):
   """Recursive rejection sampling down a static tree, vectorised over rows.
 
   Args:
@@ -173,6 +175,10 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     tokens_BxN: int32 `[B, N]` node tokens; valid_BxN: bool `[B, N]`.
     topology, mode: static.
     sample: the loop's sampler.
+    update_residual: static; False is a NEGATIVE CONTROL only (a rejected
+      child leaves r unchanged, so later children and the final token are
+      judged against p itself): never exact, every exactness test of trees
+      must reject it.
 
   Returns:
     (path_BxD int32 `[B, D]`: kept node ids per depth, -1 past the end;
@@ -226,7 +232,8 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
       new_r_BxV = jnp.where(mass_B1 > 0,
                             excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0),
                             r_BxV)
-      r_BxV = jnp.where(reject_B[:, None], new_r_BxV, r_BxV)
+      if update_residual:
+        r_BxV = jnp.where(reject_B[:, None], new_r_BxV, r_BxV)
       if mode == "wor":
         taken_BxV = taken_BxV | (reject_B[:, None]
                                  & (jnp.arange(q_BxV.shape[-1]) == x_B[:, None]))

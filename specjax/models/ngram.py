@@ -33,6 +33,11 @@ class NGramCache(struct.PyTreeNode):
   lengths: jax.Array
   max_len: int = struct.field(pytree_node=False)
 
+  def move(self, src_BxK: jax.Array, dst_BxK: jax.Array) -> "NGramCache":
+    """The tree round's `KVCache.move`: nothing is stored per position."""
+    del src_BxK, dst_BxK
+    return self
+
 
 def ngram_counts(tokens_N, vocab_size: int, order: int) -> np.ndarray:
   """Exact counts: int64 `[V]` (order 1) or `[V, V]` (order 2).
@@ -149,3 +154,16 @@ class NGramLM(struct.PyTreeNode):
     else:
       logits_BxTxV = log_probs[jnp.asarray(tokens_BxT)]
     return logits_BxTxV, cache.replace(lengths=cache.lengths + length)
+
+  def tree_decode(self, tokens_BxL: jax.Array, cache: NGramCache, depth_T,
+                  ancestor_TxT, nodes=None) -> tuple[jax.Array, NGramCache]:
+    """`TransformerLM.tree_decode` for a context-free model: exact for free.
+
+    A node's logits depend only on its own token, never on its ancestors, so
+    scoring a tree is scoring its tokens. `lengths` advances by T = len(
+    depth_T) for the whole tree and is unchanged for a part (`nodes`).
+    """
+    del ancestor_TxT
+    logits_BxLxV, _ = self(tokens_BxL, cache)
+    advance = len(depth_T) if nodes is None else 0
+    return logits_BxLxV, cache.replace(lengths=cache.lengths + advance)

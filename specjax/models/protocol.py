@@ -46,3 +46,20 @@ class CausalLM(Protocol):
     `(logits_BxTxV float32, cache)` with the new tokens written and
     `lengths` advanced by T. Writes past the cache's capacity are dropped.
     """
+
+
+def supports_trees(model: Any) -> bool:
+  """Whether `model` can run draft trees (`verifier="tree:..."`).
+
+  A tree model also has `tree_decode(tokens_BxL, cache, depth_T,
+  ancestor_TxT, nodes=None) -> (logits_BxLxV, cache)` (see
+  `TransformerLM.tree_decode`: every node scored in one pass under the tree
+  attention mask, positions = depth), and its cache has `move(src_BxK,
+  dst_BxK)`, which copies the kept path's per-position state to the row's
+  contiguous slots. `TransformerLM` (and Hugging Face imports) and
+  `NGramLM` (context-free: nothing to move) have both. Drafts whose output
+  is a function of a context window of their own history (prompt lookup)
+  or that read the target's cache (`SelfDraft`) have neither.
+  """
+  return (callable(getattr(model, "tree_decode", None))
+          and not getattr(model, "reads_target_cache", False))

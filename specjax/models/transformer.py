@@ -416,21 +416,28 @@ class Transformer(nnx.Module):
     logits_BxTxV, cache = self.forward(tokens_BxT, positions_BxT, cache)
     return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
 
-  def tree_decode(self, tokens_BxT, cache: KVCache, depth_T, ancestor_TxT):
-    """Cached forward of a draft tree; see `TransformerLM.tree_decode`."""
-    t = tokens_BxT.shape[1]
-    slots_BxT = cache.positions(t)
-    positions_BxT = cache.lengths[:, None] + jnp.asarray(depth_T, jnp.int32)
+  def tree_decode(self, tokens_BxL, cache: KVCache, depth_T, ancestor_TxT,
+                  nodes_L=None):
+    """Cached forward of (part of) a draft tree; see `TransformerLM.tree_decode`."""
+    t = len(depth_T)
+    whole = nodes_L is None
+    nodes_L = np.arange(t) if whole else np.asarray(nodes_L, np.int32)
+    slots_BxL = cache.lengths[:, None] + jnp.asarray(nodes_L, jnp.int32)
+    positions_BxL = cache.lengths[:, None] + jnp.asarray(depth_T[nodes_L],
+                                                         jnp.int32)
     slot_S = jnp.arange(cache.max_len, dtype=jnp.int32)
     offset_BxS = slot_S[None, :] - cache.lengths[:, None]
     in_tree_BxS = (offset_BxS >= 0) & (offset_BxS < t)
-    ancestor_BxTxS = jnp.asarray(ancestor_TxT, bool)[
+    ancestor_BxLxS = jnp.asarray(ancestor_TxT[nodes_L], bool)[
         :, jnp.clip(offset_BxS, 0, t - 1)].transpose(1, 0, 2)
-    mask_BxTxS = (offset_BxS[:, None, :] < 0) | (
-        in_tree_BxS[:, None, :] & ancestor_BxTxS)
-    logits_BxTxV, cache = self.forward(tokens_BxT, positions_BxT, cache,
-                                       tree=(slots_BxT, mask_BxTxS))
-    return logits_BxTxV, cache.replace(lengths=slots_BxT[:, -1] + 1)
+    mask_BxLxS = (offset_BxS[:, None, :] < 0) | (
+        in_tree_BxS[:, None, :] & ancestor_BxLxS)
+    logits_BxLxV, cache = self.forward(tokens_BxL, positions_BxL, cache,
+                                       tree=(slots_BxL, mask_BxLxS))
+    # A part of a tree leaves `lengths` at the tree's first slot, so that the
+    # next part (the next draft level) shares the same tree region.
+    return logits_BxLxV, cache.replace(
+        lengths=cache.lengths + (t if whole else 0))
 
   def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
               tree=None):
@@ -616,40 +623,58 @@ class TransformerLM(struct.PyTreeNode):
     """float32 `[B, T, V]`: the LM head (tied embedding or `lm_head`) alone."""
     return self.module().head(features_BxTxD)
 
-  def tree_decode(self, tokens_BxT: jax.Array, cache: KVCache, depth_T,
-                  ancestor_TxT) -> tuple[jax.Array, KVCache]:
+  def tree_decode(self, tokens_BxL: jax.Array, cache: KVCache, depth_T,
+                  ancestor_TxT, nodes=None) -> tuple[jax.Array, KVCache]:
     """Scores a static draft tree of T tokens per row in ONE pass.
 
-    Token t goes to cache slot `cache.lengths[b] + t` but sits at position
-    `cache.lengths[b] + depth_T[t]` (RoPE / learned positions), and attends
-    to the row's committed slots `< cache.lengths[b]` and to the tree tokens
-    u with `ancestor_TxT[t, u]` (its ancestors and itself). Token 0 is
+    Tree token t goes to cache slot `cache.lengths[b] + t` but sits at
+    position `cache.lengths[b] + depth_T[t]` (RoPE / learned positions), and
+    attends to the row's committed slots `< cache.lengths[b]` and to the tree
+    tokens u with `ancestor_TxT[t, u]` (its ancestors and itself). Token 0 is
     usually the root (the last committed token, depth 0).
 
     Args:
-      tokens_BxT: int `[B, T]`, the tree's tokens in topological order.
+      tokens_BxL: int `[B, L]`, the tokens of the tree nodes `nodes` (all T
+        in topological order by default).
       cache: a `KVCache`; depth_T: static int `[T]`; ancestor_TxT: static
         bool `[T, T]` (reflexive, ancestors only).
+      nodes: None (score the whole tree), or a static sequence of L distinct
+        tree indices in [0, T): score only those (a draft level), writing
+        each to its own slot; their ancestors must already be in the cache's
+        tree slots (an earlier call).
 
     Returns:
-      `(logits_BxTxV, cache)` with `lengths` advanced by T. Logits at t equal
-      the causal forward of the root-to-t path. Move the kept path's entries
-      with `KVCache.move` before the next call.
+      `(logits_BxLxV, cache)`; `lengths` advanced by T for the whole tree and
+      unchanged for a part (the tree region still starts there). Logits at
+      a node equal the causal forward of the root-to-node path. Move the
+      kept path's entries with `KVCache.move` before the next call.
     """
-    self._check_static(tokens_BxT, cache)
-    t = tokens_BxT.shape[1]
+    self._check_static(tokens_BxL, cache)
     depth_T = np.asarray(depth_T, np.int32)
     ancestor_TxT = np.asarray(ancestor_TxT, bool)
-    if depth_T.shape != (t,) or ancestor_TxT.shape != (t, t):
+    t = depth_T.shape[0] if depth_T.ndim == 1 else -1
+    if depth_T.ndim != 1 or ancestor_TxT.shape != (t, t):
       raise ValueError(f"depth_T {depth_T.shape} and ancestor_TxT "
-                       f"{ancestor_TxT.shape} must be [T] and [T, T] with "
-                       f"T = {t} tree tokens; build them with "
-                       "TreeTopology.depth_with_root() / ancestor_table().")
+                       f"{ancestor_TxT.shape} must be [T] and [T, T]; build "
+                       "them with TreeTopology.depth_with_root() / "
+                       "ancestor_table().")
     if not ancestor_TxT.diagonal().all() or np.any(np.triu(ancestor_TxT, 1)):
       raise ValueError("ancestor_TxT must be reflexive and list only earlier "
                        "tokens (topological order): use "
                        "TreeTopology.ancestor_table().")
-    return self.module().tree_decode(tokens_BxT, cache, depth_T, ancestor_TxT)
+    if nodes is not None:
+      nodes = tuple(_checks.check_int(f"nodes[{i}]", u, low=0, high=t - 1)
+                    for i, u in enumerate(nodes))
+      if not nodes or len(set(nodes)) != len(nodes):
+        raise ValueError(f"nodes must be distinct tree indices, got {nodes}.")
+    want = t if nodes is None else len(nodes)
+    if tokens_BxL.shape[1] != want:
+      raise ValueError(f"tokens_BxL has {tokens_BxL.shape[1]} tokens per row; "
+                       f"expected {want} (one per "
+                       f"{'tree token' if nodes is None else 'entry of nodes'}"
+                       ").")
+    return self.module().tree_decode(tokens_BxL, cache, depth_T, ancestor_TxT,
+                                     nodes)
 
   def logits(self, tokens_BxT: jax.Array) -> jax.Array:
     """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""

@@ -8,7 +8,10 @@ verifier=...)` take a registry string or a `Verifier` instance. Strings are
   block              Sun et al.'s block verification (exact, >= token)
   lenient:l          lossy: accept with min(1, p / (l q))
   typical:eps,delta  lossy: Medusa's typical acceptance
-  wrong_fallback, always_accept   negative controls (never exact)
+  tree:3,2,1,1       exact draft tree, children i.i.d. (SpecInfer);
+                     gamma = its depth (see `trees`)
+  tree-wor:3,2,1,1   the same tree drafted without replacement (RSD)
+  wrong_fallback, always_accept, tree-skip-residual   negative controls
 
 Adding a verifier: subclass `Verifier` in its own module under this package,
 then add one `register_verifier` line below. The loop is not touched.
@@ -25,6 +28,9 @@ from specjax.decode.verifiers.controls import WrongFallbackControl
 from specjax.decode.verifiers.lossy import LenientVerifier
 from specjax.decode.verifiers.lossy import TypicalVerifier
 from specjax.decode.verifiers.token import TokenVerifier
+from specjax.decode.verifiers.trees import TreeSkipResidualControl
+from specjax.decode.verifiers.trees import TreeVerifier
+from specjax.decode.verifiers import trees as _trees
 
 # name -> factory(args: list[str]) -> Verifier
 _REGISTRY: dict[str, Callable[[list[str]], Verifier]] = {}
@@ -72,6 +78,10 @@ register_verifier("typical", lambda args: TypicalVerifier(
     *_floats("typical", args, 2, "typical:0.09,0.3")))
 register_verifier("wrong_fallback", _no_args(WrongFallbackControl))
 register_verifier("always_accept", _no_args(AlwaysAcceptControl))
+register_verifier("tree", _trees.factory(TreeVerifier, "iid"))
+register_verifier("tree-wor", _trees.factory(TreeVerifier, "wor"))
+register_verifier("tree-skip-residual",
+                  _trees.factory(TreeSkipResidualControl, "iid"))
 
 
 def get_verifier(spec: str | Verifier) -> Verifier:
@@ -98,4 +108,5 @@ def get_verifier(spec: str | Verifier) -> Verifier:
 
 __all__ = ["Verifier", "TokenVerifier", "BlockVerifier", "LenientVerifier",
            "TypicalVerifier", "WrongFallbackControl", "AlwaysAcceptControl",
+           "TreeVerifier", "TreeSkipResidualControl",
            "register_verifier", "available_verifiers", "get_verifier"]

@@ -1,0 +1,187 @@
+"""One tree round of the compiled decode loop: draft a static tree, verify it.
+
+Called by `loop._round` when the verifier is a `TreeVerifier`. For every row
+with n committed tokens (the target cache holds positions < n - 1, the root
+is the last committed token, at slot and position n - 1):
+
+Draft, level by level (max_depth draft calls, like the chain's gamma):
+  level 0: the draft re-reads the two-token window ending at the root, as
+    the chain does (it never saw a kept leaf of the last round), giving q at
+    the root; its cache is then set to start the tree region at the root.
+  level d >= 1: the children of every node of depth d - 1 are drawn from
+    that node's q (`tree.draft_children`, i.i.d. or without replacement),
+    and the nodes of depth d that have children are fed to the draft in ONE
+    `tree_decode(..., nodes=level)` call: each node goes to slot
+    n - 1 + 1 + node, position n - 1 + depth, attending to the committed
+    slots and its ancestors' slots.
+  The leaves' children never exist, so leaves are never fed.
+
+Target: root + every node in ONE `tree_decode` pass (the same slot layout),
+p at every node; `tree.tree_verify` keeps one path by recursive rejection
+sampling. Both caches then `move` the kept path's entries to the contiguous
+slots n, n + 1, ... (the draft's moved leaf entry is stale and is re-read by
+the next round's window).
+
+Randomness: key (row, round) folded with purpose 0 drafts the tree (iid:
+uniforms `[I, K]`, wor: Gumbel noise `[I, V]`, one row per node with
+children), purpose `_VERIFY` the `[N + 1, 2]` verification uniforms; a row's
+draws never depend on the rest of the batch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax import sampling as sampling_lib
+from specjax.decode import steps
+from specjax.decode import tree as tree_lib
+
+_DRAFT, _VERIFY = 0, 1 << 20
+
+
+def _levels(topology):
+  """Static per-depth lists of the nodes that have children (depth 0: the
+  root, -1), each with its children."""
+  depth = (0,) + topology.depth
+  levels = [[] for _ in range(topology.max_depth)]
+  for u in range(-1, topology.num_nodes):
+    kids = topology.children(u)
+    if kids:
+      levels[depth[u + 1]].append((u, kids))
+  return levels
+
+
+def _keys(row_keys_B, round_):
+  fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+  keys_B = fold(row_keys_B, round_)
+  return fold(keys_B, _DRAFT), fold(keys_B, _VERIFY)
+
+
+def _q(logits_BxLxV, sampling):
+  """q after the sampling transform; NaN rows where the logits were
+  non-finite (counted by the loop, as `_draft_sample` does)."""
+  q_BxLxV = sampling_lib.probabilities(logits_BxLxV, sampling)
+  bad_BxL = steps.nonfinite_rows(logits_BxLxV)
+  return jnp.where(bad_BxL[..., None], jnp.nan, q_BxLxV), bad_BxL
+
+
+def propose(draft, state, verifier, key_B, sampling):
+  """Drafts the tree: tokens `[B, N]`, valid `[B, N]`, q `[B, N + 1, V]`
+  (index 0: the root, i + 1: node i; zeros at leaves), the draft cache (tree
+  region at the root's slot) and int32 `[B]` non-finite draws."""
+  topology, mode = verifier.topology, verifier.mode
+  n_B = state.lengths
+  batch, vocab = n_B.shape[0], draft.vocab_size
+  levels = _levels(topology)
+  internal = [u for level in levels for u, _ in level]
+  row = {u: i for i, u in enumerate(internal)}
+  if mode == "iid":
+    u_BxIxK = jax.vmap(lambda k: jax.random.uniform(
+        k, (len(internal), topology.max_children)))(key_B)
+    gumbel_BxIxV = None
+  else:
+    u_BxIxK = None
+    gumbel_BxIxV = jax.vmap(lambda k: jax.random.gumbel(
+        k, (len(internal), vocab)))(key_B)
+  sample = lambda u_x, probs_xV: steps._sample(u_x, probs_xV, sampling)
+
+  # Level 0: the chain's two-token catch-up window ending at the root.
+  start_B = jnp.maximum(n_B - 2, 0)
+  window_Bx2 = jnp.take_along_axis(
+      state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
+  logits_Bx2xV, cache = draft(window_Bx2,
+                              state.draft_cache.replace(lengths=start_B))
+  logits_Bx1xV = jnp.take_along_axis(
+      logits_Bx2xV, (n_B - 1 - start_B)[:, None, None], axis=1)
+  cache = cache.replace(lengths=n_B - 1)
+
+  depth_T = topology.depth_with_root()
+  ancestor_TxT = topology.ancestor_table()
+  tokens_BxN = jnp.zeros((batch, topology.num_nodes), jnp.int32)
+  valid_BxN = jnp.ones((batch, topology.num_nodes), bool)
+  q_BxN1xV = jnp.zeros((batch, topology.num_nodes + 1, vocab), jnp.float32)
+  nonfinite_B = jnp.zeros((batch,), jnp.int32)
+  for d, level in enumerate(levels):
+    if d > 0:  # feed this level's nodes with children in one call
+      nodes = [u for u, _ in level]
+      logits_BxLxV, cache = draft.tree_decode(
+          tokens_BxN[:, np.array(nodes)], cache, depth_T, ancestor_TxT,
+          nodes=tuple(u + 1 for u in nodes))
+    else:
+      logits_BxLxV = logits_Bx1xV
+    q_BxLxV, bad_BxL = _q(logits_BxLxV, sampling)
+    nonfinite_B = nonfinite_B + jnp.sum(bad_BxL, axis=1, dtype=jnp.int32)
+    for j, (u, kids) in enumerate(level):
+      i = row[u]
+      q_BxV = q_BxLxV[:, j]
+      q_BxN1xV = q_BxN1xV.at[:, u + 1].set(q_BxV)
+      x_BxK, ok_BxK = tree_lib.draft_children(
+          None if u_BxIxK is None else u_BxIxK[:, i],
+          None if gumbel_BxIxV is None else gumbel_BxIxV[:, i, None],
+          q_BxV, len(kids), mode, sample)
+      if u >= 0:  # a child of an invalid node is invalid
+        ok_BxK = ok_BxK & valid_BxN[:, u, None]
+      tokens_BxN = tokens_BxN.at[:, np.array(kids)].set(x_BxK)
+      valid_BxN = valid_BxN.at[:, np.array(kids)].set(ok_BxK)
+  return tokens_BxN, valid_BxN, q_BxN1xV, cache, nonfinite_B
+
+
+def _move_path(cache, root_B, path_BxD):
+  """Moves the kept nodes (slot root + 1 + node) to slots root + 1 + d."""
+  depth = path_BxD.shape[1]
+  src_BxD = root_B[:, None] + 1 + jnp.maximum(path_BxD, 0)
+  dst_BxD = jnp.where(path_BxD >= 0,
+                      root_B[:, None] + 1 + jnp.arange(depth)[None, :],
+                      jnp.iinfo(jnp.int32).max)  # dropped
+  return cache.move(src_BxD, dst_BxD)
+
+
+def tree_round(target, draft, state, verifier, sampling):
+  """Drafts and verifies one tree per row.
+
+  Returns:
+    (out: `steps.VerifyOutput` with tokens `[B, D + 1]`, num_accepted in
+     [0, D] (the kept depth), num_verified (depths at which a child was
+     judged), overlap (sum_x min(p, q) at the nodes judged), the target cache
+     with the kept path moved into place; the draft cache likewise; draft
+     passes (D); int32 `[B]` non-finite draft draws).
+  """
+  topology = verifier.topology
+  draft_key_B, verify_key_B = _keys(state.row_keys, state.round)
+  tokens_BxN, valid_BxN, q_BxN1xV, draft_cache, draft_bad_B = propose(
+      draft, state, verifier, draft_key_B, sampling)
+  root_B = state.lengths - 1
+  last_B = jnp.take_along_axis(state.tokens, root_B[:, None], axis=1)
+  logits_BxN1xV, target_cache = target.tree_decode(
+      jnp.concatenate([last_B, tokens_BxN], axis=1), state.target_cache,
+      topology.depth_with_root(), topology.ancestor_table())
+  target_bad_B = jnp.sum(steps.nonfinite_rows(logits_BxN1xV), axis=1,
+                         dtype=jnp.int32)
+  p_BxN1xV = sampling_lib.probabilities(logits_BxN1xV, sampling)
+  u_BxN1x2 = jax.vmap(lambda k: jax.random.uniform(
+      k, (topology.num_nodes + 1, 2)))(verify_key_B)
+  path_BxD, emitted_BxD1, num_accepted_B = tree_lib.tree_verify(
+      u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN, topology,
+      verifier.mode, lambda u_x, probs_xV: steps._sample(u_x, probs_xV,
+                                                         sampling),
+      update_residual=verifier.update_residual)
+  # The nodes visited at depths 0..D-1 (index into root + nodes) and whether
+  # a child was judged there (the walk stops at a leaf or a rejection).
+  visited_BxD = jnp.concatenate(
+      [jnp.zeros_like(path_BxD[:, :1]), path_BxD[:, :-1] + 1], axis=1)
+  has_kids_N1 = jnp.asarray(topology.children_table()[:, 0] >= 0)
+  judged_BxD = ((jnp.arange(path_BxD.shape[1]) <= num_accepted_B[:, None])
+                & has_kids_N1[jnp.maximum(visited_BxD, 0)])
+  overlap_BxN1 = jnp.sum(jnp.minimum(p_BxN1xV, q_BxN1xV), axis=-1)
+  overlap_BxD = jnp.take_along_axis(overlap_BxN1, jnp.maximum(visited_BxD, 0),
+                                    axis=1)
+  out = steps.VerifyOutput(
+      tokens=emitted_BxD1, num_accepted=num_accepted_B,
+      num_verified=jnp.sum(judged_BxD, axis=1, dtype=jnp.int32),
+      overlap=jnp.sum(jnp.where(judged_BxD, overlap_BxD, 0.0), axis=1),
+      cache=_move_path(target_cache, root_B, path_BxD),
+      nonfinite=target_bad_B)
+  return (out, _move_path(draft_cache, root_B, path_BxD), topology.max_depth,
+          draft_bad_B)

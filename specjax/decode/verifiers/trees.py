@@ -1,0 +1,117 @@
+"""Draft trees as verifiers: `TreeVerifier(topology, mode)`, "tree:3,2,1,1".
+
+A tree verifier is a static choice of the decode loop like a chain verifier,
+but it changes the whole round, not only the decision: the draft proposes a
+static tree (children i.i.d. from q, `mode="iid"`, or without replacement,
+`mode="wor"`), the target scores every node in one pass and recursive
+rejection sampling keeps one root-to-node path (`specjax.decode.tree`). The
+loop runs that round (`specjax.decode.tree_round`) whenever its verifier is a
+`TreeVerifier`; gamma is the tree's depth.
+
+Registry strings:
+  tree:3,2,1,1          branching per depth, children i.i.d. (SpecInfer)
+  tree-wor:3,2,1,1      the same tree, children without replacement (RSD)
+  tree:parents=-1,-1,0  a parent array (node i's parent; -1 = the root)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from specjax.decode import tree as tree_lib
+from specjax.decode.verifiers import base
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeVerifier(base.Verifier):
+  """Exact tree speculation over a static `TreeTopology`.
+
+  Attributes:
+    topology: the tree (hashable: one compile per topology).
+    mode: "iid" (SpecInfer) or "wor" (RSD, Gumbel-top-k drafting).
+  """
+  name = "tree"
+  topology: tree_lib.TreeTopology = None
+  mode: str = "iid"
+  # False only in the negative control below.
+  update_residual: ClassVar[bool] = True
+
+  def __post_init__(self):
+    topology = self.topology
+    if isinstance(topology, (tuple, list)) and topology and all(
+        isinstance(b, int) and b >= 1 for b in topology):
+      topology = tree_lib.TreeTopology.from_branching(tuple(topology))
+    if not isinstance(topology, tree_lib.TreeTopology):
+      raise TypeError("TreeVerifier needs topology=a TreeTopology or a "
+                      "branching tuple like (3, 2, 1, 1), got "
+                      f"{self.topology!r}.")
+    object.__setattr__(self, "topology", topology)
+    tree_lib.check_mode(self.mode)
+
+  @property
+  def depth(self) -> int:
+    """Drafts kept at most per round: the loop's gamma."""
+    return self.topology.max_depth
+
+  @property
+  def spec(self) -> str:
+    prefix = self.name + ("-wor" if self.mode == "wor" else "")
+    branching = _branching(self.topology)
+    if branching is not None:
+      return f"{prefix}:{','.join(map(str, branching))}"
+    return f"{prefix}:parents={','.join(map(str, self.topology.parents))}"
+
+  def num_uniforms(self, gamma: int) -> int:
+    raise TypeError(f"{self.spec!r} judges a draft tree, not a chain: run it "
+                    "through speculative_generate(..., verifier=...).")
+
+  def verify(self, u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG, sample):
+    raise TypeError(f"{self.spec!r} judges a draft tree, not a chain: run it "
+                    "through speculative_generate(..., verifier=...).")
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSkipResidualControl(TreeVerifier):
+  """Negative control: a rejected child does not update the residual."""
+  name = "tree-skip-residual"
+  exact = False
+  update_residual = False
+
+
+def _branching(topology):
+  """The branching tuple that builds `topology`, or None (irregular)."""
+  branching, frontier = [], [-1]
+  while True:
+    counts = {len(topology.children(u)) for u in frontier}
+    if counts == {0}:
+      break
+    if len(counts) != 1:
+      return None
+    branching.append(counts.pop())
+    frontier = [k for u in frontier for k in topology.children(u)]
+  rebuilt = tree_lib.TreeTopology.from_branching(tuple(branching))
+  return tuple(branching) if rebuilt == topology else None
+
+
+def factory(cls, mode):
+  """A registry factory: "1,2" (branching) or "parents=-1,-1,0"."""
+  example = f"{cls.name}{'-wor' if mode == 'wor' else ''}:3,2,1,1"
+
+  def build(args):
+    if not args:
+      raise ValueError(f"a tree verifier needs its branching per depth, e.g. "
+                       f"{example!r}, or a parent array, e.g. "
+                       f"'{example.split(':')[0]}:parents=-1,-1,0,0'.")
+    parents = args[0].startswith("parents=")
+    if parents:
+      args = [args[0][len("parents="):]] + args[1:]
+    try:
+      values = tuple(int(a) for a in args)
+    except ValueError:
+      raise ValueError(f"tree verifier arguments must be integers, e.g. "
+                       f"{example!r}; got {args!r}.") from None
+    topology = (tree_lib.TreeTopology(values) if parents
+                else tree_lib.TreeTopology.from_branching(values))
+    return cls(topology, mode)
+  return build
