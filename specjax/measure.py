@@ -59,6 +59,7 @@ from specjax import accounting
 from specjax import sampling as sampling_lib
 from specjax import stats
 from specjax.decode import loop as loop_lib
+from specjax.decode import verifiers as verifiers_lib
 
 # Relative error beyond which `decompose` calls a component off.
 TOLERANCE = 0.10
@@ -279,8 +280,8 @@ _SURE = 1e4
 
 def null_loop_seconds(target, draft, shape: LoopShape,
                       sampling: sampling_lib.SamplingConfig, *,
-                      repeats: int = 5, memo: dict | None = None
-                      ) -> tuple[float, float]:
+                      repeats: int = 5, memo: dict | None = None,
+                      verifier="token") -> tuple[float, float]:
   """(seconds per round outside the passes, fixed seconds per call).
 
   Runs the loop of `shape` with NullLMs in place of `target` and `draft`,
@@ -291,15 +292,20 @@ def null_loop_seconds(target, draft, shape: LoopShape,
 
   Speculative (gamma >= 1): the draft's table is the target's (every draft
   accepted: ceil(N / (gamma + 1)) rounds) or its negation (a greedy draft
-  always rejected: N rounds). Autoregressive (gamma = 0, `draft` None): the
+  always rejected: N rounds), judged by `verifier` (a registry string or
+  `Verifier`: its own work is part of the round's other work; every
+  registered verifier keeps a certain draft and refuses an impossible one).
+  Autoregressive (gamma = 0, `draft` None): the
   same `generate` program with `eos_id=0`, the table making token 0
   impossible (N rounds) or certain (1 round); the EOS check is a few
   elementwise ops on `[B, 1]`.
   """
   vocab = target.vocab_size
   one_hot = bool(getattr(draft, "one_hot_q", False)) if draft is not None else None
+  verifier = verifiers_lib.get_verifier(verifier)
   key = ("null", shape, sampling, vocab, one_hot,
-         getattr(target, "max_positions", None))
+         getattr(target, "max_positions", None),
+         verifier.spec if shape.gamma else None)
   if memo is not None and key in memo:
     return memo[key]
   null_target = NullLM.like(target)
@@ -320,7 +326,7 @@ def null_loop_seconds(target, draft, shape: LoopShape,
       return lambda: loop_lib.speculative_generate(
           null_target, null_draft, prompts_BxP, lengths_B, rng,
           gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
-          sampling=sampling)
+          sampling=sampling, verifier=verifier)
     long, short = call(-null_target.table), call(null_target.table)
   iters = lambda out: int(jax.device_get(out.stats.rounds).max())
   rounds_long, rounds_short = iters(long()), iters(short())
@@ -400,9 +406,13 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
                max_new_tokens: int, gamma: int,
                sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                seconds: float = 0.1, repeats: int = 5,
-               memo: dict | None = None) -> LoopCosts:
+               memo: dict | None = None, verifier="token") -> LoopCosts:
   """Times every part of `speculative_generate(target, draft, ...)` and of
   `generate(target, ...)` on the shapes those calls build (module docstring).
+
+  `verifier` is the loop's (its work is in the round's other work). A draft
+  that reads the target's cache (`SelfDraft(share_cache=True)`) has no
+  prefill: the loop skips it, so its draft_prefill_s is 0.
 
   `memo` (a dict kept across calls) times each distinct pass or null loop
   once, e.g. over a grid of drafts, gammas and temperatures.
@@ -426,7 +436,8 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
                         capacity=capacity, fill=0, **kw)
 
   other, fixed = null_loop_seconds(target, draft, spec, sampling,
-                                   repeats=repeats, memo=memo)
+                                   repeats=repeats, memo=memo,
+                                   verifier=verifier)
   ar_other, ar_fixed = null_loop_seconds(target, None, ar, sampling,
                                          repeats=repeats, memo=memo)
   return LoopCosts(
@@ -435,7 +446,8 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
       draft_window_s=at(spec, draft, 2), draft_step_s=at(spec, draft, 1),
       verify_s=at(spec, target, gamma + 1), other_s=other,
       target_prefill_s=prefill(spec, target),
-      draft_prefill_s=prefill(spec, draft), call_s=fixed,
+      draft_prefill_s=(0.0 if getattr(draft, "reads_target_cache", False)
+                       else prefill(spec, draft)), call_s=fixed,
       ar_step_s=at(ar, target, 1), ar_other_s=ar_other,
       ar_prefill_s=prefill(ar, target), ar_call_s=ar_fixed)
 
@@ -543,7 +555,8 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
                              sampling: sampling_lib.SamplingConfig, *,
                              prompts_BxP, prompt_lengths_B, key,
                              costs: LoopCosts, repeats: int = 3,
-                             memo: dict | None = None) -> float:
+                             memo: dict | None = None,
+                             verifier="token") -> float:
   """Seconds per round of the real speculative loop with the draft a NullLM.
 
   The round then holds the target's verify pass, the loop's other work and
@@ -551,14 +564,16 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
   draft's in-loop cost, and minus `costs.other_s` the verify pass's.
   """
   one_hot = bool(getattr(draft, "one_hot_q", False))
-  mkey = ("null-draft", model_key(target), shape, sampling, one_hot)
+  verifier = verifiers_lib.get_verifier(verifier)
+  mkey = ("null-draft", model_key(target), shape, sampling, one_hot,
+          verifier.spec)
   if memo is not None and mkey in memo:
     return memo[mkey]
   null_draft = NullLM.like(draft)
   call = lambda: loop_lib.speculative_generate(
       target, null_draft, prompts_BxP, prompt_lengths_B, key,
       gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
-      sampling=sampling)
+      sampling=sampling, verifier=verifier)
   rounds = int(jax.device_get(call().stats.rounds).max())
   seconds = median_times({"": call}, repeats)[""]
   out = (seconds - costs.call_s - costs.target_prefill_s) / rounds
