@@ -348,6 +348,15 @@ def device_description() -> str:
           f"({os.cpu_count()} CPU cores, {platform.machine()})")
 
 
+def self_draft(name: str, target) -> SelfDraft:
+  """`self:k`: the target's first k blocks, sharing its KV cache."""
+  head, _, k = name.partition(":")
+  if head != "self" or not k.isdigit() or int(k) < 1:
+    raise ValueError(f"a self-draft is named 'self:k' (the target's first k "
+                     f"blocks, k >= 1), got {name!r}.")
+  return SelfDraft(target, layers=int(k), share_cache=True)
+
+
 def load_models(config, corpus):
   """(target, [Draft]) as a reproduce config names them, via the zoo."""
   cache = config.cache_dir
@@ -357,6 +366,8 @@ def load_models(config, corpus):
   for spec in config.drafts:
     if spec.kind == "prompt_lookup":
       model = PromptLookupDraft(target.vocab_size, max_ngram=3)
+    elif spec.kind == "self":
+      model = self_draft(spec.name, target)
     else:
       model = zoo.load(spec.name, cache_dir=cache,
                        overrides=dict(spec.overrides),
@@ -378,18 +389,21 @@ def run_config(config, results_dir: str) -> list[dict]:
   heldout = corpus.tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
                          config.seed)
-  cells = len(config.temperatures) * len(drafts) * len(config.gammas)
-  bar = tqdm.tqdm(total=cells, desc="sweep", unit="cell")
+  axes = dict(temperatures=config.temperatures, gammas=config.gammas,
+              verifiers=config.get("verifiers", ("token",)),
+              batch_sizes=config.get("batch_sizes", (1,)))
+  cells, _ = plan(drafts, num_prompts=config.num_prompts, **axes)
+  bar = tqdm.tqdm(total=len(cells), desc="sweep", unit="cell")
 
   def progress(what):  # called as each cell starts
     bar.set_postfix_str(what)
     bar.update(1)
 
-  rows = run(target, drafts, prompts, temperatures=config.temperatures,
-             gammas=config.gammas, max_new_tokens=config.max_new_tokens,
+  skipped: list = []
+  rows = run(target, drafts, prompts, max_new_tokens=config.max_new_tokens,
              target_name=config.target, seed=config.seed,
              step_seconds=config.step_seconds, step_repeats=config.step_repeats,
-             progress=progress)
+             progress=progress, skipped=skipped, **axes)
   bar.close()
   limits = [m.max_positions for m in [target] + [d.model for d in drafts]
             if m.max_positions is not None]
@@ -398,7 +412,7 @@ def run_config(config, results_dir: str) -> list[dict]:
                       for i in range(2)])
   models = {config.target: {"kind": "target", "params": _param_count(target),
                             "heldout_bpb": heldout_bpb(target, windows)}}
-  for d in drafts:
+  for d in drafts:  # a self-draft scores like any model (its own cache)
     models[d.name] = {"kind": d.kind, "params": d.params,
                       "heldout_bpb": (None if d.kind == "prompt_lookup"
                                       else heldout_bpb(d.model, windows))}
@@ -410,6 +424,7 @@ def run_config(config, results_dir: str) -> list[dict]:
       "git_commit": git_commit(),
       "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
       "sweep_seconds": round(time.time() - start, 1),
+      "skipped": skipped,
   }
   write(rows, metadata, results_dir)
   return rows
