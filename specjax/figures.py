@@ -341,10 +341,8 @@ def _new_figure(rows, title, metadata, panel_width=5.6):
   return fig, list(zip(temps, axes[0]))
 
 
-def _finish(fig, path_stem: str, handles, ncol: int) -> list[str]:
-  # One legend for all panels, below them, so the data are never covered.
-  fig.legend(handles=handles, loc="outside lower center", ncol=ncol,
-             fontsize=8, frameon=False)
+def _save(fig, path_stem: str) -> list[str]:
+  """Writes `path_stem`.png and .pdf, closes the figure, returns the paths."""
   os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
   paths = []
   for ext in ("png", "pdf"):
@@ -353,6 +351,13 @@ def _finish(fig, path_stem: str, handles, ncol: int) -> list[str]:
     paths.append(path)
   plt.close(fig)
   return paths
+
+
+def _finish(fig, path_stem: str, handles, ncol: int) -> list[str]:
+  # One legend for all panels, below them, so the data are never covered.
+  fig.legend(handles=handles, loc="outside lower center", ncol=ncol,
+             fontsize=8, frameon=False)
+  return _save(fig, path_stem)
 
 
 def _draft_handles(rows, colors) -> list:
@@ -691,13 +696,7 @@ def plot_batch_scaling(rows: Sequence[dict], path_stem: str,
   handles = ax2.get_legend_handles_labels()
   extra = twin.get_legend_handles_labels()
   ax2.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
-  os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
-  paths = []
-  for ext in ("png", "pdf"):
-    fig.savefig(f"{path_stem}.{ext}", dpi=_DPI)
-    paths.append(f"{path_stem}.{ext}")
-  plt.close(fig)
-  return paths
+  return _save(fig, path_stem)
 
 
 def efficiency_report(rows: Sequence[dict]) -> str:
@@ -968,16 +967,6 @@ def verifier_rows(rows: Sequence[dict]) -> list[dict]:
           if len(groups[(r["draft"], r["temperature"], r["batch_size"])]) > 1]
 
 
-def _save(fig, path_stem: str) -> list[str]:
-  os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
-  paths = []
-  for ext in ("png", "pdf"):
-    fig.savefig(f"{path_stem}.{ext}", dpi=_DPI)
-    paths.append(f"{path_stem}.{ext}")
-  plt.close(fig)
-  return paths
-
-
 def plot_verifiers(rows: Sequence[dict], path_stem: str,
                    metadata: dict | None = None) -> list[str]:
   """(g) Per verifier: tokens per target call and speedup against gamma.
@@ -1029,9 +1018,7 @@ def plot_verifiers(rows: Sequence[dict], path_stem: str,
                     linestyle="--" if _lossy(rows, v) else "-",
                     label=v + (" (LOSSY: not exact)" if _lossy(rows, v)
                                else " (exact)")) for v in specs]
-  fig.legend(handles=handles, loc="outside lower center",
-             ncol=min(4, len(handles)), fontsize=8, frameon=False)
-  return _save(fig, path_stem)
+  return _finish(fig, path_stem, handles, ncol=min(4, len(handles)))
 
 
 def _lossy(rows: Sequence[dict], verifier: str) -> bool:
@@ -1101,9 +1088,7 @@ def plot_adaptive_gamma(rows: Sequence[dict], path_stem: str,
                     label="fixed γ, measured ±95% CI"),
              Line2D([], [], color="tab:red", linewidth=1.4,
                     label="γ = auto, measured (band: 95% CI)")]
-  fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=8,
-             frameon=False)
-  return _save(fig, path_stem)
+  return _finish(fig, path_stem, handles, ncol=2)
 
 
 def _fmt_se(value, se, digits=2) -> str:
