@@ -1,9 +1,10 @@
-"""The measurement grid behind the paper figures: drafts x temperatures x gamma.
+"""The measurement grid behind the paper figures: drafts x temperatures x gamma
+(x verifier x batch size; gamma may be "auto").
 
-For one target, each draft, each temperature and each gamma, `run` decodes
-the same held-out prompts at batch 1 (the latency setting of the papers) with
+For one target, each cell of `plan`'s grid, `run` decodes the same held-out
+prompts (at batch 1 by default, the latency setting of the papers) with
 `speculative_generate`, and the autoregressive baseline `generate` decodes
-them too, alternating prompt by prompt; it records, per cell, the acceptance
+them too, alternating batch by batch; it records, per cell, the acceptance
 statistics of `specjax.stats.summarize`, every cost of the loop timed on its
 own shapes by `measure.loop_costs` (c and r among them), the measured
 end-to-end and decode-only speedups, what `measure.predict` predicts for
