@@ -455,6 +455,13 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
 # -- Prediction and its check -----------------------------------------------
 
 
+def _ratio(num: float, den: float) -> float:
+  """num / den, NaN when den is 0: a pass timed at 0 s (its n and 2n loops
+  equal within noise, e.g. a tiny model on a busy machine) makes a
+  prediction unknown, not an error."""
+  return num / den if den else math.nan
+
+
 def predict(costs: LoopCosts, alpha: float) -> dict[str, float]:
   """What `costs` and an acceptance rate predict for one call.
 
@@ -478,8 +485,8 @@ def predict(costs: LoopCosts, alpha: float) -> dict[str, float]:
   return {"loop_rounds": rounds, "tokens_per_round": n / rounds,
           "spec_decode_s": spec_decode, "ar_decode_s": ar_decode,
           "spec_call_s": spec_call, "ar_call_s": ar_call,
-          "decode_speedup": ar_decode / spec_decode,
-          "speedup": ar_call / spec_call}
+          "decode_speedup": _ratio(ar_decode, spec_decode),
+          "speedup": _ratio(ar_call, spec_call)}
 
 
 # The parts `decompose` can name, in the order a round is built.
@@ -531,19 +538,19 @@ def decompose(costs: LoopCosts, alpha: float, *, round_s: float,
       "predicted_decode_speedup": pred["decode_speedup"],
       "decode_speedup": n * ar_round_s / (loop_rounds * round_s),
   }
-  out["decode_efficiency"] = (out["decode_speedup"]
-                              / out["predicted_decode_speedup"])
+  out["decode_efficiency"] = _ratio(out["decode_speedup"],
+                                   out["predicted_decode_speedup"])
   factors = {"acceptance": pred["loop_rounds"] / loop_rounds,
-             "baseline": ar_round_s / costs.ar_round_s}
+             "baseline": _ratio(ar_round_s, costs.ar_round_s)}
   if null_draft_round_s is not None:
     out["measured_draft_s"] = round_s - null_draft_round_s
     out["measured_verify_s"] = null_draft_round_s - costs.other_s
     after_draft = costs.round_s - costs.draft_s + out["measured_draft_s"]
-    factors["draft"] = costs.round_s / after_draft
-    factors["verify"] = after_draft / round_s
+    factors["draft"] = _ratio(costs.round_s, after_draft)
+    factors["verify"] = _ratio(after_draft, round_s)
   else:
     out["measured_draft_s"] = out["measured_verify_s"] = math.nan
-    factors["round"] = costs.round_s / round_s
+    factors["round"] = _ratio(costs.round_s, round_s)
   out["factors"] = factors
   worst = max(factors, key=lambda k: abs(math.log(max(factors[k], 1e-12))))
   out["off"] = (worst if abs(out["decode_efficiency"] - 1) > TOLERANCE
@@ -658,13 +665,14 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
       "spec_tokens_per_s": float(tokens.sum() / np.sum(spec_seconds)),
       "speedup": speedup, "speedup_se": speedup_se,
       "predicted_speedup": pred["speedup"],
-      "efficiency": speedup / pred["speedup"],
+      "efficiency": _ratio(speedup, pred["speedup"]),
       "efficiency_se": (None if speedup_se is None
-                        else speedup_se / pred["speedup"]),
+                        else _ratio(speedup_se, pred["speedup"])),
       **parts,
       "decode_speedup_se": decode_se,
       "decode_efficiency_se": (None if decode_se is None else
-                               decode_se / parts["predicted_decode_speedup"]),
+                               _ratio(decode_se,
+                                      parts["predicted_decode_speedup"])),
       **{f"factor_{k}": v for k, v in factors.items()},
       "accept_hist": s["accept_hist"],
   }
