@@ -2,6 +2,8 @@ r"""The paper-figure reproduction: which models, which grid, how much text.
 
   python -m experiments.reproduce                                   # quick
   python -m experiments.reproduce --config=configs/reproduce.py:full
+  python -m experiments.reproduce --config=configs/reproduce.py:verifiers
+  python -m experiments.reproduce --config=configs/reproduce.py:adaptive
   python -m experiments.sweep --config=configs/reproduce.py:quick \
       --results_dir=results/quick                  # the sweep alone
 
@@ -15,7 +17,23 @@ full   the recipes' 2,000-step target-3m and drafts 0.1m / 0.5m / 2m, their
        about 1.3 h (target) + 10 min to 1 h per draft on 2 CPU cores; the sweep
        about 30 min. Models are cached (see `specjax.zoo`), so reruns skip
        training.
-tiny   seconds; for tests of the pipeline only.
+verifiers  issue 11: the verifier axis (token, block, and the LOSSY baselines
+       lenient:0.5 and typical:0.09,0.3) x gamma {1, 2, 4, 8} at T = 1 on the
+       quick models (bigram, draft-0.1m, its distilled twin, self:1), batch 1.
+       Same draft and gamma = equal draft compute. Lossy rows carry an
+       estimated per-token TV (`specjax.distortion`).
+adaptive   issue 12: gamma = auto (the Goodput rule) beside every fixed gamma
+       {1, 2, 4, 8}, per draft (bigram, the distilled draft, self:1, self:2),
+       at batch 1 and 8, T = 0 and 1, 16 prompts.
+tiny   seconds; for tests of the pipeline only. verifiers_tiny and
+       adaptive_tiny: the two grids above on the tiny models (smoke runs).
+
+Axes beyond drafts x temperatures x gammas (defaults in brackets): verifiers
+[("token",)], any registry string of `specjax.decode.verifiers`; gammas may
+hold "auto"; batch_sizes [(1,)], each dividing num_prompts. Drafts named
+`self:k` (kind "self") are the target's first k blocks (`SelfDraft`, sharing
+its cache). Cells that cannot run (block or lossy verifier with gamma =
+auto) are skipped and listed in metadata.json's "skipped".
 
 Every model comes from `specjax.zoo`, trained on the interpreter's standard
 library when missing; prompts are cut from its held-out split.
@@ -27,6 +45,10 @@ from ml_collections import config_dict
 
 _QUICK_TARGET = {"num_steps": 150, "batch_size": 16, "eval_every": 50,
                  "checkpoint_every": 50, "optim.warmup_steps": 15}
+_QUICK_DRAFT = {"num_steps": 300, "batch_size": 16, "eval_every": 100,
+                "checkpoint_every": 100, "optim.warmup_steps": 30}
+_PRESETS = ("quick", "full", "tiny", "verifiers", "adaptive", "verifiers_tiny",
+            "adaptive_tiny")
 
 
 def _pairs(overrides):
@@ -41,11 +63,11 @@ def _draft(name, kind, overrides=None, teacher_overrides=None):
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
-  """`arg`: quick (default), full or tiny."""
+  """`arg`: one of _PRESETS (default quick); see the module docstring."""
   preset = arg or "quick"
-  if preset not in ("quick", "full", "tiny"):
-    raise ValueError(f"configs/reproduce.py argument {arg!r}: expected quick, "
-                     "full or tiny.")
+  if preset not in _PRESETS:
+    raise ValueError(f"configs/reproduce.py argument {arg!r}: expected one of "
+                     f"{', '.join(_PRESETS)}.")
   c = config_dict.ConfigDict()
   c.preset = preset
   c.cache_dir = config_dict.placeholder(str)  # None: $SPECJAX_CACHE or ~/.cache
@@ -59,20 +81,60 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   # Timed calls per prompt and decoder (the fewest seconds count): one slow
   # spell of a shared machine then cannot decide a cell.
   c.call_repeats = 2
-  if preset == "quick":
+  c.verifiers = ("token",)
+  c.batch_sizes = (1,)
+  if preset in ("verifiers", "adaptive"):
+    c.target = "target-3m"
+    c.target_overrides = _pairs(_QUICK_TARGET)
+    bigram = _draft("bigram", "bigram")
+    small = _draft("draft-0.1m", "transformer", _QUICK_DRAFT)
+    distilled = _draft("distilled-draft-0.1m@target-3m", "distilled",
+                       _QUICK_DRAFT, dict(_QUICK_TARGET))
+    c.prompt_len = 64
+    c.max_new_tokens = 128
+    # Beside the separate experiments' results/verifiers and adaptive_gamma.
+    c.results_dir = f"results/{preset}_sweep"
+    if preset == "verifiers":
+      c.drafts = [bigram, small, distilled, _draft("self:1", "self")]
+      c.temperatures = (1.0,)
+      c.verifiers = ("token", "block", "lenient:0.5", "typical:0.09,0.3")
+      c.gammas = (1, 2, 4, 8)
+      c.num_prompts = 8
+    else:
+      c.drafts = [bigram, distilled, _draft("self:1", "self"),
+                  _draft("self:2", "self")]
+      c.gammas = (1, 2, 4, 8, "auto")
+      c.batch_sizes = (1, 8)
+      c.num_prompts = 16
+  elif preset in ("verifiers_tiny", "adaptive_tiny"):
+    fast = {"num_steps": 20, "eval_every": 10, "checkpoint_every": 0,
+            "progress": False}
+    c.target = "tiny"
+    c.target_overrides = _pairs(fast)
+    c.drafts = [_draft("bigram", "bigram"), _draft("self:1", "self")]
+    c.temperatures = (1.0,)
+    c.num_prompts = 2
+    c.prompt_len = 16
+    c.max_new_tokens = 24
+    c.step_seconds = 0.01
+    c.step_repeats = 2
+    c.call_repeats = 1
+    if preset == "verifiers_tiny":
+      c.verifiers = ("token", "block", "lenient:0.5", "typical:0.09,0.3")
+      c.gammas = (1, 3)
+    else:
+      c.gammas = (1, 3, "auto")
+      c.batch_sizes = (1, 2)
+  elif preset == "quick":
     c.target = "target-3m"
     c.target_overrides = _pairs(_QUICK_TARGET)
     c.drafts = [
         _draft("unigram", "unigram"),
         _draft("bigram", "bigram"),
         _draft("prompt-lookup", "prompt_lookup"),
-        _draft("draft-0.1m", "transformer",
-               {"num_steps": 300, "batch_size": 16, "eval_every": 100,
-                "checkpoint_every": 100, "optim.warmup_steps": 30}),
+        _draft("draft-0.1m", "transformer", _QUICK_DRAFT),
         # The same budget as draft-0.1m: distilled vs corpus-trained, fairly.
-        _draft("distilled-draft-0.1m@target-3m", "distilled",
-               {"num_steps": 300, "batch_size": 16, "eval_every": 100,
-                "checkpoint_every": 100, "optim.warmup_steps": 30},
+        _draft("distilled-draft-0.1m@target-3m", "distilled", _QUICK_DRAFT,
                dict(_QUICK_TARGET)),
     ]
     c.gammas = (1, 2, 4, 8)

@@ -13,13 +13,28 @@ and `DIR/metadata.json`, and writes into `DIR`:
   fig_round_decomposition.{png,pdf}    (f) time per generated token, split
                                            into draft / verify / other,
                                            predicted beside measured, per cell
+  fig_verifiers.{png,pdf}              (g) per verifier: tokens per target call
+                                           and measured speedup against gamma
+                                           (same draft, same gamma: equal draft
+                                           compute); lossy verifiers dashed
+  fig_adaptive_gamma.{png,pdf}         (h) gamma = auto against every fixed
+                                           gamma, per draft and batch size
+  verifiers.md                         every verifier cell: exact / lossy,
+                                       speedup beside the lossy ones'
+                                       estimated per-token TV
   table3.md                            (e) Leviathan et al. (2023), Table 3
                                            layout, the paper's row beside ours
   summary.txt                          one screen: best gamma per draft and
                                        temperature, where speculation loses,
                                        and the cost model's check (efficiency
                                        target; the component off where a
-                                       cell misses)
+                                       cell misses); block against token
+                                       per cell, auto against the best fixed
+                                       gamma per cell
+
+Sweeps with more axes (`specjax.sweep.run`: verifier, gamma = auto, batch
+size) draw (a)-(f) and Table 3 from the main rows only (token verifier, fixed
+gamma, the smallest batch size), and (g), (h) where their axes vary.
 
 Measured values are markers with 95% (1.96 * se) error bars; the i.i.d.
 formulas of `specjax.accounting` are lines. Nothing is refit here: every
@@ -67,10 +82,15 @@ REQUIRED_KEYS = (
 )
 
 # Display order of draft kinds: the paper's columns first, then ours.
-KIND_ORDER = ("unigram", "bigram", "prompt_lookup", "transformer", "distilled")
+KIND_ORDER = ("unigram", "bigram", "prompt_lookup", "transformer", "distilled",
+              "self")
 TRANSFORMER_KINDS = ("transformer", "distilled")
 KIND_MARKERS = {"unigram": "v", "bigram": "^", "prompt_lookup": "s",
-                "transformer": "o", "distilled": "D"}
+                "transformer": "o", "distilled": "D", "self": "P"}
+
+# Axes added by later sweeps, with the value a row without them had.
+AXIS_DEFAULTS = {"verifier": "token", "exact": True, "gamma_mode": "fixed",
+                 "batch_size": 1}
 
 # Leviathan, Kalman & Matias (2023), Table 3, row "GPT-like (97M)":
 # acceptance alpha at argmax (T = 0) / sampling (T = 1).
@@ -140,13 +160,19 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
       except (TypeError, ValueError) as e:
         raise ValueError(f"{path}:{lineno}: gamma, temperature and "
                          f"draft_params must be numbers ({e}).") from e
+      for name, default in AXIS_DEFAULTS.items():
+        row.setdefault(name, default)
+      row["lossy"] = not row["exact"]
+      row["batch_size"] = int(row["batch_size"])
       # A repeated cell would make "best gamma" depend on line order; refuse
       # rather than silently pick one.
-      cell = (row["draft"], row["temperature"], row["gamma"])
+      cell = (row["draft"], row["temperature"], row["gamma"], row["verifier"],
+              row["gamma_mode"], row["batch_size"])
       if cell in seen:
-        raise ValueError(f"{path}:{lineno}: cell (draft={cell[0]!r}, "
-                         f"temperature={cell[1]}, gamma={cell[2]}) repeats "
-                         f"line {seen[cell]}.")
+        raise ValueError(
+            f"{path}:{lineno}: cell (draft={cell[0]!r}, temperature={cell[1]}"
+            f", gamma={cell[2]}, verifier={cell[3]!r}, gamma_mode={cell[4]}, "
+            f"batch_size={cell[5]}) repeats line {seen[cell]}.")
       seen[cell] = lineno
       rows.append(row)
   if not rows:
@@ -315,10 +341,8 @@ def _new_figure(rows, title, metadata, panel_width=5.6):
   return fig, list(zip(temps, axes[0]))
 
 
-def _finish(fig, path_stem: str, handles, ncol: int) -> list[str]:
-  # One legend for all panels, below them, so the data are never covered.
-  fig.legend(handles=handles, loc="outside lower center", ncol=ncol,
-             fontsize=8, frameon=False)
+def _save(fig, path_stem: str) -> list[str]:
+  """Writes `path_stem`.png and .pdf, closes the figure, returns the paths."""
   os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
   paths = []
   for ext in ("png", "pdf"):
@@ -327,6 +351,13 @@ def _finish(fig, path_stem: str, handles, ncol: int) -> list[str]:
     paths.append(path)
   plt.close(fig)
   return paths
+
+
+def _finish(fig, path_stem: str, handles, ncol: int) -> list[str]:
+  # One legend for all panels, below them, so the data are never covered.
+  fig.legend(handles=handles, loc="outside lower center", ncol=ncol,
+             fontsize=8, frameon=False)
+  return _save(fig, path_stem)
 
 
 def _draft_handles(rows, colors) -> list:
@@ -665,13 +696,7 @@ def plot_batch_scaling(rows: Sequence[dict], path_stem: str,
   handles = ax2.get_legend_handles_labels()
   extra = twin.get_legend_handles_labels()
   ax2.legend(handles[0] + extra[0], handles[1] + extra[1], fontsize=7)
-  os.makedirs(os.path.dirname(os.path.abspath(path_stem)), exist_ok=True)
-  paths = []
-  for ext in ("png", "pdf"):
-    fig.savefig(f"{path_stem}.{ext}", dpi=_DPI)
-    paths.append(f"{path_stem}.{ext}")
-  plt.close(fig)
-  return paths
+  return _save(fig, path_stem)
 
 
 def efficiency_report(rows: Sequence[dict]) -> str:
@@ -889,6 +914,317 @@ def summary_table(rows: Sequence[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+# --- The verifier and adaptive-gamma axes ------------------------------------
+
+# Issue 11's target: block keeps >= token's tokens per target call (95%), and
+# at least this much more where token verification's alpha <= BLOCK_ALPHA_MAX.
+BLOCK_GAIN = 0.05
+BLOCK_ALPHA_MAX = 0.9
+# Issue 12's target: auto beats the best fixed gamma by AUTO_GAIN, or is
+# within AUTO_TOLERANCE of it where no fixed gamma can be beaten.
+AUTO_GAIN = 0.08
+AUTO_TOLERANCE = 0.02
+
+
+def main_rows(rows: Sequence[dict]) -> list[dict]:
+  """The rows figures (a)-(f) and Table 3 read: token verifier, fixed gamma,
+  the smallest batch size of the sweep (batch 1, the latency setting)."""
+  fixed = [r for r in rows
+           if r["verifier"] == "token" and r["gamma_mode"] == "fixed"]
+  if not fixed:
+    return []
+  smallest = min(r["batch_size"] for r in fixed)
+  return [r for r in fixed if r["batch_size"] == smallest]
+
+
+def _groups(rows: Sequence[dict]) -> list[tuple[str, float, int]]:
+  """(draft, temperature, batch) in display order."""
+  keys = {(r["draft"], r["temperature"], r["batch_size"]) for r in rows}
+  order = {d: i for i, d in enumerate(_drafts(rows))}
+  return sorted(keys, key=lambda k: (order[k[0]], k[1], k[2]))
+
+
+def _group_label(draft: str, temperature: float, batch: int) -> str:
+  return f"{draft}, T = {temperature:g}, batch {batch}"
+
+
+def _verifiers(rows: Sequence[dict]) -> list[str]:
+  """Verifier specs: exact ones first (token first), then lossy."""
+  first = {}
+  for r in rows:
+    first.setdefault(r["verifier"], r)
+  return sorted(first, key=lambda v: (first[v]["lossy"], v != "token", v))
+
+
+def verifier_rows(rows: Sequence[dict]) -> list[dict]:
+  """Fixed-gamma rows of the (draft, T, batch) groups that compare verifiers."""
+  fixed = [r for r in rows if r["gamma_mode"] == "fixed"]
+  groups = {}
+  for r in fixed:
+    groups.setdefault((r["draft"], r["temperature"], r["batch_size"]),
+                      set()).add(r["verifier"])
+  return [r for r in fixed
+          if len(groups[(r["draft"], r["temperature"], r["batch_size"])]) > 1]
+
+
+def plot_verifiers(rows: Sequence[dict], path_stem: str,
+                   metadata: dict | None = None) -> list[str]:
+  """(g) Per verifier: tokens per target call and speedup against gamma.
+
+  One column per (draft, temperature, batch); in each, every verifier ran
+  the same draft with the same gamma, so the draft compute per round is
+  equal and only the verification differs. Top: tokens per target call
+  (95% CI); bottom: measured end-to-end speedup (95% CI). Lossy verifiers
+  (not exact: their output is not the target's) are dashed and labelled.
+  """
+  rows = verifier_rows(rows)
+  if not rows:
+    raise ValueError("no (draft, temperature, batch) group ran more than one "
+                     "verifier: nothing to compare.")
+  groups = _groups(rows)
+  specs = _verifiers(rows)
+  cmap = plt.get_cmap("tab10")
+  colors = {v: cmap(i % 10) for i, v in enumerate(specs)}
+  fig, axes = plt.subplots(2, len(groups), squeeze=False,
+                           figsize=(4.6 * len(groups), 7.4),
+                           constrained_layout=True)
+  fig.suptitle("(g) Verifiers at equal draft compute (same draft, same γ)\n"
+               f"{_provenance(rows, metadata)}", fontsize=10)
+  gammas = sorted({r["gamma"] for r in rows})
+  for col, (d, t, b) in enumerate(groups):
+    top, bottom = axes[0][col], axes[1][col]
+    for v in specs:
+      cells = sorted((r for r in rows if (r["draft"], r["temperature"],
+                                          r["batch_size"], r["verifier"])
+                      == (d, t, b, v)), key=lambda r: r["gamma"])
+      if not cells:
+        continue
+      g = [c["gamma"] for c in cells]
+      style = "--" if cells[0]["lossy"] else "-"
+      for ax, key in ((top, "tokens_per_target_call"), (bottom, "speedup")):
+        y = [_num(c[key]) for c in cells]
+        ax.plot(g, y, color=colors[v], linestyle=style, linewidth=1.2)
+        _errorbar(ax, g, y, [c.get(key + "_se") for c in cells],
+                  color=colors[v], marker="o")
+    top.set_title(_group_label(d, t, b), fontsize=9)
+    top.set_ylabel("tokens per target call")
+    bottom.axhline(1.0, color="0.3", linestyle=":", linewidth=1.0)
+    bottom.set_ylabel("speedup over autoregressive (×)")
+    for ax in (top, bottom):
+      ax.set_xticks(gammas)
+      ax.set_xlabel("γ (draft tokens per round)")
+      ax.grid(alpha=0.3)
+  handles = [Line2D([], [], color=colors[v], marker="o",
+                    linestyle="--" if _lossy(rows, v) else "-",
+                    label=v + (" (LOSSY: not exact)" if _lossy(rows, v)
+                               else " (exact)")) for v in specs]
+  return _finish(fig, path_stem, handles, ncol=min(4, len(handles)))
+
+
+def _lossy(rows: Sequence[dict], verifier: str) -> bool:
+  return any(r["lossy"] for r in rows if r["verifier"] == verifier)
+
+
+def adaptive_rows(rows: Sequence[dict]) -> list[dict]:
+  """Exact-verifier rows of the (draft, T, batch, verifier) groups that ran
+  gamma = auto beside fixed gammas."""
+  auto = {(r["draft"], r["temperature"], r["batch_size"], r["verifier"])
+          for r in rows if r["gamma_mode"] == "auto"}
+  return [r for r in rows if (r["draft"], r["temperature"], r["batch_size"],
+                              r["verifier"]) in auto]
+
+
+def plot_adaptive_gamma(rows: Sequence[dict], path_stem: str,
+                        metadata: dict | None = None) -> list[str]:
+  """(h) gamma = auto against every fixed gamma, per draft and batch size.
+
+  Rows of panels are batch sizes, columns (draft, temperature). Markers:
+  the measured speedup at each fixed gamma (95% CI); the horizontal line and
+  band: gamma = auto's speedup and its 95% CI, labelled with its mean draft
+  length per round.
+  """
+  rows = adaptive_rows(rows)
+  if not rows:
+    raise ValueError("no cell ran gamma='auto': nothing to compare.")
+  batches = sorted({r["batch_size"] for r in rows})
+  columns = sorted({(r["draft"], r["temperature"]) for r in rows},
+                   key=lambda k: (_drafts(rows).index(k[0]), k[1]))
+  colors = _colors(rows)
+  fig, axes = plt.subplots(len(batches), len(columns), squeeze=False,
+                           figsize=(4.4 * len(columns), 3.6 * len(batches)),
+                           constrained_layout=True)
+  fig.suptitle("(h) γ = auto (Goodput rule) against every fixed γ\n"
+               f"{_provenance(rows, metadata)}", fontsize=10)
+  for i, b in enumerate(batches):
+    for j, (d, t) in enumerate(columns):
+      ax = axes[i][j]
+      cells = [r for r in rows if (r["draft"], r["temperature"],
+                                   r["batch_size"]) == (d, t, b)]
+      fixed = sorted((r for r in cells if r["gamma_mode"] == "fixed"),
+                     key=lambda r: r["gamma"])
+      auto = [r for r in cells if r["gamma_mode"] == "auto"]
+      if fixed:
+        g = [r["gamma"] for r in fixed]
+        y = [_num(r["speedup"]) for r in fixed]
+        ax.plot(g, y, color=colors[d], linewidth=1.0)
+        _errorbar(ax, g, y, [r.get("speedup_se") for r in fixed],
+                  color=colors[d], marker="o")
+        ax.set_xticks(g)
+      for r in auto:
+        a, se = _num(r["speedup"]), _num(r.get("speedup_se"))
+        ax.axhline(a, color="tab:red", linewidth=1.4)
+        if math.isfinite(se):
+          ax.axhspan(a - Z95 * se, a + Z95 * se, color="tab:red", alpha=0.12)
+        ax.annotate(f"auto {a:.2f}× (mean γ "
+                    f"{_num(r.get('mean_draft_length')):.1f})",
+                    (0.02, 0.04), xycoords="axes fraction", fontsize=7,
+                    color="tab:red")
+      ax.axhline(1.0, color="0.3", linestyle=":", linewidth=1.0)
+      ax.set_title(f"{d}, T = {t:g}, batch {b}", fontsize=9)
+      ax.set_xlabel("fixed γ")
+      ax.set_ylabel("speedup over autoregressive (×)")
+      ax.grid(alpha=0.3)
+  handles = [Line2D([], [], color="k", marker="o", linestyle="-",
+                    label="fixed γ, measured ±95% CI"),
+             Line2D([], [], color="tab:red", linewidth=1.4,
+                    label="γ = auto, measured (band: 95% CI)")]
+  return _finish(fig, path_stem, handles, ncol=2)
+
+
+def _fmt_se(value, se, digits=2) -> str:
+  value, se = _num(value), _num(se)
+  if not math.isfinite(value):
+    return "–"
+  out = f"{value:.{digits}f}"
+  return out + (f" ± {Z95 * se:.{digits}f}" if math.isfinite(se) else "")
+
+
+def verifier_table_markdown(rows: Sequence[dict],
+                            metadata: dict | None = None) -> str:
+  """Every verifier cell: exact or LOSSY, tokens per call, speedup, and the
+  lossy verifiers' estimated per-token TV (`specjax.distortion`) beside it."""
+  rows = verifier_rows(rows)
+  if not rows:
+    return ""
+  lines = [
+      "# Verifiers at equal draft compute (same draft, same γ)", "",
+      "| draft | T | batch | verifier | lossy | γ | α̂ | tokens / target "
+      "call | speedup | TV per token |",
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  specs = _verifiers(rows)
+  for d, t, b in _groups(rows):
+    for v in specs:
+      for r in sorted((r for r in rows if (r["draft"], r["temperature"],
+                                           r["batch_size"], r["verifier"])
+                       == (d, t, b, v)), key=lambda r: r["gamma"]):
+        tv = ("0 (exact)" if not r["lossy"] else
+              _fmt_se(r.get("tv_per_token"), r.get("tv_per_token_se"), 4))
+        lines.append(
+            f"| {d} | {t:g} | {b} | {v} | {'LOSSY' if r['lossy'] else 'no'} "
+            f"| {r['gamma']} | {_num(r['alpha_hat']):.3f} | "
+            f"{_fmt_se(r['tokens_per_target_call'], r.get('tokens_per_target_call_se'))}"
+            f" | {_fmt_se(r['speedup'], r.get('speedup_se'))} | {tv} |")
+  lines += ["", "± is a 95% interval. Lossy verifiers are NOT exact: their "
+            "text is not distributed as the target's. TV per token: the mean "
+            "over generated tokens of TV(the verifier's law at a judged "
+            "position, p), an upper bound on the per-token distortion "
+            "(`specjax.distortion`).", "",
+            f"_{_provenance(rows, metadata)}_"]
+  return "\n".join(lines) + "\n"
+
+
+def block_vs_token_report(rows: Sequence[dict]) -> str:
+  """Per (draft, T, batch, gamma): block against token tokens per call.
+
+  Checks issue 11's target per cell: block >= token within the 95% interval
+  of the difference, and a gain >= BLOCK_GAIN where token's alpha_hat <=
+  BLOCK_ALPHA_MAX (n/a at gamma = 1, where block verification is token
+  verification, and where alpha is higher).
+  """
+  fixed = [r for r in rows if r["gamma_mode"] == "fixed"]
+  index = {(r["draft"], r["temperature"], r["batch_size"], r["gamma"],
+            r["verifier"]): r for r in fixed}
+  pairs = [(index[k[:4] + ("token",)], r) for k, r in index.items()
+           if k[4] == "block" and k[:4] + ("token",) in index]
+  if not pairs:
+    return ""
+  pairs.sort(key=lambda p: (_drafts(fixed).index(p[0]["draft"]),
+                            p[0]["temperature"], p[0]["batch_size"],
+                            p[0]["gamma"]))
+  lines = [f"Block vs token verification, tokens per target call (target: "
+           f"block >= token within 95% in every cell; >= +{BLOCK_GAIN:.0%} "
+           f"where alpha <= {BLOCK_ALPHA_MAX})",
+           f"{'cell':44s} {'alpha':>6} {'token':>6} {'block':>6} "
+           f"{'gain':>7}  >=token  +{BLOCK_GAIN:.0%}"]
+  counts = {"ok": 0, "pass": 0, "fail": 0, "n/a": 0}
+  for tok, blk in pairs:
+    a = _num(tok["alpha_hat"])
+    t_tok, t_blk = _num(tok["tokens_per_target_call"]), _num(
+        blk["tokens_per_target_call"])
+    se = math.sqrt(sum(_num(x.get("tokens_per_target_call_se")) ** 2
+                       for x in (tok, blk)))
+    gain = t_blk / t_tok - 1.0
+    at_least = t_blk - t_tok + (Z95 * se if math.isfinite(se) else 0.0) >= 0
+    counts["ok"] += at_least
+    if tok["gamma"] == 1:
+      verdict = "n/a (gamma=1: block is token)"
+    elif not a <= BLOCK_ALPHA_MAX:
+      verdict = f"n/a (alpha > {BLOCK_ALPHA_MAX})"
+    else:
+      verdict = "PASS" if gain >= BLOCK_GAIN else "FAIL"
+    counts[{"PASS": "pass", "FAIL": "fail"}.get(verdict, "n/a")] += 1
+    cell = (f"{tok['draft']} T={tok['temperature']:g} B={tok['batch_size']} "
+            f"g={tok['gamma']}")
+    lines.append(f"{cell:44s} {a:>6.3f} {t_tok:>6.2f} {t_blk:>6.2f} "
+                 f"{gain:>+7.1%}  {'yes' if at_least else 'NO':>7}  {verdict}")
+  lines.append(f"block >= token (95%): {counts['ok']} of {len(pairs)} cells; "
+               f"+{BLOCK_GAIN:.0%} where alpha <= {BLOCK_ALPHA_MAX} and gamma "
+               f"> 1: {counts['pass']} pass, {counts['fail']} fail "
+               f"({counts['n/a']} n/a).")
+  return "\n".join(lines) + "\n"
+
+
+def adaptive_report(rows: Sequence[dict]) -> str:
+  """Per (draft, T, batch): gamma = auto against the sweep's best fixed gamma.
+
+  Verdicts (issue 12): BEATS when auto's speedup >= (1 + AUTO_GAIN) x the best
+  fixed gamma's, MATCHES when within AUTO_TOLERANCE of it, else MISSES.
+  """
+  rows = adaptive_rows(rows)
+  if not rows:
+    return ""
+  lines = [f"gamma = auto vs the best fixed gamma of the sweep (target: >= "
+           f"+{AUTO_GAIN:.0%}, or within {AUTO_TOLERANCE:.0%} where no fixed "
+           "gamma can be beaten)",
+           f"{'cell':40s} {'auto':>13} {'mean_g':>6} {'best fixed':>17} "
+           f"{'auto/best':>9}  verdict"]
+  verdicts = []
+  for d, t, b in _groups(rows):
+    cells = [r for r in rows if (r["draft"], r["temperature"],
+                                 r["batch_size"]) == (d, t, b)]
+    auto = next((r for r in cells if r["gamma_mode"] == "auto"), None)
+    fixed = [r for r in cells if r["gamma_mode"] == "fixed"
+             and math.isfinite(_num(r["speedup"]))]
+    if auto is None or not fixed:
+      continue
+    best = max(sorted(fixed, key=lambda r: r["gamma"]),
+               key=lambda r: _num(r["speedup"]))
+    ratio = _num(auto["speedup"]) / _num(best["speedup"])
+    verdict = ("BEATS" if ratio >= 1 + AUTO_GAIN else "MATCHES"
+               if ratio >= 1 - AUTO_TOLERANCE else "MISSES")
+    verdicts.append(verdict)
+    lines.append(
+        f"{f'{d} T={t:g} B={b}':40s} "
+        f"{_fmt_se(auto['speedup'], auto.get('speedup_se')):>13} "
+        f"{_num(auto.get('mean_draft_length')):>6.2f} "
+        f"{'g=' + str(best['gamma']) + ' ' + _fmt_se(best['speedup'], best.get('speedup_se')):>17} "
+        f"{ratio:>9.3f}  {verdict}")
+  lines.append(", ".join(f"{verdicts.count(v)} {v}" for v in
+                         ("BEATS", "MATCHES", "MISSES")) + f" of "
+               f"{len(verdicts)} cells.")
+  return "\n".join(lines) + "\n"
+
+
 # --- Everything -------------------------------------------------------------
 
 
@@ -907,25 +1243,50 @@ def models_table(metadata: dict) -> str:
 
 
 def make_all(results_dir: str) -> list[str]:
-  """Writes every figure (PNG and PDF), table3.md and summary.txt.
+  """Writes every figure (PNG and PDF), the tables and summary.txt.
+
+  Figures (a)-(f) and table3.md from `main_rows`; (g) and verifiers.md where
+  verifiers were compared; (h) where gamma = auto ran; summary.txt with the
+  block-vs-token and auto-vs-best-fixed reports where they apply.
 
   Returns:
     The written paths, figures first.
   """
-  rows, metadata = load_results(results_dir)
+  all_rows, metadata = load_results(results_dir)
+  rows = main_rows(all_rows)
   plots = (plot_alpha_vs_overlap, plot_tokens_per_pass,
            plot_speedup_vs_gamma, plot_speedup_vs_draft_size,
            plot_round_decomposition)
   paths = []
-  for name, plot in zip(FIGURE_NAMES, plots):
+  for name, plot in zip(FIGURE_NAMES, plots if rows else ()):
     if plot is plot_round_decomposition and not _has_decomposition(rows):
       continue  # a sweep from before the loop's cost model
     paths += plot(rows, os.path.join(results_dir, name), metadata=metadata)
-  report = efficiency_report(rows)
-  for name, text in (("table3.md", table3_markdown(rows, metadata)),
-                     ("summary.txt", models_table(metadata)
-                      + summary_table(rows) + ("\n" + report if report
-                                               else ""))):
+  if verifier_rows(all_rows):
+    paths += plot_verifiers(all_rows, os.path.join(results_dir,
+                                                   "fig_verifiers"), metadata)
+  if adaptive_rows(all_rows):
+    paths += plot_adaptive_gamma(
+        all_rows, os.path.join(results_dir, "fig_adaptive_gamma"), metadata)
+  report = efficiency_report(rows) if rows else ""
+  summary = models_table(metadata) + (summary_table(rows) if rows else "")
+  for part in (report, block_vs_token_report(all_rows),
+               verifier_table_markdown(all_rows, metadata),
+               adaptive_report(all_rows)):
+    if part:
+      summary += "\n" + part
+  skipped = metadata.get("skipped") or []
+  if skipped:
+    summary += "\nSkipped cells:\n" + "".join(
+        f"  {s.get('draft')} T={s.get('temperature')} {s.get('verifier')} "
+        f"gamma={s.get('gamma')} B={s.get('batch_size')}: {s.get('reason')}\n"
+        for s in skipped)
+  texts = [("summary.txt", summary)]
+  if rows:
+    texts.insert(0, ("table3.md", table3_markdown(rows, metadata)))
+  if verifier_rows(all_rows):
+    texts.append(("verifiers.md", verifier_table_markdown(all_rows, metadata)))
+  for name, text in texts:
     path = os.path.join(results_dir, name)
     with open(path, "w", encoding="utf-8") as f:
       f.write(text)

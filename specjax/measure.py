@@ -68,6 +68,7 @@ from specjax import accounting
 from specjax import sampling as sampling_lib
 from specjax import stats
 from specjax.decode import loop as loop_lib
+from specjax.decode import verifiers as verifiers_lib
 
 # Relative error beyond which `decompose` calls a component off.
 TOLERANCE = 0.10
@@ -295,8 +296,8 @@ _SURE = 1e4
 
 def null_loop_seconds(target, draft, shape: LoopShape,
                       sampling: sampling_lib.SamplingConfig, *,
-                      repeats: int = 5, memo: dict | None = None
-                      ) -> tuple[float, float]:
+                      repeats: int = 5, memo: dict | None = None,
+                      verifier="token") -> tuple[float, float]:
   """(seconds per round outside the passes, fixed seconds per call).
 
   Runs the loop of `shape` with NullLMs in place of `target` and `draft`,
@@ -307,15 +308,20 @@ def null_loop_seconds(target, draft, shape: LoopShape,
 
   Speculative (gamma >= 1): the draft's table is the target's (every draft
   accepted: ceil(N / (gamma + 1)) rounds) or its negation (a greedy draft
-  always rejected: N rounds). Autoregressive (gamma = 0, `draft` None): the
+  always rejected: N rounds), judged by `verifier` (a registry string or
+  `Verifier`: its own work is part of the round's other work; every
+  registered verifier keeps a certain draft and refuses an impossible one).
+  Autoregressive (gamma = 0, `draft` None): the
   same `generate` program with `eos_id=0`, the table making token 0
   impossible (N rounds) or certain (1 round); the EOS check is a few
   elementwise ops on `[B, 1]`.
   """
   vocab = target.vocab_size
   one_hot = bool(getattr(draft, "one_hot_q", False)) if draft is not None else None
+  verifier = verifiers_lib.get_verifier(verifier)
   key = ("null", shape, sampling, vocab, one_hot,
-         getattr(target, "max_positions", None))
+         getattr(target, "max_positions", None),
+         verifier.spec if shape.gamma else None)
   if memo is not None and key in memo:
     return memo[key]
   null_target = NullLM.like(target)
@@ -336,7 +342,7 @@ def null_loop_seconds(target, draft, shape: LoopShape,
       return lambda: loop_lib.speculative_generate(
           null_target, null_draft, prompts_BxP, lengths_B, rng,
           gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
-          sampling=sampling)
+          sampling=sampling, verifier=verifier)
     long, short = call(-null_target.table), call(null_target.table)
   iters = lambda out: int(jax.device_get(out.stats.rounds).max())
   rounds_long, rounds_short = iters(long()), iters(short())
@@ -416,9 +422,13 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
                max_new_tokens: int, gamma: int,
                sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                seconds: float = 0.1, repeats: int = 5,
-               memo: dict | None = None) -> LoopCosts:
+               memo: dict | None = None, verifier="token") -> LoopCosts:
   """Times every part of `speculative_generate(target, draft, ...)` and of
   `generate(target, ...)` on the shapes those calls build (module docstring).
+
+  `verifier` is the loop's (its work is in the round's other work). A draft
+  that reads the target's cache (`SelfDraft(share_cache=True)`) has no
+  prefill: the loop skips it, so its draft_prefill_s is 0.
 
   `memo` (a dict kept across calls) times each distinct pass or null loop
   once, e.g. over a grid of drafts, gammas and temperatures.
@@ -442,7 +452,8 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
                         capacity=capacity, fill=0, **kw)
 
   other, fixed = null_loop_seconds(target, draft, spec, sampling,
-                                   repeats=repeats, memo=memo)
+                                   repeats=repeats, memo=memo,
+                                   verifier=verifier)
   ar_other, ar_fixed = null_loop_seconds(target, None, ar, sampling,
                                          repeats=repeats, memo=memo)
   return LoopCosts(
@@ -451,12 +462,20 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
       draft_window_s=at(spec, draft, 2), draft_step_s=at(spec, draft, 1),
       verify_s=at(spec, target, gamma + 1), other_s=other,
       target_prefill_s=prefill(spec, target),
-      draft_prefill_s=prefill(spec, draft), call_s=fixed,
+      draft_prefill_s=(0.0 if getattr(draft, "reads_target_cache", False)
+                       else prefill(spec, draft)), call_s=fixed,
       ar_step_s=at(ar, target, 1), ar_other_s=ar_other,
       ar_prefill_s=prefill(ar, target), ar_call_s=ar_fixed)
 
 
 # -- Prediction and its check -----------------------------------------------
+
+
+def _ratio(num: float, den: float) -> float:
+  """num / den, NaN when den is 0: a pass timed at 0 s (its n and 2n loops
+  equal within noise, e.g. a tiny model on a busy machine) makes a
+  prediction unknown, not an error."""
+  return num / den if den else math.nan
 
 
 def predict(costs: LoopCosts, alpha: float) -> dict[str, float]:
@@ -482,8 +501,8 @@ def predict(costs: LoopCosts, alpha: float) -> dict[str, float]:
   return {"loop_rounds": rounds, "tokens_per_round": n / rounds,
           "spec_decode_s": spec_decode, "ar_decode_s": ar_decode,
           "spec_call_s": spec_call, "ar_call_s": ar_call,
-          "decode_speedup": ar_decode / spec_decode,
-          "speedup": ar_call / spec_call}
+          "decode_speedup": _ratio(ar_decode, spec_decode),
+          "speedup": _ratio(ar_call, spec_call)}
 
 
 # The parts `decompose` can name, in the order a round is built.
@@ -535,19 +554,19 @@ def decompose(costs: LoopCosts, alpha: float, *, round_s: float,
       "predicted_decode_speedup": pred["decode_speedup"],
       "decode_speedup": n * ar_round_s / (loop_rounds * round_s),
   }
-  out["decode_efficiency"] = (out["decode_speedup"]
-                              / out["predicted_decode_speedup"])
+  out["decode_efficiency"] = _ratio(out["decode_speedup"],
+                                   out["predicted_decode_speedup"])
   factors = {"acceptance": pred["loop_rounds"] / loop_rounds,
-             "baseline": ar_round_s / costs.ar_round_s}
+             "baseline": _ratio(ar_round_s, costs.ar_round_s)}
   if null_draft_round_s is not None:
     out["measured_draft_s"] = round_s - null_draft_round_s
     out["measured_verify_s"] = null_draft_round_s - costs.other_s
     after_draft = costs.round_s - costs.draft_s + out["measured_draft_s"]
-    factors["draft"] = costs.round_s / after_draft
-    factors["verify"] = after_draft / round_s
+    factors["draft"] = _ratio(costs.round_s, after_draft)
+    factors["verify"] = _ratio(after_draft, round_s)
   else:
     out["measured_draft_s"] = out["measured_verify_s"] = math.nan
-    factors["round"] = costs.round_s / round_s
+    factors["round"] = _ratio(costs.round_s, round_s)
   out["factors"] = factors
   worst = max(factors, key=lambda k: abs(math.log(max(factors[k], 1e-12))))
   out["off"] = (worst if abs(out["decode_efficiency"] - 1) > TOLERANCE
@@ -559,7 +578,8 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
                              sampling: sampling_lib.SamplingConfig, *,
                              prompts_BxP, prompt_lengths_B, key,
                              costs: LoopCosts, repeats: int = 3,
-                             memo: dict | None = None) -> float:
+                             memo: dict | None = None,
+                             verifier="token") -> float:
   """Seconds per round of the real speculative loop with the draft a NullLM.
 
   The round then holds the target's verify pass, the loop's other work and
@@ -567,14 +587,16 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
   draft's in-loop cost, and minus `costs.other_s` the verify pass's.
   """
   one_hot = bool(getattr(draft, "one_hot_q", False))
-  mkey = ("null-draft", model_key(target), shape, sampling, one_hot)
+  verifier = verifiers_lib.get_verifier(verifier)
+  mkey = ("null-draft", model_key(target), shape, sampling, one_hot,
+          verifier.spec)
   if memo is not None and mkey in memo:
     return memo[mkey]
   null_draft = NullLM.like(draft)
   call = lambda: loop_lib.speculative_generate(
       target, null_draft, prompts_BxP, prompt_lengths_B, key,
       gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
-      sampling=sampling)
+      sampling=sampling, verifier=verifier)
   rounds = int(jax.device_get(call().stats.rounds).max())
   seconds = best_times({"": call}, repeats)[""]
   out = (seconds - costs.call_s - costs.target_prefill_s) / rounds
@@ -661,13 +683,14 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
       "spec_tokens_per_s": float(tokens.sum() / np.sum(spec_seconds)),
       "speedup": speedup, "speedup_se": speedup_se,
       "predicted_speedup": pred["speedup"],
-      "efficiency": speedup / pred["speedup"],
+      "efficiency": _ratio(speedup, pred["speedup"]),
       "efficiency_se": (None if speedup_se is None
-                        else speedup_se / pred["speedup"]),
+                        else _ratio(speedup_se, pred["speedup"])),
       **parts,
       "decode_speedup_se": decode_se,
       "decode_efficiency_se": (None if decode_se is None else
-                               decode_se / parts["predicted_decode_speedup"]),
+                               _ratio(decode_se,
+                                      parts["predicted_decode_speedup"])),
       **{f"factor_{k}": v for k, v in factors.items()},
       "accept_hist": s["accept_hist"],
   }

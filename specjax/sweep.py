@@ -1,9 +1,10 @@
-"""The measurement grid behind the paper figures: drafts x temperatures x gamma.
+"""The measurement grid behind the paper figures: drafts x temperatures x gamma
+(x verifier x batch size; gamma may be "auto").
 
-For one target, each draft, each temperature and each gamma, `run` decodes
-the same held-out prompts at batch 1 (the latency setting of the papers) with
+For one target, each cell of `plan`'s grid, `run` decodes the same held-out
+prompts (at batch 1 by default, the latency setting of the papers) with
 `speculative_generate`, and the autoregressive baseline `generate` decodes
-them too, alternating prompt by prompt; it records, per cell, the acceptance
+them too, alternating batch by batch; it records, per cell, the acceptance
 statistics of `specjax.stats.summarize`, every cost of the loop timed on its
 own shapes by `measure.loop_costs` (c and r among them), the measured
 end-to-end and decode-only speedups, what `measure.predict` predicts for
@@ -28,17 +29,22 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
 import tqdm
 
 from specjax import data
+from specjax import distortion
 from specjax import measure
 from specjax import sampling as sampling_lib
+from specjax import stats
 from specjax import zoo
 from specjax.decode import loop
+from specjax.decode import verifiers as verifiers_lib
 from specjax.models.prompt_lookup import PromptLookupDraft
+from specjax.models.self_draft import SelfDraft
 from specjax.train import losses
 
 
@@ -46,12 +52,14 @@ from specjax.train import losses
 class Draft:
   """A draft under test: display name, kind, size and the model itself."""
   name: str
-  kind: str  # unigram | bigram | prompt_lookup | transformer | distilled
+  kind: str  # unigram | bigram | prompt_lookup | transformer | distilled | self
   params: int
   model: Any
 
 
 def _param_count(model) -> int:
+  if hasattr(model, "param_count"):  # a view (SelfDraft): what its pass reads
+    return int(model.param_count())
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(model)))
 
 
@@ -60,28 +68,117 @@ def make_draft(name: str, kind: str, model) -> Draft:
   return Draft(name=name, kind=kind, params=_param_count(model), model=model)
 
 
-def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
-                        prompt_len: int, seed: int, repeats: int = 1):
-  """Runs both decoders on each prompt at batch 1, alternating, and times them.
+AUTO = "auto"
 
-  Alternating per prompt (same key for both) keeps slow drifts of the
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """One point of the grid. `gamma` is an int >= 1 or "auto"."""
+  draft: Draft
+  temperature: float
+  verifier: verifiers_lib.Verifier
+  gamma: int | str
+  batch_size: int
+
+  @property
+  def gamma_max(self) -> int:
+    """The loop's static draft length: gamma, or AUTO_GAMMA_MAX for auto."""
+    return loop.AUTO_GAMMA_MAX if self.gamma == AUTO else int(self.gamma)
+
+  def describe(self) -> dict:
+    return {"draft": self.draft.name, "temperature": float(self.temperature),
+            "verifier": self.verifier.spec, "gamma": self.gamma,
+            "batch_size": int(self.batch_size)}
+
+
+def _check_gammas(gammas) -> tuple:
+  out = []
+  for g in gammas:
+    if g == AUTO:
+      out.append(AUTO)
+    elif isinstance(g, (int, np.integer)) and not isinstance(g, bool) and g >= 1:
+      out.append(int(g))
+    else:
+      raise ValueError(f"gammas must hold ints >= 1 or 'auto', got {g!r} in "
+                       f"{tuple(gammas)}.")
+  if not out:
+    raise ValueError("gammas is empty: give at least one draft length.")
+  return tuple(out)
+
+
+def plan(drafts: Sequence[Draft], *, temperatures: Sequence[float],
+         gammas: Sequence[int | str], verifiers: Sequence[str] = ("token",),
+         batch_sizes: Sequence[int] = (1,), num_prompts: int | None = None
+         ) -> tuple[list[Cell], list[dict]]:
+  """The grid's cells in run order, and the cells it skips with the reason.
+
+  Every verifier is a registry string (`specjax.decode.verifiers`; any
+  registered name works, so new verifiers join the axis without a change
+  here). A cell is skipped, not run, when its combination is meaningless:
+  gamma="auto" with a verifier that judges a block as a whole (block: the
+  loop refuses adaptive draft lengths) or with a lossy verifier (the
+  adaptive comparison is between exact decoders; a lossy+auto cell would mix
+  two effects). Raises ValueError (before any model runs) for an unknown
+  verifier, a bad gamma, or a batch size that does not divide num_prompts.
+  """
+  gammas = _check_gammas(gammas)
+  specs = [verifiers_lib.get_verifier(v) for v in verifiers]
+  if not specs:
+    raise ValueError("verifiers is empty: give at least one, e.g. ('token',).")
+  batches = []
+  for b in batch_sizes:
+    if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
+      raise ValueError(f"batch_sizes must hold ints >= 1, got {b!r}.")
+    if num_prompts is not None and num_prompts % int(b):
+      raise ValueError(f"batch size {b} does not divide the {num_prompts} "
+                       "prompts; use num_prompts a multiple of every batch "
+                       "size.")
+    batches.append(int(b))
+  cells, skipped = [], []
+  for temperature in temperatures:
+    for batch in batches:
+      for draft in drafts:
+        for v in specs:
+          for gamma in gammas:
+            cell = Cell(draft, float(temperature), v, gamma, batch)
+            reason = None
+            if gamma == AUTO and not v.supports_draft_length:
+              reason = (f"verifier {v.spec!r} judges the draft block as a "
+                        "whole: no adaptive draft length")
+            elif gamma == AUTO and not v.exact:
+              reason = (f"verifier {v.spec!r} is lossy: gamma='auto' is "
+                        "compared among exact verifiers only")
+            if reason:
+              skipped.append({**cell.describe(), "reason": reason})
+            else:
+              cells.append(cell)
+  return cells, skipped
+
+
+def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
+                        prompt_len: int, seed: int, batch_size: int = 1,
+                        repeats: int = 1):
+  """Runs both decoders on each batch of prompts, alternating, and times them.
+
+  Alternating per batch (same key for both) keeps slow drifts of the
   machine's speed out of the ratio. Each decoder is first run once untimed,
-  so compilation is not counted. Each prompt's pair of calls is made
+  so compilation is not counted. Each batch's pair of calls is made
   `repeats` times (the same inputs and key, so the same output) and each
   decoder keeps its fewest seconds: the estimator of `specjax.measure`
   (its docstring, "Noise").
 
   Returns:
-    (baseline results, baseline seconds [N], speculative results, seconds [N]).
+    (baseline results, baseline seconds [N / batch], speculative results,
+    seconds [N / batch]).
   """
-  lengths = np.array([prompt_len], np.int32)
+  lengths = np.full((batch_size,), prompt_len, np.int32)
   key = jax.random.key(seed)
   for fn in (baseline, speculative):
-    jax.block_until_ready(fn(prompts[:1], lengths, key))
+    jax.block_until_ready(fn(prompts[:batch_size], lengths, key))
   out = ([], [], [], [])
-  for i in range(prompts.shape[0]):
-    calls = [functools.partial(fn, prompts[i:i + 1], lengths,
-                               jax.random.fold_in(key, i))
+  for i in range(prompts.shape[0] // batch_size):
+    batch = prompts[i * batch_size:(i + 1) * batch_size]
+    calls = [functools.partial(fn, batch, lengths, jax.random.fold_in(key, i))
              for fn in (baseline, speculative)]
     results, best = [None, None], [math.inf, math.inf]
     for _ in range(repeats):
@@ -94,75 +191,152 @@ def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
   return out[0], np.asarray(out[1]), out[2], np.asarray(out[3])
 
 
+# Fields of `measure.compare` that predict a fixed-gamma loop: meaningless
+# for gamma="auto" (the rule picks a length per round), so those rows store
+# None. The measured speedups and costs stay.
+_FIXED_GAMMA_PREDICTIONS = ("predicted_", "efficiency", "decode_efficiency",
+                            "factor_", "off", "measured_draft_s",
+                            "measured_verify_s")
+
+
+def _distortion(target, cell: Cell, prompts: np.ndarray, results,
+                sampling) -> dict:
+  """tv_per_token (and se) for a cell: 0 for exact verifiers (proved, and
+  checked on the lab), the estimate of `specjax.distortion` for lossy ones
+  (None where the verifier has no per-position law)."""
+  if cell.verifier.exact:
+    return {"tv_per_token": 0.0, "tv_per_token_se": 0.0}
+  if not distortion.has_position_law(cell.verifier):
+    return {"tv_per_token": None, "tv_per_token_se": None}
+  est = distortion.per_token_tv(
+      target, cell.draft.model, cell.verifier, sampling,
+      prompts_BxP=prompts,
+      prompt_lengths_B=np.full((prompts.shape[0],), prompts.shape[1], np.int32),
+      tokens_BxN=np.concatenate([np.asarray(r.tokens) for r in results]),
+      lengths_B=np.concatenate([np.asarray(r.lengths) for r in results]))
+  return {"tv_per_token": est["tv_per_token"],
+          "tv_per_token_se": est["tv_per_token_se"]}
+
+
 def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
-        temperatures: Sequence[float], gammas: Sequence[int],
-        max_new_tokens: int, target_name: str, seed: int = 0,
+        temperatures: Sequence[float], gammas: Sequence[int | str],
+        max_new_tokens: int, target_name: str,
+        verifiers: Sequence[str] = ("token",),
+        batch_sizes: Sequence[int] = (1,), seed: int = 0,
         step_seconds: float = 0.1, step_repeats: int = 5,
         call_repeats: int = 1,
-        progress: Callable[[str], None] | None = None) -> list[dict]:
-  """Measures every (draft, temperature, gamma) cell; returns one dict each.
+        progress: Callable[[str], None] | None = None,
+        skipped: list | None = None) -> list[dict]:
+  """Measures every cell of `plan`'s grid; returns one dict each.
 
   Args:
     target: the target `CausalLM`.
     drafts: the drafts to compare (`make_draft`).
-    prompts: int `[N, P]` held-out prompts (all of length P), decoded one at
-      a time.
+    prompts: int `[N, P]` held-out prompts (all of length P), decoded
+      `batch_size` at a time.
     temperatures: e.g. (0.0, 1.0); 0 is greedy.
-    gammas: draft lengths, e.g. range(1, 9).
+    gammas: draft lengths, e.g. range(1, 9), and/or "auto" (the `Goodput`
+      rule with gamma_max = `loop.AUTO_GAMMA_MAX`, its c and r measured at
+      the cell's batch size).
     max_new_tokens: tokens generated per prompt.
     target_name: recorded in every row.
+    verifiers: registry strings (`specjax.decode.verifiers`): "token",
+      "block", "lenient:0.5", "typical:0.09,0.3", or any later registration.
+    batch_sizes: rows decoded per call (each must divide N).
     seed: keys of the sampled runs.
     step_seconds, step_repeats: see `measure.pass_seconds`.
-    call_repeats: timed calls per prompt and decoder; the fewest seconds
-      count (see `_decode_interleaved`).
+    call_repeats: timed calls per batch of prompts and decoder; the fewest
+      seconds count (see `_decode_interleaved`).
     progress: called with a short description before each cell.
+    skipped: if given, a list that receives one dict per skipped cell (its
+      axes and a "reason"): those of `plan`, and cells whose decoder refuses
+      the combination before tracing (a ValueError from
+      `speculative_generate`, e.g. a verifier that fixes its own shape).
 
-  Every cell's costs come from `measure.loop_costs` on the loop's own shapes
-  (one memo for the grid: each distinct pass or null loop is timed once),
-  and its draft/verify split in the loop from
-  `measure.null_draft_round_seconds`.
+  Each row holds the cell's axes (draft, temperature, verifier with its
+  `exact` / `lossy` label, gamma with `gamma_mode` "fixed" or "auto" (gamma
+  is then the rule's gamma_max), batch_size), `measure.compare`'s
+  statistics, costs, measured and predicted speedups, `mean_draft_length`
+  (draft tokens proposed per row per round) and `tv_per_token` (see
+  `_distortion`). Costs come from `measure.loop_costs` on the loop's own
+  shapes (one memo for the grid: each distinct pass or null loop is timed
+  once), the draft/verify split from `measure.null_draft_round_seconds`.
+  Auto rows carry no fixed-gamma prediction (None).
   """
   prompts = np.asarray(prompts, np.int32)
   num_prompts, prompt_len = prompts.shape
+  cells, skips = plan(drafts, temperatures=temperatures, gammas=gammas,
+                      verifiers=verifiers, batch_sizes=batch_sizes,
+                      num_prompts=num_prompts)
   target_params = _param_count(target)
   rows = []
   memo: dict = {}
-  for temperature in temperatures:
-    sampling = sampling_lib.SamplingConfig(temperature=temperature)
-
-    def baseline(p, l, k):
-      return loop.generate(target, p, l, k, max_new_tokens=max_new_tokens,
-                           sampling=sampling)
-
-    for draft in drafts:
-      for gamma in gammas:
-        if progress:
-          progress(f"{draft.name}, T={temperature:g}, gamma={gamma}")
-        costs = measure.loop_costs(
-            target, draft.model, batch_size=1, prompt_len=prompt_len,
-            max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling,
-            seconds=step_seconds, repeats=step_repeats, memo=memo)
-        ar_results, ar_seconds, results, spec_seconds = _decode_interleaved(
-            baseline,
-            lambda p, l, k: loop.speculative_generate(
-                target, draft.model, p, l, k, gamma=gamma,
-                max_new_tokens=max_new_tokens, sampling=sampling),
-            prompts, prompt_len, seed, repeats=call_repeats)
-        null_round = measure.null_draft_round_seconds(
-            target, draft.model,
-            measure.LoopShape(1, prompt_len, max_new_tokens, gamma), sampling,
-            prompts_BxP=prompts[:1],
-            prompt_lengths_B=np.array([prompt_len], np.int32),
-            key=jax.random.key(seed), costs=costs, repeats=step_repeats,
-            memo=memo)
-        rows.append({
-            "draft": draft.name, "draft_kind": draft.kind,
-            "draft_params": draft.params, "target": target_name,
-            "target_params": target_params, "temperature": float(temperature),
-            "gamma": int(gamma), "rows": int(num_prompts),
-            "max_new_tokens": int(max_new_tokens),
-            **measure.compare(costs, ar_results, ar_seconds, results, spec_seconds,
-                       null_round)})
+  for cell in cells:
+    sampling = sampling_lib.SamplingConfig(temperature=cell.temperature)
+    baseline = functools.partial(loop.generate, target,
+                                 max_new_tokens=max_new_tokens,
+                                 sampling=sampling)
+    speculative = functools.partial(
+        loop.speculative_generate, target, cell.draft.model, gamma=cell.gamma,
+        max_new_tokens=max_new_tokens, sampling=sampling,
+        verifier=cell.verifier)
+    if progress:
+      progress(f"{cell.draft.name}, T={cell.temperature:g}, "
+               f"{cell.verifier.spec}, gamma={cell.gamma}, "
+               f"B={cell.batch_size}")
+    try:  # compiles (cached for the timed calls) or refuses before tracing
+      jax.block_until_ready(speculative(
+          prompts[:cell.batch_size],
+          np.full((cell.batch_size,), prompt_len, np.int32),
+          jax.random.key(seed)))
+    except ValueError as e:
+      skips.append({**cell.describe(), "reason": str(e)})
+      continue
+    shape = measure.LoopShape(cell.batch_size, prompt_len, max_new_tokens,
+                              cell.gamma_max)
+    costs = measure.loop_costs(
+        target, cell.draft.model, batch_size=cell.batch_size,
+        prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+        gamma=cell.gamma_max, sampling=sampling, verifier=cell.verifier,
+        seconds=step_seconds, repeats=step_repeats, memo=memo)
+    ar_results, ar_seconds, results, spec_seconds = _decode_interleaved(
+        baseline, speculative, prompts, prompt_len, seed, cell.batch_size,
+        call_repeats)
+    null_round = None
+    if cell.gamma != AUTO:
+      null_round = measure.null_draft_round_seconds(
+          target, cell.draft.model, shape, sampling,
+          prompts_BxP=prompts[:cell.batch_size],
+          prompt_lengths_B=np.full((cell.batch_size,), prompt_len, np.int32),
+          key=jax.random.key(seed), costs=costs, repeats=step_repeats,
+          verifier=cell.verifier, memo=memo)
+    measured = measure.compare(costs, ar_results, ar_seconds, results,
+                               spec_seconds, null_round)
+    if cell.gamma == AUTO:
+      measured = {k: (None if k.startswith(_FIXED_GAMMA_PREDICTIONS) else v)
+                  for k, v in measured.items()}
+    summary = stats.summarize(results)
+    rows.append({
+        "draft": cell.draft.name, "draft_kind": cell.draft.kind,
+        "draft_params": cell.draft.params, "target": target_name,
+        "target_params": target_params,
+        "temperature": float(cell.temperature),
+        "verifier": cell.verifier.spec, "exact": bool(cell.verifier.exact),
+        "lossy": not cell.verifier.exact,
+        "gamma": cell.gamma_max,
+        "gamma_mode": "auto" if cell.gamma == AUTO else "fixed",
+        "batch_size": int(cell.batch_size), "rows": int(num_prompts),
+        "max_new_tokens": int(max_new_tokens),
+        "mean_draft_length": (summary["draft_calls"] / summary["rounds"]
+                              if summary["rounds"] else None),
+        **_distortion(target, cell, prompts, results, sampling),
+        **measured})
+  for skip in skips:
+    logging.warning("sweep: skipped %s: %s", {k: v for k, v in skip.items()
+                                              if k != "reason"},
+                    skip["reason"])
+  if skipped is not None:
+    skipped.extend(skips)
   return rows
 
 
@@ -189,62 +363,63 @@ def device_description() -> str:
           f"({os.cpu_count()} CPU cores, {platform.machine()})")
 
 
-def _cast(model, dtypes):
-  """A Transformer in `dtypes` (`TransformerLM.astype` kwargs); other
-  models (n-gram, prompt lookup) as they are."""
-  return model.astype(**dtypes) if dtypes and hasattr(model, "astype") else model
+def self_draft(name: str, target) -> SelfDraft:
+  """`self:k`: the target's first k blocks, sharing its KV cache."""
+  head, _, k = name.partition(":")
+  if head != "self" or not k.isdigit() or int(k) < 1:
+    raise ValueError(f"a self-draft is named 'self:k' (the target's first k "
+                     f"blocks, k >= 1), got {name!r}.")
+  return SelfDraft(target, layers=int(k), share_cache=True)
 
 
-def load_models(config, corpus, dtypes: dict | None = None):
-  """(target, [Draft]) as a reproduce config names them, via the zoo.
-
-  `dtypes`: `{"dtype": ..., "param_dtype": ...}` to decode the Transformers
-  in (e.g. bfloat16; default: as trained, float32).
-  """
+def load_models(config, corpus):
+  """(target, [Draft]) as a reproduce config names them, via the zoo."""
   cache = config.cache_dir
-  target = _cast(zoo.load(config.target, cache_dir=cache,
-                          overrides=dict(config.target_overrides),
-                          corpus=corpus), dtypes)
+  target = zoo.load(config.target, cache_dir=cache,
+                    overrides=dict(config.target_overrides), corpus=corpus)
   drafts = []
   for spec in config.drafts:
     if spec.kind == "prompt_lookup":
       model = PromptLookupDraft(target.vocab_size, max_ngram=3)
+    elif spec.kind == "self":
+      model = self_draft(spec.name, target)
     else:
       model = zoo.load(spec.name, cache_dir=cache,
                        overrides=dict(spec.overrides),
                        teacher_overrides=dict(spec.teacher_overrides) or None,
                        corpus=corpus)
-    drafts.append(make_draft(spec.name, spec.kind, _cast(model, dtypes)))
+    drafts.append(make_draft(spec.name, spec.kind, model))
   return target, drafts
 
 
-def run_config(config, results_dir: str,
-               dtypes: dict | None = None) -> list[dict]:
+def run_config(config, results_dir: str) -> list[dict]:
   """Loads (or trains) a config's models, runs its grid, writes the results.
 
   `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
   `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
-  `dtypes` as `load_models` (recorded in the metadata).
   """
   start = time.time()
   corpus = data.stdlib_corpus()
-  target, drafts = load_models(config, corpus, dtypes)
+  target, drafts = load_models(config, corpus)
   heldout = corpus.tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
                          config.seed)
-  cells = len(config.temperatures) * len(drafts) * len(config.gammas)
-  bar = tqdm.tqdm(total=cells, desc="sweep", unit="cell")
+  axes = dict(temperatures=config.temperatures, gammas=config.gammas,
+              verifiers=config.get("verifiers", ("token",)),
+              batch_sizes=config.get("batch_sizes", (1,)))
+  cells, _ = plan(drafts, num_prompts=config.num_prompts, **axes)
+  bar = tqdm.tqdm(total=len(cells), desc="sweep", unit="cell")
 
   def progress(what):  # called as each cell starts
     bar.set_postfix_str(what)
     bar.update(1)
 
-  rows = run(target, drafts, prompts, temperatures=config.temperatures,
-             gammas=config.gammas, max_new_tokens=config.max_new_tokens,
+  skipped: list = []
+  rows = run(target, drafts, prompts, max_new_tokens=config.max_new_tokens,
              target_name=config.target, seed=config.seed,
              step_seconds=config.step_seconds, step_repeats=config.step_repeats,
              call_repeats=config.get("call_repeats", 1),
-             progress=progress)
+             progress=progress, skipped=skipped, **axes)
   bar.close()
   limits = [m.max_positions for m in [target] + [d.model for d in drafts]
             if m.max_positions is not None]
@@ -253,19 +428,19 @@ def run_config(config, results_dir: str,
                       for i in range(2)])
   models = {config.target: {"kind": "target", "params": _param_count(target),
                             "heldout_bpb": heldout_bpb(target, windows)}}
-  for d in drafts:
+  for d in drafts:  # a self-draft scores like any model (its own cache)
     models[d.name] = {"kind": d.kind, "params": d.params,
                       "heldout_bpb": (None if d.kind == "prompt_lookup"
                                       else heldout_bpb(d.model, windows))}
   metadata = {
       "config": config.to_dict(), "corpus": corpus.fingerprint(),
       "models": models,
-      "dtypes": dict(dtypes or {}),
       "jax_version": jax.__version__, "python": sys.version.split()[0],
       "device": device_description(), "seed": config.seed,
       "git_commit": git_commit(),
       "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
       "sweep_seconds": round(time.time() - start, 1),
+      "skipped": skipped,
   }
   write(rows, metadata, results_dir)
   return rows

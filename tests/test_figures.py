@@ -218,3 +218,151 @@ def test_efficiency_report_names_the_component_off():
   # Sweeps written before the cost model have no report and no figure (f).
   old = [{k: v for k, v in r.items() if "round" not in k} for r in rows]
   assert figures.efficiency_report(old) == ""
+
+
+# -- The verifier and adaptive-gamma axes -------------------------------------
+
+
+def _axis_row(draft, verifier, gamma, tokens, speedup, *, alpha=0.6,
+              mode="fixed", batch=1, lossy=False, tv=0.0):
+  row = _row(draft, "self" if draft.startswith("self") else "bigram", 1000,
+             1.0, gamma, alpha, 0.05, np.random.default_rng(gamma))
+  row.update(verifier=verifier, exact=not lossy, lossy=lossy,
+             gamma_mode=mode, batch_size=batch, tokens_per_target_call=tokens,
+             tokens_per_target_call_se=0.01, speedup=speedup,
+             speedup_se=0.01, tv_per_token=tv, tv_per_token_se=0.001,
+             mean_draft_length=min(gamma, 3.5))
+  return row
+
+
+def _axis_rows():
+  rows = []
+  # bigram: block +10% at gamma 2, +2% at gamma 4 (fails +5%), = at gamma 1.
+  for g, tok, blk in ((1, 1.6, 1.6), (2, 2.0, 2.2), (4, 2.5, 2.55)):
+    rows.append(_axis_row("bigram", "token", g, tok, 1.0 + g / 10))
+    rows.append(_axis_row("bigram", "block", g, blk, 1.0 + g / 10))
+    rows.append(_axis_row("bigram", "lenient:0.5", g, tok + 0.5, 1.5,
+                          lossy=True, tv=0.123))
+  # auto vs fixed: at batch 1 auto beats the best (1.4) by 10%; at batch 8 it
+  # is 1% below the best (matches); self:1 misses.
+  rows.append(_axis_row("bigram", "token", 8, 2.6, 1.54, mode="auto"))
+  for g, s in ((1, 1.0), (4, 1.2)):
+    rows.append(_axis_row("bigram", "token", g, 1.5, s, batch=8))
+  rows.append(_axis_row("bigram", "token", 8, 1.5, 1.188, mode="auto",
+                        batch=8))
+  for g, s in ((1, 1.3), (4, 1.0)):
+    rows.append(_axis_row("self:1", "token", g, 1.5, s))
+  rows.append(_axis_row("self:1", "token", 8, 1.5, 1.1, mode="auto"))
+  return rows
+
+
+@pytest.fixture(scope="module")
+def axes_made(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp("axes"))
+  with open(os.path.join(d, figures.SWEEP_FILE), "w") as f:
+    for r in _axis_rows():
+      f.write(json.dumps(r) + "\n")
+  with open(os.path.join(d, figures.METADATA_FILE), "w") as f:
+    json.dump({"skipped": [{"draft": "bigram", "temperature": 1.0,
+                            "verifier": "block", "gamma": "auto",
+                            "batch_size": 1, "reason": "judges as a whole"}]},
+              f)
+  rows, meta = figures.load_results(d)
+  paths = (figures.plot_verifiers(rows, os.path.join(d, "fig_verifiers"), meta)
+           + figures.plot_adaptive_gamma(
+               rows, os.path.join(d, "fig_adaptive_gamma"), meta))
+  return d, paths
+
+
+def test_axis_figures_are_drawn(axes_made):
+  _, paths = axes_made
+  assert len(paths) == 4
+  for p in paths:
+    if p.endswith(".png"):
+      image = matplotlib.image.imread(p)
+      assert image.shape[0] > 100 and np.ptp(image) > 0, f"{p} is blank"
+
+
+def test_make_all_routes_each_axis(axes_made, monkeypatch):
+  # Which rows each figure gets and which files appear, without drawing
+  # (test_make_all_writes_every_file draws the main figures).
+  d, _ = axes_made
+  seen = {}
+
+  def stub(name):
+    def plot(rows, path_stem, metadata=None):
+      seen[name] = rows
+      return [path_stem + ".png"]
+    return plot
+  for name in ("plot_alpha_vs_overlap", "plot_tokens_per_pass",
+               "plot_speedup_vs_gamma", "plot_speedup_vs_draft_size",
+               "plot_round_decomposition", "plot_verifiers",
+               "plot_adaptive_gamma"):
+    monkeypatch.setattr(figures, name, stub(name))
+  paths = figures.make_all(d)
+  for name in ("fig_verifiers.png", "fig_adaptive_gamma.png", "verifiers.md",
+               "summary.txt", "table3.md", "fig_alpha_vs_overlap.png"):
+    assert os.path.join(d, name) in paths, name
+  assert {(r["verifier"], r["gamma_mode"], r["batch_size"])
+          for r in seen["plot_tokens_per_pass"]} == {("token", "fixed", 1)}
+  assert len(seen["plot_verifiers"]) == len(_axis_rows())  # filtered inside
+  table = open(os.path.join(d, "verifiers.md")).read()
+  assert "| bigram | 1 | 1 | lenient:0.5 | LOSSY | 2 |" in table
+  assert "0.1230 ± 0.0020" in table  # TV beside the speedup, 95% interval
+  assert "| bigram | 1 | 1 | block | no | 2 |" in table
+  summary = open(os.path.join(d, "summary.txt")).read()
+  assert "Skipped cells:" in summary and "judges as a whole" in summary
+  assert "Block vs token" in summary and "gamma = auto vs" in summary
+
+
+def test_main_figures_read_token_fixed_smallest_batch_rows(axes_made):
+  d, _ = axes_made
+  rows, _ = figures.load_results(d)
+  main = figures.main_rows(rows)
+  assert main and all(r["verifier"] == "token" and r["gamma_mode"] == "fixed"
+                      and r["batch_size"] == 1 for r in main)
+  # A row written before the axes existed reads as token, fixed, batch 1.
+  old = {k: v for k, v in _row("u", "unigram", 1, 0.0, 1, 0.5, 0.01,
+                               np.random.default_rng(0)).items()}
+  path = os.path.join(d, "old")
+  os.makedirs(path)
+  with open(os.path.join(path, figures.SWEEP_FILE), "w") as f:
+    f.write(json.dumps(old) + "\n")
+  (loaded,), _ = figures.load_results(path)
+  assert (loaded["verifier"], loaded["gamma_mode"], loaded["batch_size"],
+          loaded["lossy"]) == ("token", "fixed", 1, False)
+
+
+def test_block_vs_token_verdicts(axes_made):
+  d, _ = axes_made
+  report = figures.block_vs_token_report(figures.load_results(d)[0])
+  verdict = {l.split()[3]: l for l in report.splitlines()
+             if l.startswith("bigram")}
+  assert verdict["g=1"].endswith("n/a (gamma=1: block is token)")
+  assert verdict["g=2"].endswith("PASS") and "+10.0%" in verdict["g=2"]
+  assert verdict["g=4"].endswith("FAIL")
+  assert "3 of 3 cells; +5% where alpha <= 0.9 and gamma > 1: 1 pass, 1 fail" \
+      in report
+
+
+def test_auto_vs_best_fixed_verdicts(axes_made):
+  d, _ = axes_made
+  report = figures.adaptive_report(figures.load_results(d)[0])
+  lines = {" ".join(l.split()[:3]): l for l in report.splitlines()
+           if l.startswith(("bigram", "self"))}
+  assert lines["bigram T=1 B=1"].endswith("BEATS")
+  assert "g=4" in lines["bigram T=1 B=1"]
+  assert lines["bigram T=1 B=8"].endswith("MATCHES")
+  assert lines["self:1 T=1 B=1"].endswith("MISSES")
+  assert "1 BEATS, 1 MATCHES, 1 MISSES of 3 cells." in report
+
+
+def test_repeated_cell_includes_the_new_axes(tmp_path):
+  a = _axis_row("bigram", "token", 2, 2.0, 1.2)
+  b = dict(a, verifier="block")
+  path = tmp_path / figures.SWEEP_FILE
+  path.write_text(json.dumps(a) + "\n" + json.dumps(b) + "\n")
+  assert len(figures.load_results(str(tmp_path))[0]) == 2
+  path.write_text(json.dumps(a) + "\n" + json.dumps(a) + "\n")
+  with pytest.raises(ValueError, match="verifier='token'.*repeats line 1"):
+    figures.load_results(str(tmp_path))

@@ -58,6 +58,20 @@ def test_round_and_prediction_on_synthetic_costs():
   assert measure.predict(_costs(batch_size=8), 0.8)["loop_rounds"] > rounds
 
 
+def test_passes_timed_at_zero_give_nan_not_an_error():
+  # A tiny model on a busy machine can time its n and 2n loops equal.
+  c = _costs(ar_step_s=0.0, ar_other_s=0.0)
+  assert measure.predict(c, 0.8)["decode_speedup"] == 0.0
+  assert math.isnan(measure.predict(_costs(verify_s=0.0, other_s=0.0,
+                                           draft_window_s=0.0,
+                                           draft_step_s=0.0),
+                                    0.8)["decode_speedup"])
+  d = measure.decompose(c, 0.8, round_s=c.round_s, ar_round_s=1e-3,
+                        loop_rounds=20.0, null_draft_round_s=2e-3)
+  assert math.isnan(d["decode_efficiency"])
+  assert math.isnan(d["factors"]["baseline"])
+
+
 def test_decompose_names_the_component_that_is_off():
   c = _costs()
   p = measure.predict(c, 0.8)

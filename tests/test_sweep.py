@@ -108,3 +108,84 @@ def test_models_have_heldout_bits_per_byte(results):
   with open(os.path.join(out, "summary.txt")) as fh:
     text = fh.read()
   assert "bits/byte" in text and "Cost model check" in text
+
+
+# -- The verifier, gamma = auto and batch axes (specjax.sweep.plan / run) -----
+
+
+def _markov_drafts():
+  from specjax import lab  # pylint: disable=import-outside-toplevel
+  from specjax.lab import models as lab_models  # pylint: disable=import-outside-toplevel
+  target, draft = lab_models.markov_lms(lab.make_markov_pair(1.5, 0.5, 0))
+  return target, [sweep.make_draft("markov-q", "bigram", draft)]
+
+
+def test_plan_skips_incompatible_cells_with_a_reason():
+  _, drafts = _markov_drafts()
+  cells, skipped = sweep.plan(
+      drafts, temperatures=(1.0,), gammas=(2, "auto"),
+      verifiers=("token", "block", "lenient:0.5"), batch_sizes=(1, 2),
+      num_prompts=4)
+  assert len(cells) == 2 * 4  # batch x (3 fixed + token auto)
+  assert {(c.verifier.spec, c.gamma) for c in cells} == {
+      ("token", 2), ("block", 2), ("lenient:0.5", 2), ("token", "auto")}
+  assert len(skipped) == 2 * 2
+  reasons = {(s["verifier"], s["batch_size"]): s["reason"] for s in skipped}
+  assert "as a whole" in reasons[("block", 1)]
+  assert "lossy" in reasons[("lenient:0.5", 2)]
+  assert all(s["gamma"] == "auto" for s in skipped)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(verifiers=("nope",)), "unknown verifier"),
+    (dict(gammas=(0,)), "ints >= 1 or 'auto'"),
+    (dict(gammas=("sometimes",)), "ints >= 1 or 'auto'"),
+    (dict(batch_sizes=(3,)), "does not divide"),
+])
+def test_plan_refuses_bad_axes_before_running(kwargs, match):
+  _, drafts = _markov_drafts()
+  axes = dict(temperatures=(1.0,), gammas=(1,), verifiers=("token",),
+              batch_sizes=(1,), num_prompts=4)
+  with pytest.raises(ValueError, match=match):
+    sweep.plan(drafts, **{**axes, **kwargs})
+
+
+def test_run_records_every_axis(monkeypatch):
+  # The bookkeeping, not the timings: costs and the auto rule's c and r are
+  # stubbed (each real timing compiles loops; the tiny-config test above
+  # covers them), the decodes are real.
+  from specjax.decode import draft_length  # pylint: disable=import-outside-toplevel
+  target, drafts = _markov_drafts()
+  costs = lambda *a, gamma, batch_size, prompt_len, max_new_tokens, **k: (
+      measure.LoopCosts(batch_size, prompt_len, max_new_tokens, gamma,
+                        *([1e-4] * 3 + [1e-5] * 4 + [1e-3, 1e-5, 1e-4, 1e-5])))
+  monkeypatch.setattr(measure, "loop_costs", costs)
+  monkeypatch.setattr(measure, "null_draft_round_seconds",
+                      lambda *a, costs, **k: costs.verify_s + costs.other_s)
+  from specjax.decode import loop  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(loop, "AUTO_GAMMA_MAX", 3)  # fewer branches to compile
+  monkeypatch.setattr(draft_length, "measure_goodput",
+                      lambda *a, gamma_max, **k: draft_length.Goodput(
+                          c=0.1, r=(1.0,) * gamma_max))
+  prompts = np.random.default_rng(0).integers(0, 8, (2, 4)).astype(np.int32)
+  skipped = []
+  rows = sweep.run(target, drafts, prompts, temperatures=(1.0,),
+                   gammas=(2, "auto"), max_new_tokens=8, target_name="p",
+                   verifiers=("token", "lenient:0.5"), batch_sizes=(2,),
+                   skipped=skipped)
+  by = {(r["verifier"], r["gamma_mode"]): r for r in rows}
+  assert set(by) == {("token", "fixed"), ("lenient:0.5", "fixed"),
+                     ("token", "auto")}
+  assert [s["verifier"] for s in skipped] == ["lenient:0.5"]
+  for r in rows:
+    assert r["batch_size"] == 2 and r["rows"] == 2
+    assert r["exact"] is not r["lossy"]
+    assert 1 <= r["mean_draft_length"] <= r["gamma"]
+  assert by[("lenient:0.5", "fixed")]["lossy"]
+  assert by[("lenient:0.5", "fixed")]["tv_per_token"] > 0.01
+  assert by[("token", "fixed")]["tv_per_token"] == 0.0
+  auto = by[("token", "auto")]
+  assert auto["gamma"] == 3 and auto["predicted_speedup"] is None
+  assert auto["speedup"] > 0
+  assert len(auto["accept_hist"]) == 4
+  assert by[("token", "fixed")]["predicted_speedup"] > 0

@@ -240,6 +240,37 @@ def verifier_tv(pair: markov.MarkovPair, gamma: int, seq_len: int,
                   target_law(pair, seq_len, context))
 
 
+def position_tv(pair: markov.MarkovPair, verifier="token") -> np.ndarray:
+  """TV(law of a judged position's token, p), float64 `[C]` per context.
+
+  The law of the token a round emits first (its first position is always
+  judged), from this module's own enumeration (`round_law` at gamma = 1):
+  the reference for `specjax.distortion.position_law`'s closed forms.
+  """
+  blocks, _ = round_law(pair, 1, verifier)
+  first_CxV = blocks[0] + blocks[1].sum(-1)
+  return 0.5 * np.abs(first_CxV - pair.target_rows_CxV).sum(-1)
+
+
+def expected_position_tv(pair: markov.MarkovPair, gamma: int, seq_len: int,
+                         verifier="token", context: int | None = None
+                         ) -> float:
+  """E[(1/N) sum_t d_t] over the verifier's own N-token process, exactly.
+
+  d_t = `position_tv` at the context of token t (the token before it, or
+  `context` for the first): what `specjax.distortion.per_token_tv`
+  estimates from samples, computed from the marginals of `process_law`.
+  """
+  d_C = position_tv(pair, verifier)
+  vocab = pair.vocab_size
+  law = process_law(pair, gamma, seq_len, verifier, context)
+  total = d_C[vocab if context is None else int(context)]
+  for t in range(1, seq_len):
+    marginal_V = law.sum(axis=tuple(a for a in range(seq_len) if a != t - 1))
+    total += float(marginal_V @ d_C[:vocab])
+  return float(total / seq_len)
+
+
 def constant_pair(p_V, q_V) -> markov.MarkovPair:
   """A context-independent pair: every row of target / draft is p / q."""
   p_V = np.asarray(p_V, np.float64)
