@@ -112,6 +112,7 @@ def test_greedy_speculative_equals_autoregressive(flavour, gamma, eos):
     assert (np.asarray(out.lengths) < 20).any()  # some row stopped at EOS
 
 
+@pytest.mark.slow
 def test_adaptive_draft_length_greedy_equality():
   target = _target("llama")
   prompts, lengths = _prompts(4, seed=9)
