@@ -470,8 +470,11 @@ def write(rows: list[dict], metadata: dict, results_dir: str) -> None:
   with open(os.path.join(results_dir, "sweep.jsonl"), "w") as fh:
     for row in rows:
       fh.write(json.dumps(row) + "\n")
+  # Rows may differ in keys (an auto row's decomposition has factor_round
+  # where a fixed row has factor_draft / factor_verify): the union, in order.
+  fields = list(dict.fromkeys(k for row in rows for k in row))
   with open(os.path.join(results_dir, "sweep.csv"), "w", newline="") as fh:
-    writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(fh, fieldnames=fields)
     writer.writeheader()
     writer.writerows({k: (json.dumps(v) if isinstance(v, list) else v)
                       for k, v in row.items()} for row in rows)

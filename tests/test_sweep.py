@@ -150,7 +150,7 @@ def test_plan_refuses_bad_axes_before_running(kwargs, match):
     sweep.plan(drafts, **{**axes, **kwargs})
 
 
-def test_run_records_every_axis(monkeypatch):
+def test_run_records_every_axis(monkeypatch, tmp_path):
   # The bookkeeping, not the timings: costs and the auto rule's c and r are
   # stubbed (each real timing compiles loops; the tiny-config test above
   # covers them), the decodes are real.
@@ -189,3 +189,6 @@ def test_run_records_every_axis(monkeypatch):
   assert auto["speedup"] > 0
   assert len(auto["accept_hist"]) == 4
   assert by[("token", "fixed")]["predicted_speedup"] > 0
+  sweep.write(rows, {"skipped": skipped}, str(tmp_path))  # rows differ in keys
+  loaded, meta = figures.load_results(str(tmp_path))
+  assert len(loaded) == 3 and meta["skipped"][0]["verifier"] == "lenient:0.5"
