@@ -372,11 +372,22 @@ def self_draft(name: str, target) -> SelfDraft:
   return SelfDraft(target, layers=int(k), share_cache=True)
 
 
-def load_models(config, corpus):
-  """(target, [Draft]) as a reproduce config names them, via the zoo."""
+def _cast(model, dtypes):
+  """A Transformer in `dtypes` (`TransformerLM.astype` kwargs); other
+  models (n-gram, prompt lookup) as they are."""
+  return model.astype(**dtypes) if dtypes and hasattr(model, "astype") else model
+
+
+def load_models(config, corpus, dtypes: dict | None = None):
+  """(target, [Draft]) as a reproduce config names them, via the zoo.
+
+  `dtypes`: `{"dtype": ..., "param_dtype": ...}` to decode the Transformers
+  in (e.g. bfloat16; default: as trained, float32).
+  """
   cache = config.cache_dir
-  target = zoo.load(config.target, cache_dir=cache,
-                    overrides=dict(config.target_overrides), corpus=corpus)
+  target = _cast(zoo.load(config.target, cache_dir=cache,
+                          overrides=dict(config.target_overrides),
+                          corpus=corpus), dtypes)
   drafts = []
   for spec in config.drafts:
     if spec.kind == "prompt_lookup":
@@ -388,19 +399,21 @@ def load_models(config, corpus):
                        overrides=dict(spec.overrides),
                        teacher_overrides=dict(spec.teacher_overrides) or None,
                        corpus=corpus)
-    drafts.append(make_draft(spec.name, spec.kind, model))
+    drafts.append(make_draft(spec.name, spec.kind, _cast(model, dtypes)))
   return target, drafts
 
 
-def run_config(config, results_dir: str) -> list[dict]:
+def run_config(config, results_dir: str,
+               dtypes: dict | None = None) -> list[dict]:
   """Loads (or trains) a config's models, runs its grid, writes the results.
 
   `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
   `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
+  `dtypes` as `load_models` (recorded in the metadata).
   """
   start = time.time()
   corpus = data.stdlib_corpus()
-  target, drafts = load_models(config, corpus)
+  target, drafts = load_models(config, corpus, dtypes)
   heldout = corpus.tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
                          config.seed)
@@ -435,6 +448,7 @@ def run_config(config, results_dir: str) -> list[dict]:
   metadata = {
       "config": config.to_dict(), "corpus": corpus.fingerprint(),
       "models": models,
+      "dtypes": dict(dtypes or {}),
       "jax_version": jax.__version__, "python": sys.version.split()[0],
       "device": device_description(), "seed": config.seed,
       "git_commit": git_commit(),
