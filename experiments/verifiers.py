@@ -55,7 +55,9 @@ _MODELS = flags.DEFINE_enum("models", "lab", ["lab", "tiny", "quick"],
                             "Model pair (quick: zoo models, trees vs chain).")
 _TREES = flags.DEFINE_string(
     "trees", "tree-wor:3,2,1;tree:3,2,1;tree-wor:4,1,1",
-    "';'-separated tree verifiers (--models=quick), each <= 16 nodes.")
+    "';'-separated verifiers set beside the token chain of the same depth "
+    "(--models=quick): trees (each <= 16 nodes; the depth is theirs) or "
+    "chain verifiers at a gamma, as '<verifier>@<gamma>' (block@4).")
 _QUICK_DRAFTS = flags.DEFINE_list(
     "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
     "Zoo drafts for --models=quick.")
@@ -161,8 +163,16 @@ def _ci95(values):
   return 1.96 * float(values.std(ddof=1) / np.sqrt(len(values)))
 
 
+def _at_depth(spec):
+  """(verifier, depth) of a --trees entry: a tree, or '<chain verifier>@g'."""
+  name, _, gamma = spec.partition("@")
+  v = vf.get_verifier(name)
+  return v, (v.depth if isinstance(v, vf.TreeVerifier) else int(gamma))
+
+
 def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
-  """Chain vs trees of the same depth on the zoo's quick models, T = 1."""
+  """The token chain vs other verifiers of the same depth (trees, or chain
+  verifiers at a gamma) on the zoo's quick models, T = 1."""
   from configs import reproduce  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
   from specjax import zoo  # pylint: disable=import-outside-toplevel
@@ -193,13 +203,15 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
                  dict(recipe.teacher_overrides) or None)
     chains = {}
     for spec in ["token"] + list(trees):
-      v = vf.get_verifier(spec)
-      depths = ([vf.get_verifier(t).depth for t in trees] if spec == "token"
-                else [v.depth])
+      v, depth = (vf.get_verifier("token"), None) if spec == "token" else (
+          _at_depth(spec))
+      depths = ([_at_depth(t)[1] for t in trees] if spec == "token"
+                else [depth])
       for depth in dict.fromkeys(depths):
+        tree = isinstance(v, vf.TreeVerifier)
         out, secs = _timed(lambda: sj.speculative_generate(
             target, draft, prompts, lengths, jax.random.key(depth),
-            gamma=depth if spec == "token" else None,
+            gamma=None if tree else depth,
             max_new_tokens=max_new_tokens, sampling=sampling, verifier=v))
         s = out.summary()
         per_row = (np.asarray(out.lengths)
@@ -207,7 +219,7 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
         rec = dict(
             models="quick", draft=name, verifier=v.spec,
             mode=getattr(v, "mode", "chain"), depth=depth,
-            nodes=v.topology.num_nodes if spec != "token" else depth,
+            nodes=v.topology.num_nodes if tree else depth,
             tokens_per_target_call=s["tokens_per_target_call"],
             tokens_per_target_call_ci95=_ci95(per_row),
             alpha_hat=s["alpha_hat"], seconds=secs,

@@ -4,8 +4,14 @@ import re
 
 from conftest import REPO
 
+from specjax.decode import loop
 
-def test_readme_python_example_runs():
+
+def test_readme_python_example_runs(monkeypatch):
+  # gamma="auto" times the models at every draft length up to AUTO_GAMMA_MAX
+  # and compiles that many verify widths: 8 of them made this the suite's
+  # slowest test. The example runs as written with a shorter maximum.
+  monkeypatch.setattr(loop, "AUTO_GAMMA_MAX", 2)
   text = (REPO / "README.md").read_text()
   blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
   assert blocks, "README has no python example"

@@ -257,7 +257,8 @@ def _generic_rule(*args):
     sampling.SamplingConfig(temperature=1.0),
     sampling.SamplingConfig(temperature=0.7, top_k=5, top_p=0.8),
 ], ids=str)
-@pytest.mark.parametrize("gamma", [0, 1, 3])
+@pytest.mark.parametrize("gamma", [0, pytest.param(1, marks=pytest.mark.slow),
+                                   3])
 def test_verify_fast_path_emits_what_the_generic_path_emits(config, gamma):
   rng = np.random.default_rng(7)
   batch, vocab, n_keys = 64, 12, 4

@@ -391,6 +391,9 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 """)
 
 
+# The 2x4 mesh worker (tests/test_sharding.py) checks five sharded training
+# steps against one device; this older data-parallel check is opt-in.
+@pytest.mark.slow
 def test_sharded_step_equals_single_device_step():
   env = dict(os.environ,
              XLA_FLAGS="--xla_force_host_platform_device_count=8",
