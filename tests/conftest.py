@@ -22,3 +22,14 @@ logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
   settings.load_profile("ci")
+
+# The longest files first: `--dist loadfile` hands files to the two workers
+# in collection order, and a long file collected last (the 8-device mesh
+# worker, the sweep's tiny grid) left one worker running alone for minutes.
+_LONGEST_FIRST = ("test_sharding.py", "test_sweep.py", "test_self_draft.py",
+                  "test_exactness.py", "test_decode.py", "test_draft_length.py")
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(_LONGEST_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

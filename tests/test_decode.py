@@ -98,7 +98,9 @@ def test_self_draft_accepts_everything(target):
   assert s["tokens_per_target_call"] == pytest.approx(5.0)
 
 
-@pytest.mark.parametrize("sampling", [sj.GREEDY, sj.SamplingConfig(0.8, top_k=5)])
+@pytest.mark.parametrize("sampling", [
+    pytest.param(sj.GREEDY, marks=pytest.mark.slow),  # sampled is the harder
+    sj.SamplingConfig(0.8, top_k=5)])
 def test_row_output_does_not_depend_on_batch(target, good_draft, sampling):
   prompts, lengths = _prompts(8, seed=3)
   keys = jax.random.split(jax.random.key(11), 8)

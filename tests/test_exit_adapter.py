@@ -87,6 +87,7 @@ def test_bad_adapter_arguments_get_clear_errors(target):
     trainer.train(cfg, "/nonexistent", model=adapter)
 
 
+@pytest.mark.slow  # ~11 s of training; the zoo's keying is test_distill_zoo's
 def test_zoo_trains_an_adapter_once_then_loads_it(tmp_path, capsys):
   root = tmp_path / "corpus"
   os.makedirs(root)

@@ -119,13 +119,12 @@ def test_shared_cache_holds_the_drafts_own_keys_and_values(target):
 
 
 def _variants(target):
-  n = target.config.num_layers
+  # Every layer shared is `test_all_layers_shared_accepts_everything`'s.
   return {
       "first-1": SelfDraft(target, layers=1),
       "first-2-shared": SelfDraft(target, layers=2, share_cache=True),
       "embed-only-shared": SelfDraft(target, layers=0, share_cache=True),
       "skip-middle": SelfDraft.skipping(target, skip=[1]),
-      "all-shared": SelfDraft(target, layers=n, share_cache=True),
       "first-2-shared-adapter": SelfDraft(
           target, layers=2, share_cache=True,
           adapter=perturbed_adapter(target, 2)),
