@@ -51,6 +51,25 @@ _PRESETS = ("quick", "full", "tiny", "verifiers", "adaptive", "verifiers_tiny",
             "adaptive_tiny")
 
 
+# The tiny presets' recipe: minutes on 2 cores, for smoke runs and tests.
+_TINY_FAST = {"num_steps": 20, "eval_every": 10, "checkpoint_every": 0,
+              "progress": False}
+# The verifier axis of the verifiers presets (exact, then lossy baselines).
+_VERIFIERS = ("token", "block", "lenient:0.5", "typical:0.09,0.3")
+
+
+def _tiny_run(c):
+  """The tiny target and the tiny presets' prompt, budget and timing sizes."""
+  c.target = "tiny"
+  c.target_overrides = _pairs(_TINY_FAST)
+  c.num_prompts = 2
+  c.prompt_len = 16
+  c.max_new_tokens = 24
+  c.step_seconds = 0.01
+  c.step_repeats = 2
+  c.call_repeats = 1
+
+
 def _pairs(overrides):
   # Dotted keys (optim.warmup_steps) cannot be ConfigDict keys: keep pairs.
   return tuple(sorted((overrides or {}).items()))
@@ -97,7 +116,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     if preset == "verifiers":
       c.drafts = [bigram, small, distilled, _draft("self:1", "self")]
       c.temperatures = (1.0,)
-      c.verifiers = ("token", "block", "lenient:0.5", "typical:0.09,0.3")
+      c.verifiers = _VERIFIERS
       c.gammas = (1, 2, 4, 8)
       c.num_prompts = 8
     else:
@@ -107,20 +126,11 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
       c.batch_sizes = (1, 8)
       c.num_prompts = 16
   elif preset in ("verifiers_tiny", "adaptive_tiny"):
-    fast = {"num_steps": 20, "eval_every": 10, "checkpoint_every": 0,
-            "progress": False}
-    c.target = "tiny"
-    c.target_overrides = _pairs(fast)
+    _tiny_run(c)
     c.drafts = [_draft("bigram", "bigram"), _draft("self:1", "self")]
     c.temperatures = (1.0,)
-    c.num_prompts = 2
-    c.prompt_len = 16
-    c.max_new_tokens = 24
-    c.step_seconds = 0.01
-    c.step_repeats = 2
-    c.call_repeats = 1
     if preset == "verifiers_tiny":
-      c.verifiers = ("token", "block", "lenient:0.5", "typical:0.09,0.3")
+      c.verifiers = _VERIFIERS
       c.gammas = (1, 3)
     else:
       c.gammas = (1, 3, "auto")
@@ -154,19 +164,10 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
     c.prompt_len = 64
     c.max_new_tokens = 128
   else:  # tiny
-    fast = {"num_steps": 20, "eval_every": 10, "checkpoint_every": 0,
-            "progress": False}
-    c.target = "tiny"
-    c.target_overrides = _pairs(fast)
+    _tiny_run(c)
     c.drafts = [_draft("bigram", "bigram"),
                 _draft("prompt-lookup", "prompt_lookup"),
-                _draft("distilled-tiny@tiny", "distilled", dict(fast),
-                       dict(fast))]
+                _draft("distilled-tiny@tiny", "distilled", dict(_TINY_FAST),
+                       dict(_TINY_FAST))]
     c.gammas = (1, 3)
-    c.num_prompts = 2
-    c.prompt_len = 16
-    c.max_new_tokens = 24
-    c.step_seconds = 0.01
-    c.step_repeats = 2
-    c.call_repeats = 1
   return c
