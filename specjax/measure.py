@@ -30,10 +30,9 @@ capped at the model's max_positions, batch size):
   work, and what is left of the 1-token call is the fixed cost.
 
 Noise: on a shared or virtualised machine, other work only ever ADDS time
-to a call, and at sub-millisecond passes it adds a lot: on the 2-core box,
-30 identical 128-token `generate` calls of the 3.5M target spread from 0.47
-to 1.4 ms per step with nothing else running, and the median moved by 40%
-between two runs of the same script. So every time here, and every call time
+to a call, and at sub-millisecond passes it adds a lot (on the 2-core box
+the same loop's round took 0.89 ms in one trial and 1.98 ms in the next:
+`benchmarks/loop_ablation.py`). So every time here, and every call time
 of the sweep (`specjax.sweep`, `call_repeats`), is the minimum over
 interleaved repeats: an estimate of the cost of the work itself, the same
 estimator on the predicted and the measured side of every ratio.
