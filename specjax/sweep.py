@@ -271,7 +271,18 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
   target_params = _param_count(target)
   rows = []
   memo: dict = {}
+  group = None
   for cell in cells:
+    # Every compiled program stays mapped in memory until its cache entry
+    # goes: 80 cells of the adaptive grid (each with its timing loops and
+    # the auto rule's verify widths) ran out of the kernel's memory-map
+    # limit ("LLVM compilation error: Cannot allocate memory"). A finished
+    # (temperature, batch, draft) group's programs are not used again; the
+    # timings are memoised in `memo`, not in the caches.
+    if group is not None and group != (cell.temperature, cell.batch_size,
+                                       cell.draft.name):
+      jax.clear_caches()
+    group = (cell.temperature, cell.batch_size, cell.draft.name)
     sampling = sampling_lib.SamplingConfig(temperature=cell.temperature)
     baseline = functools.partial(loop.generate, target,
                                  max_new_tokens=max_new_tokens,
