@@ -32,6 +32,8 @@ cache layers. No second model is loaded. Per row:
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 from absl import app
@@ -39,13 +41,16 @@ from absl import flags
 import jax
 import numpy as np
 
-import specjax as sj
-from specjax import data
-from specjax import measure
-from specjax import stats as stats_lib
-from specjax import zoo
-from specjax.models import TransformerConfig
-from specjax.models import TransformerLM
+# configs/ is a top-level folder of the checkout, not part of the package.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import specjax as sj  # noqa: E402
+from specjax import data  # noqa: E402
+from specjax import measure  # noqa: E402
+from specjax import stats as stats_lib  # noqa: E402
+from specjax import zoo  # noqa: E402
+from specjax.models import TransformerConfig  # noqa: E402
+from specjax.models import TransformerLM  # noqa: E402
 
 _QUICK = flags.DEFINE_bool("quick", True, "Run the quick job's trained "
                            "target-3m, with and without exit adapters.")
