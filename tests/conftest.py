@@ -40,8 +40,10 @@ if os.environ.get("CI"):
 # The longest files first: `--dist loadfile` hands files to the two workers
 # in collection order, and a long file collected last (the 8-device mesh
 # worker, the sweep's tiny grid) left one worker running alone for minutes.
-_LONGEST_FIRST = ("test_sharding.py", "test_sweep.py", "test_self_draft.py",
-                  "test_exactness.py", "test_decode.py", "test_draft_length.py")
+_LONGEST_FIRST = ("test_sharding.py", "test_sweep.py", "test_exactness.py",
+                  "test_self_draft.py", "test_readme.py",
+                  "test_sharded_notebook.py", "test_draft_length.py",
+                  "test_decode.py")
 
 
 def pytest_collection_modifyitems(items):
