@@ -226,7 +226,8 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
         step_seconds: float = 0.1, step_repeats: int = 5,
         call_repeats: int = 1,
         progress: Callable[[str], None] | None = None,
-        skipped: list | None = None) -> list[dict]:
+        skipped: list | None = None,
+        on_row: Callable[[dict], None] | None = None) -> list[dict]:
   """Measures every cell of `plan`'s grid; returns one dict each.
 
   Args:
@@ -248,6 +249,8 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
     call_repeats: timed calls per batch of prompts and decoder; the fewest
       seconds count (see `_decode_interleaved`).
     progress: called with a short description before each cell.
+    on_row: called with each row as soon as its cell is measured (e.g. to
+      save it: `run_config` appends it to `sweep.partial.jsonl`).
     skipped: if given, a list that receives one dict per skipped cell (its
       axes and a "reason"): those of `plan`, and cells whose decoder refuses
       the combination before tracing (a ValueError from
@@ -342,6 +345,8 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
                               if summary["rounds"] else None),
         **_distortion(target, cell, prompts, results, sampling),
         **measured})
+    if on_row:
+      on_row(rows[-1])
   for skip in skips:
     logging.warning("sweep: skipped %s: %s", {k: v for k, v in skip.items()
                                               if k != "reason"},
@@ -439,11 +444,23 @@ def run_config(config, results_dir: str,
     bar.update(1)
 
   skipped: list = []
+  # A long grid that dies (out of memory, a killed job) keeps what it
+  # measured: each row is appended here as its cell ends; `write` removes
+  # the file once the whole grid is written.
+  os.makedirs(results_dir, exist_ok=True)
+  partial = os.path.join(results_dir, PARTIAL_ROWS)
+  with open(partial, "w"):
+    pass
+
+  def save(row):
+    with open(partial, "a") as fh:
+      fh.write(json.dumps(row) + "\n")
+
   rows = run(target, drafts, prompts, max_new_tokens=config.max_new_tokens,
              target_name=config.target, seed=config.seed,
              step_seconds=config.step_seconds, step_repeats=config.step_repeats,
              call_repeats=config.get("call_repeats", 1),
-             progress=progress, skipped=skipped, **axes)
+             progress=progress, skipped=skipped, on_row=save, **axes)
   bar.close()
   limits = [m.max_positions for m in [target] + [d.model for d in drafts]
             if m.max_positions is not None]
@@ -489,8 +506,12 @@ def heldout_bpb(model, windows_NxBxT1: np.ndarray) -> float:
   return float(sums[0] / max(sums[1], 1.0))
 
 
+PARTIAL_ROWS = "sweep.partial.jsonl"
+
+
 def write(rows: list[dict], metadata: dict, results_dir: str) -> None:
-  """sweep.jsonl and sweep.csv (overwritten, never appended), metadata.json."""
+  """sweep.jsonl and sweep.csv (overwritten, never appended), metadata.json;
+  removes `run_config`'s rows-so-far file, which they supersede."""
   os.makedirs(results_dir, exist_ok=True)
   with open(os.path.join(results_dir, "sweep.jsonl"), "w") as fh:
     for row in rows:
@@ -505,3 +526,6 @@ def write(rows: list[dict], metadata: dict, results_dir: str) -> None:
                       for k, v in row.items()} for row in rows)
   with open(os.path.join(results_dir, "metadata.json"), "w") as fh:
     json.dump(metadata, fh, indent=1, default=str)
+  partial = os.path.join(results_dir, PARTIAL_ROWS)
+  if os.path.exists(partial):
+    os.remove(partial)

@@ -31,6 +31,8 @@ def test_artifacts_exist(results):
     assert os.path.getsize(os.path.join(out, name)) > 0, name
   assert all(os.path.getsize(p) > 0 for p in written)
   assert sum(p.endswith(".png") for p in written) == 5
+  # The rows-so-far file (kept if the grid dies) is gone once all is written.
+  assert not os.path.exists(os.path.join(out, sweep.PARTIAL_ROWS))
   with open(os.path.join(out, "metadata.json")) as fh:
     meta = json.load(fh)
   for key in ("config", "corpus", "models", "jax_version", "device", "seed",
@@ -168,11 +170,12 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
                       lambda *a, gamma_max, **k: draft_length.Goodput(
                           c=0.1, r=(1.0,) * gamma_max))
   prompts = np.random.default_rng(0).integers(0, 8, (2, 4)).astype(np.int32)
-  skipped = []
+  skipped, saved = [], []
   rows = sweep.run(target, drafts, prompts, temperatures=(1.0,),
                    gammas=(2, "auto"), max_new_tokens=8, target_name="p",
                    verifiers=("token", "lenient:0.5"), batch_sizes=(2,),
-                   skipped=skipped)
+                   skipped=skipped, on_row=saved.append)
+  assert saved == rows  # each row handed over as its cell ends
   by = {(r["verifier"], r["gamma_mode"]): r for r in rows}
   assert set(by) == {("token", "fixed"), ("lenient:0.5", "fixed"),
                      ("token", "auto")}
