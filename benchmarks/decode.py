@@ -113,6 +113,10 @@ _BATCHES = flags.DEFINE_list(
     "1,2,4,8,16,32 (default: one run at --batch).")
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", "results/batch_scaling", "Where --batches writes.")
+_MERGE = flags.DEFINE_bool(
+    "merge", False, "Keep the rows of batch_scaling.json already in "
+    "--results_dir for batch sizes this run does not measure (to add a size "
+    "without rerunning the others); the commands of both runs are recorded.")
 _COPY_MB = flags.DEFINE_integer(
     "copy_mb", 512, "Array size for the memory bandwidth measurement.")
 _MESH = flags.DEFINE_multi_string(
@@ -392,6 +396,16 @@ def scaling(target, draft, draft_desc, sampling, batches):
 
 
 def _write_scaling(rows, target, draft_desc, sampling, load_before):
+  path = os.path.join(_RESULTS_DIR.value, "batch_scaling.json")
+  earlier = []
+  if _MERGE.value and os.path.exists(path):
+    with open(path) as fh:
+      old = json.load(fh)
+    new_sizes = {r["batch_size"] for r in rows}
+    kept = [r for r in old["rows"] if r["batch_size"] not in new_sizes]
+    rows = sorted(kept + rows, key=lambda r: r["batch_size"])
+    earlier = old["metadata"].get("earlier_commands", []) + [
+        old["metadata"]["command"]]
   b = [r["batch_size"] for r in rows]
   measured = sj.crossover_batch(b, [r["decode_speedup"] for r in rows])
   predicted = sj.crossover_batch(b, [r["predicted_decode_speedup"]
@@ -410,8 +424,10 @@ def _write_scaling(rows, target, draft_desc, sampling, load_before):
       "crossover_measured": measured, "crossover_predicted": predicted,
       "command": "python benchmarks/decode.py " + " ".join(sys.argv[1:]),
   }
+  if earlier:  # --merge: the runs that measured the kept rows
+    meta["earlier_commands"] = earlier
   os.makedirs(_RESULTS_DIR.value, exist_ok=True)
-  with open(os.path.join(_RESULTS_DIR.value, "batch_scaling.json"), "w") as fh:
+  with open(path, "w") as fh:
     json.dump({"metadata": meta, "rows": rows}, fh, indent=1)
   figures.plot_batch_scaling(
       rows, os.path.join(_RESULTS_DIR.value, "fig_batch_scaling"), meta)
