@@ -45,6 +45,7 @@ from flax import struct
 
 from specjax import _checks
 from specjax.models import transformer as transformer_lib
+from specjax.models import wrapped
 from specjax.models.cache import KVCache
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
@@ -80,7 +81,7 @@ class EagleHeadModule(nnx.Module):
     return self.block(x_BxTxD, positions_BxT, cache, 0)
 
 
-class EagleHead(struct.PyTreeNode):
+class EagleHead(wrapped.WrapsModule, struct.PyTreeNode):
   """The head's parameters: a static config + nnx GraphDef, State leaves.
 
   `config` is a one-layer `TransformerConfig` (see `head_config`), so the
@@ -89,6 +90,8 @@ class EagleHead(struct.PyTreeNode):
   config: TransformerConfig = struct.field(pytree_node=False)
   graphdef: nnx.GraphDef = struct.field(pytree_node=False)
   state: nnx.State
+
+  module_type: ClassVar[type] = EagleHeadModule
 
   @classmethod
   def create(cls, config: TransformerConfig, rngs: int | jax.Array = 0
@@ -102,14 +105,7 @@ class EagleHead(struct.PyTreeNode):
       rngs = nnx.Rngs(int(rngs))
     else:
       rngs = nnx.Rngs(_checks.as_key("rngs", rngs))
-    graphdef, state = nnx.split(EagleHeadModule(config, rngs))
-    return cls(config=config, graphdef=graphdef, state=state)
-
-  def module(self) -> EagleHeadModule:
-    return nnx.merge(self.graphdef, self.state)
-
-  def param_count(self) -> int:
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state))
+    return cls.from_module(EagleHeadModule(config, rngs))
 
 
 @struct.dataclass(kw_only=True)

@@ -31,7 +31,7 @@ zoo's job (its recipe key includes the target's full recipe).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +41,7 @@ from flax import struct
 
 from specjax import _checks
 from specjax.models import transformer as transformer_lib
+from specjax.models import wrapped
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +103,7 @@ class ExitAdapterModule(nnx.Module):
     return h_BxTxD + self.mlp(self.norm(h_BxTxD))
 
 
-class ExitAdapter(struct.PyTreeNode):
+class ExitAdapter(wrapped.WrapsModule, struct.PyTreeNode):
   """An `ExitAdapterModule` as a pytree: static config + graphdef, State leaves.
 
   The same shape as `TransformerLM` (config, graphdef, state), so the trainer
@@ -111,6 +112,8 @@ class ExitAdapter(struct.PyTreeNode):
   config: ExitAdapterConfig = struct.field(pytree_node=False)
   graphdef: nnx.GraphDef = struct.field(pytree_node=False)
   state: nnx.State
+
+  module_type: ClassVar[type] = ExitAdapterModule
 
   @classmethod
   def create(cls, target: transformer_lib.TransformerLM, layers: Any, *,
@@ -126,21 +129,6 @@ class ExitAdapter(struct.PyTreeNode):
     config = ExitAdapterConfig(target=target.config, layers=layers,
                                mlp_dim=mlp_dim)
     return cls.from_module(ExitAdapterModule(config, nnx.Rngs(seed)))
-
-  @classmethod
-  def from_module(cls, module: ExitAdapterModule) -> ExitAdapter:
-    """Wraps the nnx module (e.g. inside a training step); shares its arrays."""
-    if not isinstance(module, ExitAdapterModule):
-      raise TypeError(f"module must be an ExitAdapterModule, got "
-                      f"{type(module).__name__}.")
-    graphdef, state = nnx.split(module)
-    return cls(config=module.config, graphdef=graphdef, state=state)
-
-  def module(self) -> ExitAdapterModule:
-    return nnx.merge(self.graphdef, self.state)
-
-  def param_count(self) -> int:
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state))
 
   def check_target(self, target_config: transformer_lib.TransformerConfig,
                    layers: tuple[int, ...]) -> None:

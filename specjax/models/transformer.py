@@ -44,6 +44,7 @@ from flax import nnx
 from flax import struct
 
 from specjax import _checks
+from specjax.models import wrapped
 from specjax.models.cache import KVCache
 
 FLAVOURS = ("gpt2", "llama")
@@ -490,7 +491,7 @@ _PARAM_AXES = {
 }
 
 
-class TransformerLM(struct.PyTreeNode):
+class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
   """A `Transformer` as a `CausalLM` pytree: static config + graphdef, State leaves.
 
   Build with `TransformerLM.create(config, seed)`. Pass it to `jax.jit` as an
@@ -501,6 +502,7 @@ class TransformerLM(struct.PyTreeNode):
   state: nnx.State
 
   one_hot_q: ClassVar[bool] = False
+  module_type: ClassVar[type] = Transformer
 
   @classmethod
   def create(cls, config: TransformerConfig,
@@ -515,19 +517,6 @@ class TransformerLM(struct.PyTreeNode):
       else:
         rngs = nnx.Rngs(_checks.as_key("rngs", rngs))
     return cls.from_module(Transformer(config, rngs))
-
-  @classmethod
-  def from_module(cls, module: Transformer) -> TransformerLM:
-    """Wraps an nnx `Transformer` (e.g. after training); shares its arrays."""
-    if not isinstance(module, Transformer):
-      raise TypeError(f"module must be a specjax Transformer, got "
-                      f"{type(module).__name__}.")
-    graphdef, state = nnx.split(module)
-    return cls(config=module.config, graphdef=graphdef, state=state)
-
-  def module(self) -> Transformer:
-    """The nnx module with these weights (for training: `nnx.split` it)."""
-    return nnx.merge(self.graphdef, self.state)
 
   @property
   def vocab_size(self) -> int:
@@ -555,9 +544,6 @@ class TransformerLM(struct.PyTreeNode):
       return _PARAM_AXES.get(tuple(keys[-2:]))
     return self.replace(state=jax.tree_util.tree_map_with_path(names,
                                                                self.state))
-
-  def param_count(self) -> int:
-    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(self.state))
 
   def astype(self, dtype: Any = None, param_dtype: Any = None
              ) -> TransformerLM:
