@@ -105,6 +105,7 @@ def _sample(target, draft, rule, sampling):
   return (tokens * EV ** np.arange(EK - 1, -1, -1)).sum(1), out.summary()
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("rule", [
     draft_length.Confidence(threshold=0.6, gamma_max=3),
     draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0), threshold=0.5),
@@ -121,6 +122,7 @@ def test_adaptive_generations_are_exact(toys, rule):
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
 
+@pytest.mark.optimized
 def test_peeking_two_ahead_is_rejected(toys):
   target, draft = toys
   sampling = sj.SamplingConfig(temperature=1.0)

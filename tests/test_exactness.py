@@ -122,6 +122,7 @@ def _assert_covers_full_accepts_and_eos(out, gamma, k):
   assert 1000 < (lengths < k).sum() < N - 1000
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("sampling, gamma", [
     (sj.SamplingConfig(temperature=1.0), 3),
     (sj.SamplingConfig(temperature=0.7, top_k=3, top_p=0.9), 2),
@@ -179,6 +180,7 @@ def _draft_kinds(models):
   }
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("kind", ["bigram", "prompt_lookup",
                                   "prompt_lookup+unigram", "lying_one_hot",
                                   "eagle"])
@@ -191,6 +193,7 @@ def test_every_draft_kind_is_exact(models, kind):
     assert result.passed, f"{kind}: {result}"
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("name", controls.NAMES)
 def test_negative_controls_are_rejected(models, name):
   target, draft = models
@@ -204,6 +207,7 @@ def test_negative_controls_are_rejected(models, name):
   assert not any(r.passed for r in results), "\n".join(map(str, results))
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("spec, n", [
     # iid trees and the control also run on the lab's real loop
     # (tests/test_verifiers.py), which is far cheaper: slow here.

@@ -213,6 +213,7 @@ class _EarlyViewSelfDraft(SelfDraft):
     return view.replace(lengths=jnp.maximum(view.lengths - 1, 0))
 
 
+@pytest.mark.optimized
 @pytest.mark.parametrize("layers, share, adapter", [
     pytest.param(1, False, False, marks=pytest.mark.slow),
     pytest.param(1, True, False, marks=pytest.mark.slow),
@@ -231,6 +232,7 @@ def test_generations_are_exact(exact_target, layers, share, adapter):
   assert s["one_minus_tv"] < 0.9, s
 
 
+@pytest.mark.optimized
 def test_broken_cache_sharing_is_rejected(exact_target):
   sampling = sj.SamplingConfig(temperature=1.0)
   draft = _EarlyViewSelfDraft(exact_target, layers=1, share_cache=True)
