@@ -11,7 +11,8 @@ import sys
 # Compile quickly rather than well: most of the suite's time is XLA compiling
 # small programs that then run for milliseconds, and -O0 halves that time
 # (the tiny-config sweep: 90 s -> 42 s). Semantics do not change; the
-# statistical tests, which run long, measured the same. Set by environment
+# execution-bound statistical tests opt back in (marker `optimized`, below).
+# Set by environment
 # so the subprocesses (mesh worker, notebook kernels) inherit it; run
 # `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest` to test the optimised programs.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
