@@ -108,7 +108,8 @@ def _sample(target, draft, rule, sampling):
 @pytest.mark.optimized
 @pytest.mark.parametrize("rule", [
     draft_length.Confidence(threshold=0.6, gamma_max=3),
-    draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0), threshold=0.5),
+    # No threshold: the planned path (whole fixed-length rounds, switched).
+    draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0)),
 ])
 def test_adaptive_generations_are_exact(toys, rule):
   target, draft = toys
@@ -156,7 +157,7 @@ def test_greedy_output_is_unchanged(target, batch):
       vocab_size=V, d_model=16, num_layers=1, num_heads=2, max_positions=96),
       4)
   rules = [draft_length.Confidence(threshold=0.9, gamma_max=5),
-           draft_length.Goodput(c=0.5, r=(1.1, 1.3, 1.6, 2.0), threshold=0.8)]
+           draft_length.Goodput(c=0.5, r=(1.1, 1.3, 1.6, 2.0))]
   # Each rule with one draft (each compile of the adaptive loop is costly):
   # confidence on the cache-sharing self-draft, goodput on the independent.
   for draft, rule in zip((sj.SelfDraft(target, layers=1, share_cache=True),
@@ -181,11 +182,16 @@ def test_goodput_picks_longer_drafts_for_better_rows():
   assert rates[1, 2] == pytest.approx(want, rel=1e-5)
   stats = sj.RowStats.zeros(2, 6).replace(
       accepted=jnp.array([30, 90]), verified=jnp.array([100, 100]))
-  # One row: its own best; both: one budget for the batch (shared passes).
-  one = rule.plan(stats, jnp.array([True, False]))
+  # One row: its own best. Both: one budget for the batch (shared passes),
+  # set by the row the batch waits for: the worse one when both have as many
+  # tokens to go, the better one when the worse is nearly done.
+  remaining = lambda a, b: jnp.array([a, b], jnp.int32)
+  one = rule.plan(stats, jnp.array([True, False]), remaining(100, 100))
   assert int(one[0]) == best[0]
-  both = rule.plan(stats, jnp.array([True, True]))
-  assert int(both[0]) == int(both[1])
+  both = rule.plan(stats, jnp.array([True, True]), remaining(100, 100))
+  assert np.asarray(both).tolist() == [best[0]] * 2
+  nearly_done = rule.plan(stats, jnp.array([True, True]), remaining(1, 100))
+  assert np.asarray(nearly_done).tolist() == [best[1]] * 2
 
 
 def test_goodput_charges_the_whole_round():

@@ -176,9 +176,21 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
                                               gamma)
   target_cache = state.target_cache
   draft_passes = gamma
+  last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
+  features = getattr(draft, "reads_target_features", False) and gamma > 0
+  remaining_B = max_new_tokens - (n_B - state.prompt_lengths)
+  if draft_length is not None and not draft_length.stops_early:
+    out, draft_cache, draft_passes, draft_nonfinite_B = adaptive.planned(
+        target, draft, state, draft_length, remaining_B, last_B,
+        draft_keys_BxG, verify_keys_B, sampling, coupling_rule, verifier,
+        features, lambda w, keys: _propose(draft, state, w, keys, sampling))
+    return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
+                   features, gamma=gamma, max_new_tokens=max_new_tokens,
+                   eos_id=eos_id)
   if draft_length is not None:
     drafts_BxG, q_BxGxV, draft_cache, drafted_B, draft_passes = (
-        adaptive.propose(draft, state, draft_length, draft_keys_BxG, sampling,
+        adaptive.propose(draft, state, draft_length, remaining_B,
+                         draft_keys_BxG, sampling,
                          lambda keys: _propose(draft, state, 1, keys,
                                                sampling)))
     if getattr(draft, "reads_target_cache", False):
@@ -196,8 +208,6 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     drafts_BxG = jnp.zeros((batch, 0), jnp.int32)
     q_BxGxV = jnp.zeros((batch, 0, target.vocab_size), jnp.float32)
     draft_cache = state.draft_cache
-  last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
-  features = getattr(draft, "reads_target_features", False) and gamma > 0
   if draft_length is not None:
     out = adaptive.verify(target, target_cache, last_B, drafts_BxG, q_BxGxV,
                           drafted_B, draft_passes, verify_keys_B, sampling,
@@ -207,6 +217,19 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
                              q_BxGxV, verify_keys_B,
                              sampling, coupling_rule, verifier,
                              return_hidden=features)
+  # `_draft_sample` marks a proposal drawn from non-finite logits by a NaN q
+  # row (a one-hot or probability row never holds a NaN).
+  draft_nonfinite_B = jnp.sum(jnp.isnan(q_BxGxV[..., 0]), axis=1,
+                              dtype=jnp.int32)
+  return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
+                 features, gamma=gamma, max_new_tokens=max_new_tokens,
+                 eos_id=eos_id)
+
+
+def _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
+            features, *, gamma, max_new_tokens, eos_id):
+  """Keeps the verify pass's features for a feature-reading draft, then
+  commits the round."""
   target_features = state.target_features
   if features:
     # The scored positions n - 1 ... hold this round's features; the first
@@ -214,11 +237,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     # the head's cache rolls back to n, where that window starts. (A
     # finished row's state is never read again.)
     target_features = out.hidden
-    draft_cache = draft_cache.replace(lengths=n_B)
-  # `_draft_sample` marks a proposal drawn from non-finite logits by a NaN q
-  # row (a one-hot or probability row never holds a NaN).
-  draft_nonfinite_B = jnp.sum(jnp.isnan(q_BxGxV[..., 0]), axis=1,
-                              dtype=jnp.int32)
+    draft_cache = draft_cache.replace(lengths=state.lengths)
   return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
                  gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
                  target_features=target_features)
