@@ -77,6 +77,31 @@ def test_wider_trees_emit_more_tokens_than_the_chain():
     assert np.all(tree >= chain - 1e-12) and tree.mean() > chain.mean()
 
 
+@pytest.mark.parametrize("mode", tree_lib.MODES)
+def test_greedy_walk_equals_recursive_rejection_with_one_hot_p(mode):
+  """The greedy fast path gives `tree_verify`'s outputs when p is one-hot,
+  with soft draft laws, repeated and invalid children, and uniforms that
+  matter for a soft p (here they must not)."""
+  topology = tree_lib.TreeTopology((-1, -1, -1, 0, 0, 1, 3, 3))
+  n, vocab, batch = topology.num_nodes, 3, 512
+  k_tok, k_valid, k_arg, k_q, k_u = jax.random.split(jax.random.key(0), 5)
+  tokens_BxN = jax.random.randint(k_tok, (batch, n), 0, vocab)
+  valid_BxN = jax.random.uniform(k_valid, (batch, n)) < 0.9
+  argmax_BxN1 = jax.random.randint(k_arg, (batch, n + 1), 0, vocab)
+  p_BxN1xV = jax.nn.one_hot(argmax_BxN1, vocab, dtype=jnp.float32)
+  q_BxN1xV = jax.nn.softmax(jax.random.normal(k_q, (batch, n + 1, vocab)))
+  u_BxN1x2 = jax.random.uniform(k_u, (batch, n + 1, 2))
+  sample = lambda u, probs: sampling_lib.sample_from_probs(u, probs)
+  want = tree_lib.tree_verify(u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN,
+                              valid_BxN, topology, mode, sample)
+  got = tree_lib.greedy_tree_verify(argmax_BxN1, tokens_BxN, valid_BxN,
+                                    topology)
+  for name, a, b in zip(("path", "emitted", "accepted"), want, got):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+  # Every depth was reached by some row, so the walk was exercised.
+  assert set(np.asarray(got[2]).tolist()) == {0, 1, 2, 3}
+
+
 # --------------------------------------------------- JAX vs the lab law
 
 N = 100_000

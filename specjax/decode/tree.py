@@ -246,6 +246,57 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
         chosen_B, 0)], 0))
     node_B = jnp.where(descend_B, chosen_B, node_B)
     alive_B = descend_B
+  return _finish_walk(path, emitted, final_B, depth)
+
+
+def greedy_tree_verify(target_token_BxN1, tokens_BxN, valid_BxN,
+                       topology: TreeTopology):
+  """`tree_verify` when p is one-hot on the target's argmax (greedy).
+
+  At a node whose target argmax is a, every child x != a is rejected
+  (p(x) = 0), the residual stays one-hot on a, and the first valid child
+  x = a is kept with probability min(1, 1 / q'(x)) = 1, in either mode; a
+  node that keeps none emits a. So the walk follows, level by level, the
+  first valid child equal to the argmax: no `[B, N + 1, V]` law, residual or
+  draw, and the same outputs as `tree_verify` (tested).
+
+  Args:
+    target_token_BxN1: int32 `[B, N + 1]`, the target's argmax after the
+      root (index 0) and after each node i (index i + 1).
+    tokens_BxN, valid_BxN, topology: as in `tree_verify`.
+
+  Returns:
+    As `tree_verify`.
+  """
+  batch = tokens_BxN.shape[0]
+  table = jnp.asarray(topology.children_table())  # [N + 1, K]
+  rows = jnp.arange(batch)
+  node_B = -jnp.ones((batch,), jnp.int32)
+  alive_B = jnp.ones((batch,), bool)
+  depth = topology.max_depth
+  path, emitted = [], []
+  final_B = jnp.zeros((batch,), jnp.int32)
+  for _ in range(depth + 1):
+    a_B = target_token_BxN1[rows, node_B + 1]
+    kids_BxK = table[node_B + 1]
+    chosen_B = -jnp.ones((batch,), jnp.int32)
+    for j in reversed(range(table.shape[1])):  # the first match wins
+      kid_B = kids_BxK[:, j]
+      safe_kid_B = jnp.maximum(kid_B, 0)
+      match_B = ((kid_B >= 0) & valid_BxN[rows, safe_kid_B]
+                 & (tokens_BxN[rows, safe_kid_B] == a_B))
+      chosen_B = jnp.where(match_B, kid_B, chosen_B)
+    final_B = jnp.where(alive_B & (chosen_B < 0), a_B, final_B)
+    descend_B = alive_B & (chosen_B >= 0)
+    path.append(jnp.where(descend_B, chosen_B, -1))
+    emitted.append(jnp.where(descend_B, a_B, 0))
+    node_B = jnp.where(descend_B, chosen_B, node_B)
+    alive_B = descend_B
+  return _finish_walk(path, emitted, final_B, depth)
+
+
+def _finish_walk(path, emitted, final_B, depth):
+  """Stacks a walk's per-depth picks into `tree_verify`'s outputs."""
   path_BxD = jnp.stack(path[:depth], axis=1)
   num_accepted_B = jnp.sum(path_BxD >= 0, axis=1).astype(jnp.int32)
   emitted_BxD1 = jnp.stack(emitted[:depth] + [final_B], axis=1)

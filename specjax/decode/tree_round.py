@@ -159,14 +159,24 @@ def tree_round(target, draft, state, verifier, sampling):
       topology.depth_with_root(), topology.ancestor_table())
   target_bad_B = jnp.sum(steps.nonfinite_rows(logits_BxN1xV), axis=1,
                          dtype=jnp.int32)
-  p_BxN1xV = sampling_lib.probabilities(logits_BxN1xV, sampling)
-  u_BxN1x2 = jax.vmap(lambda k: jax.random.uniform(
-      k, (topology.num_nodes + 1, 2)))(verify_key_B)
-  path_BxD, emitted_BxD1, num_accepted_B = tree_lib.tree_verify(
-      u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN, topology,
-      verifier.mode, lambda u_x, probs_xV: steps._sample(u_x, probs_xV,
-                                                         sampling),
-      update_residual=verifier.update_residual)
+  if sampling.greedy and verifier.update_residual:
+    # p is one-hot on the argmax: the walk follows the children equal to it,
+    # and sum_x min(p, q) at a node is q(argmax); no [B, N + 1, V] p.
+    target_token_BxN1 = sampling_lib._greedy_token(logits_BxN1xV)
+    path_BxD, emitted_BxD1, num_accepted_B = tree_lib.greedy_tree_verify(
+        target_token_BxN1, tokens_BxN, valid_BxN, topology)
+    overlap_BxN1 = jnp.take_along_axis(
+        q_BxN1xV, target_token_BxN1[..., None], axis=-1)[..., 0]
+  else:
+    p_BxN1xV = sampling_lib.probabilities(logits_BxN1xV, sampling)
+    u_BxN1x2 = jax.vmap(lambda k: jax.random.uniform(
+        k, (topology.num_nodes + 1, 2)))(verify_key_B)
+    path_BxD, emitted_BxD1, num_accepted_B = tree_lib.tree_verify(
+        u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN, topology,
+        verifier.mode, lambda u_x, probs_xV: steps._sample(u_x, probs_xV,
+                                                           sampling),
+        update_residual=verifier.update_residual)
+    overlap_BxN1 = jnp.sum(jnp.minimum(p_BxN1xV, q_BxN1xV), axis=-1)
   # The nodes visited at depths 0..D-1 (index into root + nodes) and whether
   # a child was judged there (the walk stops at a leaf or a rejection).
   visited_BxD = jnp.concatenate(
@@ -174,7 +184,6 @@ def tree_round(target, draft, state, verifier, sampling):
   has_kids_N1 = jnp.asarray(topology.children_table()[:, 0] >= 0)
   judged_BxD = ((jnp.arange(path_BxD.shape[1]) <= num_accepted_B[:, None])
                 & has_kids_N1[jnp.maximum(visited_BxD, 0)])
-  overlap_BxN1 = jnp.sum(jnp.minimum(p_BxN1xV, q_BxN1xV), axis=-1)
   overlap_BxD = jnp.take_along_axis(overlap_BxN1, jnp.maximum(visited_BxD, 0),
                                     axis=1)
   out = steps.VerifyOutput(
