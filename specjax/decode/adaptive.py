@@ -9,11 +9,12 @@ width W + 1 chosen by `lax.switch` (one compiled branch per W in
 keep the static shapes `[B, gamma_max]` and `[B, gamma_max, V]`.
 
 A rule that only plans (`Goodput` without a threshold): the round's width W
-is known before drafting, and `planned` switches between whole fixed-length
-rounds, branch W being the fixed gamma = W round's own drafting and verify.
-A planned round of length W then costs what the fixed loop's round costs,
-where the while loop above cost more (results/adaptive_sweep: gamma="auto"
-at batch 1 ran at 0.75-0.97 of the best fixed gamma).
+is known before drafting, so `planned` runs the fixed gamma = W round's own
+drafting and verify, and the loop (`loop._planned_loop`) switches between
+loops of such rounds only when the plan changes. A planned round of length W
+then costs what the fixed loop's round costs, where the while loop above
+cost more (results/adaptive_sweep, before: gamma="auto" at batch 1 ran at
+0.75-0.97 of the best fixed gamma).
 """
 
 from __future__ import annotations
@@ -116,56 +117,54 @@ def verify(target, cache, last_B, drafts_BxG, q_BxGxV, lengths_B, width,
                                     range(1, gamma_max + 1)], cache)
 
 
-def planned(target, draft, state, rule, remaining_B, last_B, keys_BxG,
+def width(rule, state, max_new_tokens):
+  """int32 scalar: the draft passes of the next round of a rule that only
+  plans, the largest budget among the active rows."""
+  active_B = ~state.done
+  remaining_B = max_new_tokens - (state.lengths - state.prompt_lengths)
+  budget_B = rule.plan(state.stats, active_B, remaining_B)
+  return jnp.clip(jnp.max(jnp.where(active_B, budget_B, 1)), 1,
+                  rule.gamma_max).astype(jnp.int32)
+
+
+def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
             verify_keys_B, sampling, coupling_rule, verifier, return_hidden,
             propose):
-  """A round whose length the rule fixes before drafting (see module doc).
+  """One round of static `width` for a rule that only plans (module doc):
+  the fixed gamma = width round, each row keeping at most its budget.
 
   Args:
+    width: static int in [1, gamma_max], the draft passes (`width(...)`).
     remaining_B: int32 `[B]`, tokens each row may still generate.
     last_B: int32 `[B]`, each row's last committed token.
     keys_BxG, verify_keys_B: the round's draft and verify keys.
     return_hidden: static; the verify pass returns the target's features.
-    propose: `(w, keys_BxW) -> (drafts_BxW, q_BxWxV, draft_cache)`, the
-      loop's fixed-length drafting.
+    propose: `keys_BxW -> (drafts_BxW, q_BxWxV, draft_cache)`, the loop's
+      fixed-length drafting.
     Others as in `propose` and `verify`.
 
   Returns:
     `(out, draft_cache, width, draft_nonfinite_B)`: the verify output with
     tokens (and hidden) padded to `[B, gamma_max + 1, ...]` (its cache is the
     target's after the round; a cache-sharing draft's writes are in it), the
-    draft's cache, the draft passes run (int32 scalar), and per row the
-    drafts drawn from non-finite logits.
+    draft's cache, the draft passes run, and per row the drafts drawn from
+    non-finite logits.
   """
-  gamma_max = rule.gamma_max
-  active_B = ~state.done
-  budget_B = rule.plan(state.stats, active_B, remaining_B)
-  width = jnp.clip(jnp.max(jnp.where(active_B, budget_B, 1)), 1, gamma_max)
-  shares = getattr(draft, "reads_target_cache", False)
-
-  def branch(w):
-    def run(_):
-      drafts_BxW, q_BxWxV, draft_cache = propose(w, keys_BxG[:, :w])
-      target_cache = state.target_cache
-      if shares:
-        target_cache = draft.cache_to_target(target_cache, draft_cache)
-        draft_cache = state.draft_cache
-      out = steps._verify_step(target, target_cache, last_B, drafts_BxW,
-                               q_BxWxV, verify_keys_B, sampling,
-                               coupling_rule, verifier,
-                               num_drafts_B=jnp.clip(budget_B, 1, w),
-                               return_hidden=return_hidden)
-      hidden = out.hidden
-      if return_hidden:
-        hidden = jnp.pad(hidden, ((0, 0), (0, gamma_max - w), (0, 0)))
-      out = out.replace(
-          tokens=jnp.pad(out.tokens, ((0, 0), (0, gamma_max - w))),
-          hidden=hidden)
-      nonfinite_B = jnp.sum(jnp.isnan(q_BxWxV[..., 0]), axis=1,
-                            dtype=jnp.int32)
-      return out, draft_cache, nonfinite_B
-    return run
-
-  out, draft_cache, nonfinite_B = jax.lax.switch(
-      width - 1, [branch(w) for w in range(1, gamma_max + 1)], None)
-  return out, draft_cache, width, nonfinite_B
+  gamma_max, w = rule.gamma_max, width
+  budget_B = rule.plan(state.stats, ~state.done, remaining_B)
+  drafts_BxW, q_BxWxV, draft_cache = propose(keys_BxG[:, :w])
+  target_cache = state.target_cache
+  if getattr(draft, "reads_target_cache", False):
+    target_cache = draft.cache_to_target(target_cache, draft_cache)
+    draft_cache = state.draft_cache
+  out = steps._verify_step(target, target_cache, last_B, drafts_BxW, q_BxWxV,
+                           verify_keys_B, sampling, coupling_rule, verifier,
+                           num_drafts_B=jnp.clip(budget_B, 1, w),
+                           return_hidden=return_hidden)
+  hidden = out.hidden
+  if return_hidden:
+    hidden = jnp.pad(hidden, ((0, 0), (0, gamma_max - w), (0, 0)))
+  out = out.replace(tokens=jnp.pad(out.tokens, ((0, 0), (0, gamma_max - w))),
+                    hidden=hidden)
+  nonfinite_B = jnp.sum(jnp.isnan(q_BxWxV[..., 0]), axis=1, dtype=jnp.int32)
+  return out, draft_cache, w, nonfinite_B

@@ -158,11 +158,12 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
 
 
 def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
-           coupling_rule, verifier=None, draft_length=None):
+           coupling_rule, verifier=None, draft_length=None, width=None):
   """One speculative round for every row (gamma = 0: one autoregressive step).
 
   With a `draft_length` rule, gamma is its gamma_max and each row drafts
-  (and keeps) at most its own number of tokens (see `adaptive`). A
+  (and keeps) at most its own number of tokens (see `adaptive`); a rule that
+  only plans runs with a static `width`, the round's draft passes. A
   `TreeVerifier` runs a tree round instead (`tree_round`, gamma = depth)."""
   n_B = state.lengths
   batch = n_B.shape[0]
@@ -179,11 +180,11 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
   features = getattr(draft, "reads_target_features", False) and gamma > 0
   remaining_B = max_new_tokens - (n_B - state.prompt_lengths)
-  if draft_length is not None and not draft_length.stops_early:
+  if width is not None:
     out, draft_cache, draft_passes, draft_nonfinite_B = adaptive.planned(
-        target, draft, state, draft_length, remaining_B, last_B,
+        target, draft, state, draft_length, width, remaining_B, last_B,
         draft_keys_BxG, verify_keys_B, sampling, coupling_rule, verifier,
-        features, lambda w, keys: _propose(draft, state, w, keys, sampling))
+        features, lambda keys: _propose(draft, state, width, keys, sampling))
     return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
                    features, gamma=gamma, max_new_tokens=max_new_tokens,
                    eos_id=eos_id)
@@ -332,11 +333,15 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
                                max_new_tokens=max_new_tokens, sampling=sampling,
                                eos_id=eos_id, coupling_rule=coupling_rule,
                                verifier=verifier, draft_length=draft_length)
-  body = lambda s: sharding.constrain_decode_state(round_fn(s))
   # Every active row commits >= 1 token a round, so max_new_tokens rounds
   # always suffice; the loop usually exits much earlier.
-  state = jax.lax.while_loop(
-      lambda s: (s.round < max_new_tokens) & jnp.any(~s.done), body, state)
+  going = lambda s: (s.round < max_new_tokens) & jnp.any(~s.done)
+  if draft_length is not None and not draft_length.stops_early:
+    state = _planned_loop(state, round_fn, going, draft_length,
+                          max_new_tokens)
+  else:
+    body = lambda s: sharding.constrain_decode_state(round_fn(s))
+    state = jax.lax.while_loop(going, body, state)
   generated_B = state.generated
   cols_N = jnp.arange(max_new_tokens)
   out_BxN = jnp.take_along_axis(
@@ -344,6 +349,28 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   out_BxN = jnp.where(cols_N < generated_B[:, None], out_BxN, pad_id)
   return sharding.constrain_replicated(state_lib.GenerationResult(
       tokens=out_BxN, lengths=generated_B, stats=state.stats))
+
+
+def _planned_loop(state, round_fn, going, rule, max_new_tokens):
+  """The rounds of a rule that fixes each round's width before drafting.
+
+  A `lax.switch` over the width W picks a loop of fixed-width rounds, which
+  runs while the rule keeps planning W: the branch's rounds are the fixed
+  gamma = W loop's own program, and the switch (whose operands, the caches
+  among them, XLA may copy: measured +0.2-0.3 ms a round on the quick
+  target when it ran once per round) is paid once per change of plan.
+  """
+  width = lambda s: adaptive.width(rule, s, max_new_tokens)
+
+  def stretch(w):
+    round_w = lambda s: sharding.constrain_decode_state(round_fn(s, width=w))
+    # At least one round per entry, so the outer loop always progresses.
+    return lambda s: jax.lax.while_loop(
+        lambda s: going(s) & (width(s) == w), round_w, round_w(s))
+
+  branches = [stretch(w) for w in range(1, rule.gamma_max + 1)]
+  return jax.lax.while_loop(
+      going, lambda s: jax.lax.switch(width(s) - 1, branches, s), state)
 
 
 def _lookahead(gamma, verifier):
