@@ -87,7 +87,13 @@ def _draft(name, target):
                          teacher_overrides=dict(config.target_overrides))
     return sj.SelfDraft(target, layers=int(k), share_cache=True,
                         adapter=adapter)
-  return zoo.load(name)
+  # A quick-job draft with that job's recipe (its cached model, never a
+  # retrain under the default recipe); any other zoo name as named.
+  recipe = {d.name: d for d in _quick().drafts}.get(name)
+  if recipe is None:
+    return zoo.load(name)
+  return zoo.load(name, overrides=dict(recipe.overrides),
+                  teacher_overrides=dict(recipe.teacher_overrides) or None)
 
 
 def run_cell(target, draft, prompts_NxBxP, sampling, gammas, threshold,

@@ -192,6 +192,18 @@ def test_goodput_picks_longer_drafts_for_better_rows():
   assert np.asarray(both).tolist() == [best[0]] * 2
   nearly_done = rule.plan(stats, jnp.array([True, True]), remaining(1, 100))
   assert np.asarray(nearly_done).tolist() == [best[1]] * 2
+  # The loop keeps a width while its expected time is within `hysteresis`
+  # of the best width's (a change of width costs a switch).
+  row = (jnp.array([False, True]), remaining(100, 100))
+  time = np.asarray(rule.remaining_time(stats, *row))
+  ratio = time / time.min()
+  assert bool(rule.keeps(best[1], stats, *row))
+  for w in range(1, 7):
+    assert bool(rule.keeps(w, stats, *row)) == (ratio[w - 1] <= 1.05), w
+  assert 0 < (ratio <= 1.05).sum() < 6  # some widths kept, some left
+  strict = dataclasses.replace(rule, hysteresis=0.0)
+  assert [bool(strict.keeps(w, stats, *row)) for w in range(1, 7)] == [
+      w == best[1] for w in range(1, 7)]
 
 
 def test_goodput_charges_the_whole_round():
@@ -233,6 +245,8 @@ def test_auto_measures_costs_once(target):
     (lambda: draft_length.Goodput(c=0.1, r=1.0), TypeError, "r must"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), overhead=-1.0), ValueError,
      "overhead"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), hysteresis=-0.1),
+     ValueError, "hysteresis"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):

@@ -121,8 +121,7 @@ def width(rule, state, max_new_tokens):
   """int32 scalar: the draft passes of the next round of a rule that only
   plans, the largest budget among the active rows."""
   active_B = ~state.done
-  remaining_B = max_new_tokens - (state.lengths - state.prompt_lengths)
-  budget_B = rule.plan(state.stats, active_B, remaining_B)
+  budget_B = rule.plan(state.stats, active_B, max_new_tokens - state.generated)
   return jnp.clip(jnp.max(jnp.where(active_B, budget_B, 1)), 1,
                   rule.gamma_max).astype(jnp.int32)
 
@@ -151,7 +150,13 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
     non-finite logits.
   """
   gamma_max, w = rule.gamma_max, width
-  budget_B = rule.plan(state.stats, ~state.done, remaining_B)
+  active_B = ~state.done
+  budget_B = rule.plan(state.stats, active_B, remaining_B)
+  # A row whose budget is the batch's planned width keeps all w drafts (the
+  # loop may run another width than planned, see `Rule.keeps`); a row with
+  # a smaller budget keeps at most it.
+  planned_width = jnp.max(jnp.where(active_B, budget_B, 1))
+  budget_B = jnp.where(budget_B >= planned_width, w, budget_B)
   drafts_BxW, q_BxWxV, draft_cache = propose(keys_BxG[:, :w])
   target_cache = state.target_cache
   if getattr(draft, "reads_target_cache", False):

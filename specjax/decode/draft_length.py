@@ -105,6 +105,14 @@ class Rule:
     del stats, remaining_B
     return jnp.full(active_B.shape, self.gamma_max, jnp.int32)
 
+  def keeps(self, width: int, stats, active_B: jax.Array,
+            remaining_B: jax.Array) -> jax.Array:
+    """bool scalar: whether a rule that only plans goes on with rounds of
+    `width` (static) draft passes; by default while its plan's width, the
+    largest active budget, is `width`. Reads only the past, as `plan`."""
+    budget_B = self.plan(stats, active_B, remaining_B)
+    return jnp.max(jnp.where(active_B, budget_B, 1)) == width
+
   def stop(self, count: jax.Array, q_BxV: jax.Array,
            x_B: jax.Array) -> tuple[jax.Array, jax.Array]:
     """After the `count`-th draft (drawn from q_BxV): `(stop_B, length_B)`.
@@ -145,6 +153,9 @@ class Goodput(Rule):
     prior: pseudo-counts (accepted, rejected) of the acceptance estimate.
     c_first: the round's first draft pass; None means c.
     overhead: a round's work outside the model passes (>= 0).
+    hysteresis: without a threshold, the loop keeps a round width while its
+      expected time is within this fraction of the best width's (a change
+      of width is a switch between compiled loops; see `keeps`).
   """
   c: float
   r: tuple[float, ...]
@@ -153,6 +164,7 @@ class Goodput(Rule):
   prior: tuple[float, float] = (1.0, 1.0)
   c_first: float | None = None
   overhead: float = 0.0
+  hysteresis: float = 0.05
 
   def __post_init__(self):
     c = _checks.check_float("c", self.c)
@@ -177,9 +189,13 @@ class Goodput(Rule):
     if c_first < 0 or overhead < 0:
       raise ValueError(f"c_first and overhead are costs (>= 0), got "
                        f"c_first={c_first}, overhead={overhead}.")
+    hysteresis = _checks.check_float("hysteresis", self.hysteresis)
+    if hysteresis < 0:
+      raise ValueError(f"hysteresis is a relative margin (>= 0), got "
+                       f"{hysteresis}.")
     for name, value in (("c", c), ("r", r), ("gamma_max", gamma_max),
                         ("prior", prior), ("c_first", c_first),
-                        ("overhead", overhead),
+                        ("overhead", overhead), ("hysteresis", hysteresis),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
 
@@ -209,20 +225,33 @@ class Goodput(Rule):
     return ((stats.accepted.astype(jnp.float32) + a0)
             / (stats.verified.astype(jnp.float32) + a0 + b0))
 
-  def plan(self, stats, active_B, remaining_B):
-    # Every row waits for every pass, and the batch runs until its last row
-    # is done: pick the budget that minimises the round's cost times the
-    # most rounds an active row still needs (remaining / expected tokens).
-    # One row: its own best rate. Summing the rows' rates instead (this
-    # rule's first version) let the well-predicted rows outvote the row the
-    # batch waits for: under greedy decoding, batch 8, it drafted 2.3-4.8
-    # tokens where one was fastest (results/adaptive_sweep).
+  def remaining_time(self, stats, active_B, remaining_B) -> jax.Array:
+    """float32 `[gamma_max]`: the batch's expected time to finish, in target
+    passes, if every round from now on had width g = 1..G.
+
+    Every row waits for every pass, and the batch runs until its last row is
+    done: the round's cost times the most rounds an active row still needs
+    (remaining / expected tokens). One row: remaining / its rate. Summing
+    the rows' rates instead (this rule's first version) let well-predicted
+    rows outvote the row the batch waits for: under greedy decoding, batch
+    8, it drafted 2.3-4.8 tokens where one was fastest
+    (results/adaptive_sweep).
+    """
     rounds_BxG = (remaining_B.astype(jnp.float32)[:, None]
                   / self.expected_tokens(self.alpha(stats)))
     worst_G = jnp.max(jnp.where(active_B[:, None], rounds_BxG, 0.0), axis=0)
-    time_G = worst_G * jnp.asarray(self.round_costs(), jnp.float32)
-    best = jnp.argmin(time_G).astype(jnp.int32) + 1
-    return jnp.full(active_B.shape, best, jnp.int32)
+    return worst_G * jnp.asarray(self.round_costs(), jnp.float32)
+
+  def plan(self, stats, active_B, remaining_B):
+    best = jnp.argmin(self.remaining_time(stats, active_B, remaining_B))
+    return jnp.full(active_B.shape, best.astype(jnp.int32) + 1, jnp.int32)
+
+  def keeps(self, width, stats, active_B, remaining_B):
+    # A change of width costs the loop a switch (about a fifth of a round on
+    # the quick target), and a row's estimate moves every round: keep the
+    # width while it is within `hysteresis` of the best.
+    time_G = self.remaining_time(stats, active_B, remaining_B)
+    return time_G[width - 1] <= (1.0 + self.hysteresis) * jnp.min(time_G)
 
   def stop(self, count, q_BxV, x_B):
     del x_B

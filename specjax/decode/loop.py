@@ -179,7 +179,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   draft_passes = gamma
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
   features = getattr(draft, "reads_target_features", False) and gamma > 0
-  remaining_B = max_new_tokens - (n_B - state.prompt_lengths)
+  remaining_B = max_new_tokens - state.generated
   if width is not None:
     out, draft_cache, draft_passes, draft_nonfinite_B = adaptive.planned(
         target, draft, state, draft_length, width, remaining_B, last_B,
@@ -355,18 +355,20 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens):
   """The rounds of a rule that fixes each round's width before drafting.
 
   A `lax.switch` over the width W picks a loop of fixed-width rounds, which
-  runs while the rule keeps planning W: the branch's rounds are the fixed
-  gamma = W loop's own program, and the switch (whose operands, the caches
-  among them, XLA may copy: measured +0.2-0.3 ms a round on the quick
-  target when it ran once per round) is paid once per change of plan.
+  runs while the rule keeps W (`rule.keeps`): the branch's rounds are the
+  fixed gamma = W loop's own program, and the switch (whose operands, the
+  caches among them, XLA may copy: measured +0.2-0.3 ms a round on the
+  quick target when it ran once per round) is paid once per change.
   """
   width = lambda s: adaptive.width(rule, s, max_new_tokens)
 
   def stretch(w):
     round_w = lambda s: sharding.constrain_decode_state(round_fn(s, width=w))
+    keeps = lambda s: rule.keeps(w, s.stats, ~s.done,
+                                 max_new_tokens - s.generated)
     # At least one round per entry, so the outer loop always progresses.
     return lambda s: jax.lax.while_loop(
-        lambda s: going(s) & (width(s) == w), round_w, round_w(s))
+        lambda s: going(s) & keeps(s), round_w, round_w(s))
 
   branches = [stretch(w) for w in range(1, rule.gamma_max + 1)]
   return jax.lax.while_loop(
