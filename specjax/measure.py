@@ -162,6 +162,17 @@ def forward_loops(model, batch, tokens, cache_len, fill, seconds):
   return n, (lambda: call(n)), (lambda: call(2 * n))
 
 
+def _check_pass(batch_size, num_tokens, capacity, fill):
+  batch_size = _checks.check_int("batch_size", batch_size, low=1)
+  num_tokens = _checks.check_int("num_tokens", num_tokens, low=1)
+  capacity = _checks.check_int("capacity", capacity, low=1)
+  fill = _checks.check_int("fill", fill, low=0)
+  if fill + num_tokens > capacity:
+    raise ValueError(f"fill + num_tokens = {fill + num_tokens} exceeds "
+                     f"capacity={capacity}.")
+  return batch_size, num_tokens, capacity, fill
+
+
 def pass_seconds(model, *, batch_size: int, num_tokens: int, capacity: int,
                  fill: int, seconds: float = 0.1, repeats: int = 5,
                  memo: dict | None = None) -> float:
@@ -172,23 +183,41 @@ def pass_seconds(model, *, batch_size: int, num_tokens: int, capacity: int,
   num_tokens - 1. A prefill is the pass with fill = 0 and num_tokens = the
   prompt bucket. See the module docstring for the method.
   """
-  batch_size = _checks.check_int("batch_size", batch_size, low=1)
-  num_tokens = _checks.check_int("num_tokens", num_tokens, low=1)
-  capacity = _checks.check_int("capacity", capacity, low=1)
-  fill = _checks.check_int("fill", fill, low=0)
-  if fill + num_tokens > capacity:
-    raise ValueError(f"fill + num_tokens = {fill + num_tokens} exceeds "
-                     f"capacity={capacity}.")
+  batch_size, num_tokens, capacity, fill = _check_pass(batch_size, num_tokens,
+                                                       capacity, fill)
   key = ("pass", model_key(model), batch_size, num_tokens, capacity, fill)
   if memo is not None and key in memo:
     return memo[key]
-  n, once, twice = forward_loops(model, batch_size, num_tokens, capacity,
-                                 fill, seconds)
-  t = best_times({"n": once, "2n": twice}, repeats)
-  out = max(t["2n"] - t["n"], 0.0) / n
+  (out,) = passes_seconds(model, batch_size=batch_size,
+                          passes=((num_tokens, fill),), capacity=capacity,
+                          seconds=seconds, repeats=repeats)
   if memo is not None:
     memo[key] = out
   return out
+
+
+def passes_seconds(model, *, batch_size: int, passes, capacity: int,
+                   seconds: float = 0.1, repeats: int = 5) -> list[float]:
+  """`pass_seconds` of several passes, `passes` = ((num_tokens, fill), ...),
+  timed interleaved: the calls of every pass take turns, so a change in the
+  machine's speed during the measurement hits every pass alike. (Timed one
+  after another, the verify widths of `draft_length.measure_goodput` once
+  came out as a 2-token pass costing 2.1 single-token passes: this CPU's
+  speed moves by up to 2x between trials.)"""
+  passes = tuple(passes)
+  if not passes:
+    raise ValueError("passes must name at least one (num_tokens, fill).")
+  loops, fns = [], {}
+  for i, (num_tokens, fill) in enumerate(passes):
+    batch, tokens, cache_len, fill = _check_pass(batch_size, num_tokens,
+                                                 capacity, fill)
+    n, once, twice = forward_loops(model, batch, tokens, cache_len, fill,
+                                   seconds)
+    loops.append(n)
+    fns[f"{i}:n"], fns[f"{i}:2n"] = once, twice
+  t = best_times(fns, repeats)
+  return [max(t[f"{i}:2n"] - t[f"{i}:n"], 0.0) / n
+          for i, n in enumerate(loops)]
 
 
 # -- Shapes of a loop ----------------------------------------------------------

@@ -230,6 +230,7 @@ def _axis_row(draft, verifier, gamma, tokens, speedup, *, alpha=0.6,
   row.update(verifier=verifier, exact=not lossy, lossy=lossy,
              gamma_mode=mode, batch_size=batch, tokens_per_target_call=tokens,
              tokens_per_target_call_se=0.01, speedup=speedup,
+             spec_tokens_per_s=100.0 * speedup,
              speedup_se=0.01, tv_per_token=tv, tv_per_token_se=0.001,
              mean_draft_length=min(gamma, 3.5))
   return row
@@ -355,6 +356,14 @@ def test_auto_vs_best_fixed_verdicts(axes_made):
   assert lines["bigram T=1 B=8"].endswith("MATCHES")
   assert lines["self:1 T=1 B=1"].endswith("MISSES")
   assert "1 BEATS, 1 MATCHES, 1 MISSES of 3 cells." in report
+  # Judged on tokens/s; the speedup ratio is printed beside it.
+  rows = figures.load_results(d)[0]
+  for r in rows:
+    if r["draft"] == "self:1" and r["gamma_mode"] == "auto":
+      r["spec_tokens_per_s"] = 200.0  # faster than every fixed gamma's
+  line = next(l for l in figures.adaptive_report(rows).splitlines()
+              if l.startswith("self:1"))
+  assert line.split()[-2:] == ["0.846", "BEATS"], line
 
 
 def test_repeated_cell_includes_the_new_axes(tmp_path):

@@ -147,6 +147,17 @@ def test_pass_memo_is_keyed_by_everything_that_sets_the_cost(tiny):
     measure.pass_seconds(target, num_tokens=5, capacity=8, fill=4, **kw)
 
 
+def test_passes_are_timed_together_and_checked(tiny):
+  target, _ = tiny
+  kw = dict(batch_size=1, capacity=40, seconds=1e-3, repeats=1)
+  times = measure.passes_seconds(target, passes=((1, 10), (4, 10)), **kw)
+  assert len(times) == 2 and all(t >= 0 for t in times)
+  with pytest.raises(ValueError, match="capacity"):
+    measure.passes_seconds(target, passes=((1, 10), (5, 36)), **kw)
+  with pytest.raises(ValueError, match="at least one"):
+    measure.passes_seconds(target, passes=(), **kw)
+
+
 def test_null_model_accepts_its_twin_and_rejects_its_negation():
   null = measure.NullLM.like(sj.NGramLM.uniform(40))
   prompts, lengths = np.zeros((2, 8), np.int32), np.array([8, 5], np.int32)
