@@ -78,6 +78,7 @@ def test_bad_divergence_is_an_error():
     distill.distillation_loss("tv", temperature=0.0)
 
 
+@pytest.mark.slow  # a training-quality check (~10 s), not zoo integrity
 def test_distillation_lowers_heldout_tv_to_the_target(corpus, cache):
   teacher = zoo.load("tiny", cache_dir=cache, overrides=QUICK, corpus=corpus,
                      verbose=False)
