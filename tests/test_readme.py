@@ -1,4 +1,5 @@
-"""The README's decoding example runs as written."""
+"""The README's python examples run as written: the decoding example by
+default, every block with `-m slow`."""
 
 import re
 
