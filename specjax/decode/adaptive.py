@@ -24,6 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.decode import draft_length
 from specjax.decode import steps
 
 
@@ -124,8 +125,7 @@ def width(rule, state, max_new_tokens):
   plans, the largest budget among the active rows."""
   active_B = ~state.done
   budget_B = rule.plan(state.stats, active_B, max_new_tokens - state.generated)
-  return jnp.clip(jnp.max(jnp.where(active_B, budget_B, 1)), 1,
-                  rule.gamma_max).astype(jnp.int32)
+  return jnp.clip(draft_length.widest(budget_B, active_B), 1, rule.gamma_max)
 
 
 def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
@@ -157,8 +157,8 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
   # A row whose budget is the batch's planned width keeps all w drafts (the
   # loop may run another width than planned, see `Rule.keeps`); a row with
   # a smaller budget keeps at most it.
-  planned_width = jnp.max(jnp.where(active_B, budget_B, 1))
-  budget_B = jnp.where(budget_B >= planned_width, w, budget_B)
+  budget_B = jnp.where(budget_B >= draft_length.widest(budget_B, active_B), w,
+                       budget_B)
   drafts_BxW, q_BxWxV, draft_cache = propose(keys_BxG[:, :w])
   target_cache = state.target_cache
   if getattr(draft, "reads_target_cache", False):

@@ -86,6 +86,12 @@ def _check_threshold(threshold) -> float | None:
   return threshold
 
 
+def widest(budget_B: jax.Array, active_B: jax.Array) -> jax.Array:
+  """int32 scalar: the largest budget among the active rows (1 if none), the
+  width of a round whose rows draft up to their budgets."""
+  return jnp.max(jnp.where(active_B, budget_B, 1)).astype(jnp.int32)
+
+
 class Rule:
   """Base class: no budget limit and no early stop (fixed gamma_max)."""
   gamma_max: int
@@ -110,8 +116,7 @@ class Rule:
     """bool scalar: whether a rule that only plans goes on with rounds of
     `width` (static) draft passes; by default while its plan's width, the
     largest active budget, is `width`. Reads only the past, as `plan`."""
-    budget_B = self.plan(stats, active_B, remaining_B)
-    return jnp.max(jnp.where(active_B, budget_B, 1)) == width
+    return widest(self.plan(stats, active_B, remaining_B), active_B) == width
 
   def stop(self, count: jax.Array, q_BxV: jax.Array,
            x_B: jax.Array) -> tuple[jax.Array, jax.Array]:
