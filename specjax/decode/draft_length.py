@@ -252,9 +252,10 @@ class Goodput(Rule):
     return jnp.full(active_B.shape, best.astype(jnp.int32) + 1, jnp.int32)
 
   def keeps(self, width, stats, active_B, remaining_B):
-    # A change of width costs the loop a switch (0.1-0.4 ms of a 1-2 ms
-    # round on the quick target), and a row's estimate moves every round:
-    # keep the width while it is within `hysteresis` of the best.
+    # A change of width costs the loop a switch (a per-round switch was
+    # slower than fixed gamma on the quick target), and a row's estimate
+    # moves every round: keep the width while it is within `hysteresis` of
+    # the best.
     time_G = self.remaining_time(stats, active_B, remaining_B)
     return time_G[width - 1] <= (1.0 + self.hysteresis) * jnp.min(time_G)
 
