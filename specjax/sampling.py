@@ -13,6 +13,7 @@ one-hot vector on the argmax, ties broken towards the lowest token id.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -134,15 +135,17 @@ def _greedy_token(logits_xV: jax.Array) -> jax.Array:
 # above v only changes at the values). It is found digit by digit on an
 # integer key that orders float32 values as the floats order: three rounds of
 # an 11/11/10-bit radix histogram of the weights (each a scatter-add over V),
-# or, where scatters are slow, 32 rounds of a masked reduction over V
-# (bisection). Either is O(V) per row and exact for counts; masses are float32
-# sums, so only a boundary within summation rounding of top_p can come out
-# differently from a sorted cumulative sum.
+# or at most 32 rounds of a masked reduction over V (bisection), whichever is
+# measured faster for the shape (`_default_method`). Either is O(V) per row
+# and exact for counts; masses are float32 sums, so only a boundary within
+# summation rounding of top_p can come out differently from a sorted
+# cumulative sum.
 
 _INT32_MIN = -2**31
 _RADIX_BITS = (11, 11, 10)  # high to low; they sum to 32
 _MIN_RADIX_VOCAB = 2**12
-_RADIX_CHUNK_ENTRIES = 2**18
+_CHUNK_ENTRIES = 2**18
+_MAX_BISECT_MASS_VOCAB = 2**17
 # Exact bucket masses sum 12-bit halves of significands in int32.
 _MAX_EXACT_MASS_VOCAB = 2**19
 # lax.top_k (a partial sort on CPU, O(V log k)) beats the radix select for
@@ -169,56 +172,107 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
   """Smallest uint32 key t per row with sum(weight[key > t]) < limit: `[...]`.
 
   `weight_xV` is non-negative (int32 counts or float32 masses) and `limit` is
-  positive, so t exists (the largest key has nothing above it). `method` is
-  "radix" (scatter-add histograms: fast on CPU at large V) or "bisect"
-  (masked sums: no scatter); None picks by backend and vocabulary size.
+  positive, so t exists (the largest key has nothing above it). float32
+  masses are their own keys: `key_xV` is their bit pattern. `method` is
+  "radix" (scatter-add histograms) or "bisect" (32 masked sums, no scatter);
+  None picks the one measured faster for the backend and shape
+  (`_default_method`).
   """
-  if method is None:
-    # A histogram row holds 2**11 buckets: for a small vocabulary (the toy
-    # models, millions of rows in the exactness tests) that is far more
-    # memory and work than 32 masked passes over V.
-    radix = (jax.default_backend() == "cpu"
-             and key_xV.shape[-1] >= _MIN_RADIX_VOCAB)
-    method = "radix" if radix else "bisect"
-  batch = key_xV.shape[:-1]
-  zero = jnp.zeros((), weight_xV.dtype)
-  if method == "bisect":
-    # Invariant: the answer is in [lo, hi]; hi starts at the row's largest key.
-    lo_x = jnp.zeros(batch, jnp.uint32)
-    hi_x = jnp.max(key_xV, axis=-1)
-
-    def halve(_, lo_hi):
-      lo_x, hi_x = lo_hi
-      mid_x = lo_x + (hi_x - lo_x) // 2
-      above_x = jnp.sum(jnp.where(key_xV > mid_x[..., None], weight_xV, zero),
-                        axis=-1)
-      ok_x = above_x < limit
-      return jnp.where(ok_x, lo_x, mid_x + 1), jnp.where(ok_x, mid_x, hi_x)
-
-    lo_x, _ = jax.lax.fori_loop(0, 32, halve, (lo_x, hi_x))
-    return lo_x
-  if method != "radix":
-    raise ValueError(f"method must be 'radix' or 'bisect', got {method!r}.")
-  # Flatten the batch: the histogram is a scatter into [rows, buckets].
   vocab = key_xV.shape[-1]
+  batch = key_xV.shape[:-1]
   key_RxV = key_xV.reshape(-1, vocab)
   weight_RxV = weight_xV.reshape(-1, vocab)
   rows = key_RxV.shape[0]
-  # Scatters over many rows at once leave the cache (measured 4x slower at
-  # [40, 50257] than 8 chunks of 5 rows), so rows go in chunks of ~2**18
-  # entries, one after another.
-  chunk = max(1, _RADIX_CHUNK_ENTRIES // vocab)
-  if rows > chunk:
-    pad = -rows % chunk
-    key_CxRxV = jnp.pad(key_RxV, ((0, pad), (0, 0))).reshape(-1, chunk, vocab)
-    weight_CxRxV = jnp.pad(weight_RxV, ((0, pad), (0, 0))).reshape(
-        -1, chunk, vocab)
-    # Padded rows (all weight 0) have an answer too; it is dropped.
-    t_CxR = jax.lax.map(
-        lambda kw: _radix_select(kw[0], kw[1], limit), (key_CxRxV,
-                                                        weight_CxRxV))
-    return t_CxR.reshape(-1)[:rows].reshape(batch)
-  return _radix_select(key_RxV, weight_RxV, limit).reshape(batch)
+  if method is None:
+    method = _default_method(vocab, weight_xV.dtype)
+  if method == "bisect":
+    select = functools.partial(_bisect_select, limit=limit)
+  elif method == "radix":
+    select = functools.partial(_radix_select, limit=limit)
+  else:
+    raise ValueError(f"method must be 'radix' or 'bisect', got {method!r}.")
+  # Both methods pass over the rows many times: at a large vocabulary, rows
+  # go in chunks of about 2**18 entries (1 MiB of keys), one chunk after
+  # another, so that a chunk stays in cache across its passes (the radix's
+  # scatters over [40, 50257] at once were measured 4x slower than in 8
+  # chunks of 5 rows). Small rows (the toy models) stay in one batch.
+  chunk = max(1, _CHUNK_ENTRIES // vocab)
+  if rows <= chunk or vocab < _MIN_RADIX_VOCAB:
+    return select(key_RxV, weight_RxV).reshape(batch)
+  pad = -rows % chunk
+  key_CxRxV = jnp.pad(key_RxV, ((0, pad), (0, 0))).reshape(-1, chunk, vocab)
+  weight_CxRxV = jnp.pad(weight_RxV, ((0, pad), (0, 0))).reshape(
+      -1, chunk, vocab)
+  # Padded rows (all weight 0) have an answer too; it is dropped.
+  t_CxR = jax.lax.map(lambda kw: select(*kw), (key_CxRxV, weight_CxRxV))
+  return t_CxR.reshape(-1)[:rows].reshape(batch)
+
+
+def _default_method(vocab, weight_dtype):
+  """The select method for rows of `vocab` weights (measured with
+  benchmarks/sampling.py on a 2-core CPU)."""
+  if jax.default_backend() != "cpu" or vocab < _MIN_RADIX_VOCAB:
+    # A histogram row holds 2**11 buckets: for a small vocabulary (the toy
+    # models, millions of rows in the exactness tests) that is far more
+    # memory and work than 32 masked passes over V. Off CPU, scatters are
+    # not worth it either.
+    return "bisect"
+  if (jnp.issubdtype(weight_dtype, jnp.floating)
+      and vocab <= _MAX_BISECT_MASS_VOCAB):
+    # Masses (top-p): the radix carries exact integer bucket sums, about 3x
+    # a count histogram's cost, so the masked sums win at V = 50,257
+    # (threshold alone, [1, V]: 0.4 vs 0.8 ms; [5, V]: 1.4 vs 2.5 ms). At
+    # V = 152,064 the two are within 10%, the radix ahead.
+    return "bisect"
+  return "radix"
+
+
+def _bisect_select(key_RxV, weight_RxV, limit):
+  """The bisect method of `_min_key_with_weight_above_below` on `[R, V]`."""
+  rows, vocab = key_RxV.shape
+  zero = jnp.zeros((), weight_RxV.dtype)
+  masses = weight_RxV.dtype == jnp.float32
+  # Invariant: the answer is in [lo, hi]. hi starts at the row's largest
+  # key; lo at 0, or for masses at a bound the answer is known to exceed.
+  lo_R = jnp.zeros((rows,), jnp.uint32)
+  if masses:
+    # Masses are their own keys, and a float max is a fast library
+    # reduction where a uint32 max is not (measured 3x).
+    hi_R = jax.lax.bitcast_convert_type(jnp.max(weight_RxV, axis=-1),
+                                        jnp.uint32)
+    # The mass above x is at least total - V * x (at most V entries lie at
+    # or below x), so it stays >= limit up to x = (total - limit) / V. Half
+    # of that bound clears the float32 sums' rounding by a wide margin when
+    # total - limit >= 1e-3; otherwise lo stays 0. It saves the passes that
+    # would halve [0, x) (about 5 of 32 for top_p = 0.9 at V = 50,257).
+    gap_R = jnp.sum(weight_RxV, axis=-1) - limit
+    floor_R = jnp.where(gap_R >= 1e-3, 0.5 * gap_R / vocab, 0.0)
+    lo_R = jnp.minimum(jax.lax.bitcast_convert_type(floor_R, jnp.uint32),
+                       hi_R)
+  else:
+    hi_R = jnp.max(key_RxV, axis=-1)
+
+  def above(mid_R):
+    if masses:
+      # Compared as floats, so that a pass reads the masses alone. Where
+      # denormals flush to zero in comparisons (XLA CPU), a denormal `mid`
+      # acts as 0, as it does in the caller's final `probs >= threshold`.
+      mid_Rx1 = jax.lax.bitcast_convert_type(mid_R, jnp.float32)[:, None]
+      return jnp.sum(jnp.where(weight_RxV > mid_Rx1, weight_RxV, zero),
+                     axis=-1)
+    return jnp.sum(jnp.where(key_RxV > mid_R[:, None], weight_RxV, zero),
+                   axis=-1)
+
+  def halve(lo_hi):
+    lo_R, hi_R = lo_hi
+    mid_R = lo_R + (hi_R - lo_R) // 2
+    ok_R = above(mid_R) < limit
+    return jnp.where(ok_R, lo_R, mid_R + 1), jnp.where(ok_R, mid_R, hi_R)
+
+  # At most 32 halvings; fewer where every row's bracket is narrower.
+  lo_R, _ = jax.lax.while_loop(lambda lo_hi: jnp.any(lo_hi[0] < lo_hi[1]),
+                               halve, (lo_R, hi_R))
+  return lo_R
 
 
 def _radix_select(key_RxV, weight_RxV, limit):
