@@ -133,21 +133,19 @@ def _greedy_token(logits_xV: jax.Array) -> jax.Array:
 # entries < k; top-p: a probability mass < top_p). Entries >= v are kept, so
 # ties at v are kept. Such a v is always one of the row's values (the weight
 # above v only changes at the values). It is found digit by digit on an
-# integer key that orders float32 values as the floats order: three rounds of
-# an 11/11/10-bit radix histogram of the weights (each a scatter-add over V),
-# or at most 32 rounds of a masked reduction over V (bisection), whichever is
-# measured faster for the shape (`_default_method`). Either is O(V) per row
-# and exact for counts; masses are float32 sums, so only a boundary within
-# summation rounding of top_p can come out differently from a sorted
-# cumulative sum.
+# integer key that orders float32 values as the floats order: for counts,
+# three rounds of an 11/11/10-bit radix histogram (each a scatter-add over V)
+# or 32 rounds of a masked count over V (bisection), whichever is measured
+# faster for the shape (`_default_method`); for masses, bisection with an
+# early stop (`_bisect_masses`). Each is O(V) per row and exact for counts;
+# masses are float32 sums, so only a boundary within summation rounding of
+# top_p can come out differently from a sorted cumulative sum.
 
 _INT32_MIN = -2**31
 _RADIX_BITS = (11, 11, 10)  # high to low; they sum to 32
 _MIN_RADIX_VOCAB = 2**12
-_CHUNK_ENTRIES = 2**18
-_MAX_BISECT_MASS_VOCAB = 2**17
-# Exact bucket masses sum 12-bit halves of significands in int32.
-_MAX_EXACT_MASS_VOCAB = 2**19
+_RADIX_CHUNK_ENTRIES = 2**18
+_BISECT_CHUNK_ENTRIES = 2**20
 # lax.top_k (a partial sort on CPU, O(V log k)) beats the radix select for
 # small k; above this it loses (measured by benchmarks/sampling.py).
 _TOP_K_PARTIAL_SORT_MAX = 64
@@ -174,9 +172,9 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
   `weight_xV` is non-negative (int32 counts or float32 masses) and `limit` is
   positive, so t exists (the largest key has nothing above it). float32
   masses are their own keys: `key_xV` is their bit pattern. `method` is
-  "radix" (scatter-add histograms) or "bisect" (32 masked sums, no scatter);
-  None picks the one measured faster for the backend and shape
-  (`_default_method`).
+  "radix" (scatter-add histograms; counts only) or "bisect" (at most 32
+  masked sums, no scatter); None picks the one measured faster for the
+  backend and shape (`_default_method`).
   """
   vocab = key_xV.shape[-1]
   batch = key_xV.shape[:-1]
@@ -188,15 +186,23 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
   if method == "bisect":
     select = functools.partial(_bisect_select, limit=limit)
   elif method == "radix":
+    if jnp.issubdtype(weight_xV.dtype, jnp.floating):
+      # A float32 scatter-add sums a bucket sequentially: over ~10^4 similar
+      # probabilities that drifts by ~1e-5, enough to move a boundary.
+      raise ValueError("method='radix' selects on counts only; masses use "
+                       "'bisect'.")
     select = functools.partial(_radix_select, limit=limit)
   else:
     raise ValueError(f"method must be 'radix' or 'bisect', got {method!r}.")
   # Both methods pass over the rows many times: at a large vocabulary, rows
-  # go in chunks of about 2**18 entries (1 MiB of keys), one chunk after
-  # another, so that a chunk stays in cache across its passes (the radix's
-  # scatters over [40, 50257] at once were measured 4x slower than in 8
-  # chunks of 5 rows). Small rows (the toy models) stay in one batch.
-  chunk = max(1, _CHUNK_ENTRIES // vocab)
+  # go in chunks, one chunk after another, so that a chunk stays in cache
+  # across its passes. The radix's scatters over [40, 50257] at once were
+  # measured 4x slower than in 8 chunks of 5 rows (2**18 entries); the
+  # bisection's passes, which reduce several rows in parallel, were fastest
+  # at 2**20 entries ([5, 152064] top-p: 3.9 ms, 5.6 ms in rows of one).
+  # Small rows (the toy models) stay in one batch.
+  chunk = max(1, (_RADIX_CHUNK_ENTRIES if method == "radix"
+                  else _BISECT_CHUNK_ENTRIES) // vocab)
   if rows <= chunk or vocab < _MIN_RADIX_VOCAB:
     return select(key_RxV, weight_RxV).reshape(batch)
   pad = -rows % chunk
@@ -211,139 +217,141 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
 def _default_method(vocab, weight_dtype):
   """The select method for rows of `vocab` weights (measured with
   benchmarks/sampling.py on a 2-core CPU)."""
-  if jax.default_backend() != "cpu" or vocab < _MIN_RADIX_VOCAB:
-    # A histogram row holds 2**11 buckets: for a small vocabulary (the toy
-    # models, millions of rows in the exactness tests) that is far more
-    # memory and work than 32 masked passes over V. Off CPU, scatters are
-    # not worth it either.
-    return "bisect"
-  if (jnp.issubdtype(weight_dtype, jnp.floating)
-      and vocab <= _MAX_BISECT_MASS_VOCAB):
-    # Masses (top-p): the radix carries exact integer bucket sums, about 3x
-    # a count histogram's cost, so the masked sums win at V = 50,257
-    # (threshold alone, [1, V]: 0.4 vs 0.8 ms; [5, V]: 1.4 vs 2.5 ms). At
-    # V = 152,064 the two are within 10%, the radix ahead.
-    return "bisect"
-  return "radix"
+  if (jax.default_backend() == "cpu" and vocab >= _MIN_RADIX_VOCAB
+      and not jnp.issubdtype(weight_dtype, jnp.floating)):
+    # Counts (top-k with k > 64) at a large vocabulary: histograms by
+    # scatter-add beat 32 masked passes on CPU.
+    return "radix"
+  # Masses (top-p) always bisect (the radix takes counts only): with its
+  # early stop, the threshold alone on [5, 50257] cost 1.3 ms where the
+  # radix with exact integer bucket masses (since removed) cost 3.0 ms
+  # ([5, 152064]: 4.5 vs 6.1 ms). For a small vocabulary (the toy models,
+  # millions of rows in the exactness tests) a histogram row of 2**11
+  # buckets is far more memory and work than the passes. Off CPU, scatters
+  # are not worth it either.
+  return "bisect"
 
 
 def _bisect_select(key_RxV, weight_RxV, limit):
   """The bisect method of `_min_key_with_weight_above_below` on `[R, V]`."""
-  rows, vocab = key_RxV.shape
-  zero = jnp.zeros((), weight_RxV.dtype)
-  masses = weight_RxV.dtype == jnp.float32
-  # Invariant: the answer is in [lo, hi]. hi starts at the row's largest
-  # key; lo at 0, or for masses at a bound the answer is known to exceed.
-  lo_R = jnp.zeros((rows,), jnp.uint32)
-  if masses:
-    # Masses are their own keys, and a float max is a fast library
-    # reduction where a uint32 max is not (measured 3x).
-    hi_R = jax.lax.bitcast_convert_type(jnp.max(weight_RxV, axis=-1),
-                                        jnp.uint32)
-    # The mass above x is at least total - V * x (at most V entries lie at
-    # or below x), so it stays >= limit up to x = (total - limit) / V. Half
-    # of that bound clears the float32 sums' rounding by a wide margin when
-    # total - limit >= 1e-3; otherwise lo stays 0. It saves the passes that
-    # would halve [0, x) (about 5 of 32 for top_p = 0.9 at V = 50,257).
-    gap_R = jnp.sum(weight_RxV, axis=-1) - limit
-    floor_R = jnp.where(gap_R >= 1e-3, 0.5 * gap_R / vocab, 0.0)
-    lo_R = jnp.minimum(jax.lax.bitcast_convert_type(floor_R, jnp.uint32),
-                       hi_R)
-  else:
-    hi_R = jnp.max(key_RxV, axis=-1)
+  if weight_RxV.dtype == jnp.float32:
+    return _bisect_masses(weight_RxV, limit)
+  # Counts: the answer is in [lo, hi]; hi starts at the row's largest key.
+  lo_R = jnp.zeros(key_RxV.shape[:1], jnp.uint32)
+  hi_R = jnp.max(key_RxV, axis=-1)
 
-  def above(mid_R):
-    if masses:
-      # Compared as floats, so that a pass reads the masses alone. Where
-      # denormals flush to zero in comparisons (XLA CPU), a denormal `mid`
-      # acts as 0, as it does in the caller's final `probs >= threshold`.
-      mid_Rx1 = jax.lax.bitcast_convert_type(mid_R, jnp.float32)[:, None]
-      return jnp.sum(jnp.where(weight_RxV > mid_Rx1, weight_RxV, zero),
-                     axis=-1)
-    return jnp.sum(jnp.where(key_RxV > mid_R[:, None], weight_RxV, zero),
-                   axis=-1)
-
-  def halve(lo_hi):
+  def halve(_, lo_hi):
     lo_R, hi_R = lo_hi
     mid_R = lo_R + (hi_R - lo_R) // 2
-    ok_R = above(mid_R) < limit
+    above_R = jnp.sum(jnp.where(key_RxV > mid_R[:, None], weight_RxV, 0),
+                      axis=-1)
+    ok_R = above_R < limit
     return jnp.where(ok_R, lo_R, mid_R + 1), jnp.where(ok_R, mid_R, hi_R)
 
-  # At most 32 halvings; fewer where every row's bracket is narrower.
-  lo_R, _ = jax.lax.while_loop(lambda lo_hi: jnp.any(lo_hi[0] < lo_hi[1]),
-                               halve, (lo_R, hi_R))
+  lo_R, _ = jax.lax.fori_loop(0, 32, halve, (lo_R, hi_R))
   return lo_R
 
 
-def _radix_select(key_RxV, weight_RxV, limit):
-  """The radix method of `_min_key_with_weight_above_below` on `[R, V]`."""
-  rows, vocab = key_RxV.shape
-  weight_xV = weight_RxV
-  zero = jnp.zeros((), weight_xV.dtype)
+# Masses bisect this many times before the first check for a bracket that
+# holds one distinct value, then check after every _SNAP_EVERY more
+# (measured best of 10-16 / 2-4 on [1-5, 50257]).
+_SNAP_AFTER = 12
+_SNAP_EVERY = 2
+
+
+def _bisect_masses(probs_RxV, limit):
+  """`_bisect_select` for float32 masses `[R, V]`, which are their own keys.
+
+  Bisection on the bit pattern, with three savings over 32 plain halvings:
+  - hi starts at the row's largest mass, and lo at a bound the answer must
+    exceed;
+  - the masses are compared as floats, so that a pass reads them alone;
+  - a row whose bracket [lo, hi] (lo >= 1) holds a single distinct value v
+    is done: the answer is one of the row's keys (the mass above t only
+    changes at them), so it is v. That ends a row after about log2(V)
+    halvings instead of the ~28 that narrow the bracket to one key.
+  On [5, 50257] (top_p = 0.9 on logits of std 3) the threshold costs 1.0
+  ms against 1.3 ms without the snap.
+  """
+  rows, vocab = probs_RxV.shape
+
+  def as_float(key_R):
+    return jax.lax.bitcast_convert_type(key_R, jnp.float32)[:, None]
+
+  # A float max is a fast library reduction where a uint32 max is not
+  # (measured 3x).
+  hi_R = jax.lax.bitcast_convert_type(jnp.max(probs_RxV, axis=-1),
+                                      jnp.uint32)
+  # The mass above x is at least total - V * x (at most V entries lie at or
+  # below x), so it stays >= limit up to x = (total - limit) / V. Half of
+  # that bound clears the float32 sums' rounding by a wide margin when
+  # total - limit >= 1e-3; otherwise lo stays 0.
+  gap_R = jnp.sum(probs_RxV, axis=-1) - limit
+  floor_R = jnp.where(gap_R >= 1e-3, 0.5 * gap_R / vocab, 0.0)
+  lo_R = jnp.minimum(jax.lax.bitcast_convert_type(floor_R, jnp.uint32), hi_R)
+
+  def halve(lo_R, hi_R):
+    mid_R = lo_R + (hi_R - lo_R) // 2
+    # Where denormals flush to zero in comparisons (XLA CPU), a denormal
+    # `mid` acts as 0, as it does in the caller's final `probs >= t`.
+    above_R = jnp.sum(jnp.where(probs_RxV > as_float(mid_R), probs_RxV, 0.0),
+                      axis=-1)
+    ok_R = above_R < limit
+    return jnp.where(ok_R, lo_R, mid_R + 1), jnp.where(ok_R, mid_R, hi_R)
+
+  def snap(lo_R, hi_R):
+    inside_RxV = (probs_RxV >= as_float(lo_R)) & (probs_RxV <= as_float(hi_R))
+    top_R = jnp.max(jnp.where(inside_RxV, probs_RxV, -1.0), axis=-1)
+    bottom_R = jnp.min(jnp.where(inside_RxV, probs_RxV, 2.0), axis=-1)
+    top_key_R = jax.lax.bitcast_convert_type(top_R, jnp.uint32)
+    # lo >= 1 rules out the answer 0 (keep everything); the key check keeps
+    # a value that flushing moved out of the bracket from being taken.
+    one_R = ((top_R == bottom_R) & (lo_R >= 1) & (top_key_R >= lo_R)
+             & (top_key_R <= hi_R))
+    return (jnp.where(one_R, top_key_R, lo_R),
+            jnp.where(one_R, top_key_R, hi_R))
+
+  for _ in range(_SNAP_AFTER):
+    lo_R, hi_R = halve(lo_R, hi_R)
+
+  def check_then_halve(lo_hi):
+    lo_R, hi_R = snap(*lo_hi)
+    for _ in range(_SNAP_EVERY):
+      lo_R, hi_R = halve(lo_R, hi_R)
+    return lo_R, hi_R
+
+  # A row with lo == hi is done; halving it again leaves it as it is.
+  lo_R, _ = jax.lax.while_loop(lambda lo_hi: jnp.any(lo_hi[0] < lo_hi[1]),
+                               check_then_halve, (lo_R, hi_R))
+  return lo_R
+
+
+def _radix_select(key_RxV, count_RxV, limit):
+  """The radix method of `_min_key_with_weight_above_below` on `[R, V]`
+  int32 counts."""
+  rows = key_RxV.shape[0]
   row_Rx1 = jnp.arange(rows)[:, None]
-  exact_masses = (jnp.issubdtype(weight_xV.dtype, jnp.floating)
-                  and vocab <= _MAX_EXACT_MASS_VOCAB)
-  if exact_masses:
-    # A float32 scatter-add sums each bucket sequentially: over ~10^4 similar
-    # probabilities that drifts by ~1e-5, enough to move a boundary a sorted
-    # cumsum gets right. Every entry of a bucket shares its float exponent
-    # (the first digit holds the exponent), so its mass is an integer sum of
-    # 24-bit significands, done exactly in two int32 halves of 12 bits.
-    bits_RxV = key_RxV.astype(jnp.int32)
-    exponent_RxV = bits_RxV >> 23
-    significand_RxV = (bits_RxV & 0x7FFFFF) | jnp.where(
-        exponent_RxV > 0, 0x800000, 0)
-    halves_RxVx2 = jnp.stack(
-        [significand_RxV >> 12, significand_RxV & 0xFFF], axis=-1)
   prefix_R = jnp.zeros((rows,), jnp.uint32)  # the digits found so far
-  base_R = jnp.zeros((rows,), weight_xV.dtype)  # weight above the prefix
-  exponent_R = None  # the float exponent of the first-level bucket chosen
+  base_R = jnp.zeros((rows,), jnp.int32)  # count above the prefix
   shift = 32
   for level, bits in enumerate(_RADIX_BITS):
     shift -= bits
     digit_RxV = ((key_RxV >> shift) & ((1 << bits) - 1)).astype(jnp.int32)
     if level:
       active_RxV = (key_RxV >> (shift + bits)) == prefix_R[:, None]
-    if exact_masses:
-      halves = halves_RxVx2 if not level else jnp.where(
-          active_RxV[..., None], halves_RxVx2, 0)
-      sums_RxDx2 = jnp.zeros((rows, 1 << bits, 2), jnp.int32).at[
-          row_Rx1, digit_RxV].add(halves)
-      # The first digit is sign, exponent and 2 significand bits; later
-      # levels stay inside one first-level bucket, so one exponent per row.
-      exponent = (jnp.arange(1 << bits)[None, :] >> 2 if not level
-                  else exponent_R[:, None])
-      hist_RxD = _scaled_significand_sum(sums_RxDx2, exponent)
-    else:
-      w_RxV = weight_RxV if not level else jnp.where(active_RxV, weight_RxV,
-                                                     zero)
-      hist_RxD = jnp.zeros((rows, 1 << bits), weight_xV.dtype).at[
-          row_Rx1, digit_RxV].add(w_RxV)
-    # above_RxD[r, d]: weight of the keys above digit d (the prefix's base
+      count_RxV = jnp.where(active_RxV, count_RxV, 0)
+    hist_RxD = jnp.zeros((rows, 1 << bits), jnp.int32).at[
+        row_Rx1, digit_RxV].add(count_RxV)
+    # above_RxD[r, d]: count of the keys above digit d (the prefix's base
     # plus the higher digits' buckets). The last digit has base alone, which
     # is below the limit, so the first digit below it exists.
     suffix_RxD = jnp.cumsum(hist_RxD[:, ::-1], axis=-1)[:, ::-1]
     above_RxD = base_R[:, None] + jnp.concatenate(
-        [suffix_RxD[:, 1:], jnp.zeros((rows, 1), hist_RxD.dtype)], axis=-1)
+        [suffix_RxD[:, 1:], jnp.zeros((rows, 1), jnp.int32)], axis=-1)
     digit_R = jnp.argmax(above_RxD < limit, axis=-1).astype(jnp.int32)
     base_R = jnp.take_along_axis(above_RxD, digit_R[:, None], axis=-1)[:, 0]
     prefix_R = (prefix_R << bits) | digit_R.astype(jnp.uint32)
-    if not level:
-      exponent_R = digit_R >> 2
   return prefix_R
-
-
-def _scaled_significand_sum(sums_RxDx2, exponent):
-  """float32 mass of a bucket from its exact significand sums `[R, D, 2]`
-  (high and low 12 bits) and the float exponent its entries share."""
-  total = (sums_RxDx2[..., 0].astype(jnp.float32) * 4096.0
-           + sums_RxDx2[..., 1].astype(jnp.float32))
-  # 2**(e - 127) from its bit pattern; e = 0 (zeros, denormals) scales as
-  # e = 1. Buckets past the finite exponents are empty (probabilities are
-  # <= 1); clipping keeps their 0 * scale from being 0 * inf = NaN.
-  scale = jax.lax.bitcast_convert_type(
-      jnp.clip(exponent, 1, 254).astype(jnp.int32) << 23, jnp.float32)
-  return total * (2.0**-23) * scale
 
 
 def _kth_largest(x_xV, k, method=None):
@@ -370,9 +378,8 @@ def _top_p_threshold(probs_xV, top_p, method=None):
 
   Keeping `probs >= threshold` keeps exactly the tokens of the shortest
   sorted prefix whose mass before each token is < top_p, with all ties of
-  the last one. The mass above a candidate is a float32 sum (a histogram
-  and a cumulative sum over its buckets, or a masked sum), not a cumulative
-  sum along a sorted row, so where that mass is within float32 rounding of
+  the last one. The mass above a candidate is a float32 masked sum over the
+  row, not a cumulative sum along a sorted row, so where that mass is within float32 rounding of
   top_p the boundary token can fall on the other side than a sort-based
   implementation puts it. Such a token is kept iff this function's own
   float32 estimate of the mass above it is < float32(top_p).

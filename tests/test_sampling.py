@@ -24,7 +24,6 @@ from specjax.decode import steps
 import sampling_reference as reference  # tests/ is on sys.path under pytest
 
 NEW_TOL = 2e-6  # the new code's top-p mass error, absolute (masses <= 1)
-METHODS = ("radix", "bisect")
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
@@ -173,9 +172,7 @@ def test_kth_largest_equals_lax_top_k(method):
     np.testing.assert_array_equal(got == want, True, err_msg=f"k={k}")
 
 
-@jax.jit
-def _thresholds(probs, top_p):
-  return tuple(sampling._top_p_threshold(probs, top_p, m) for m in METHODS)
+_threshold = jax.jit(sampling._top_p_threshold)
 
 
 @settings(max_examples=60, deadline=None)
@@ -183,8 +180,8 @@ def _thresholds(probs, top_p):
                                  1.0, 1.0, 3.0, 1e-40, 8.0]),
                 min_size=48, max_size=48),
        st.floats(1e-7, 1.0, exclude_min=False, exclude_max=True))
-def test_top_p_methods_agree_with_the_exact_mass(logits, top_p):
-  # Many ties by construction; both methods against the float64 mass.
+def test_top_p_threshold_agrees_with_the_exact_mass(logits, top_p):
+  # Many ties by construction; against the float64 mass.
   logits = np.asarray(logits, np.float32)
   if np.all(np.isneginf(logits)):
     logits[0] = 0.0
@@ -193,10 +190,10 @@ def test_top_p_methods_agree_with_the_exact_mass(logits, top_p):
   p32 = np.float64(np.float32(top_p))
   exact = (above < p32) & (np.asarray(probs[0]) > 0)
   decisive = np.abs(above - p32) > NEW_TOL
-  for t in _thresholds(probs, top_p):
-    kept = (np.asarray(probs[0]) >= np.asarray(t)[0]) & (
-        np.asarray(probs[0]) > 0)
-    np.testing.assert_array_equal(kept[decisive], exact[decisive])
+  t = _threshold(probs, top_p)
+  kept = (np.asarray(probs[0]) >= np.asarray(t)[0]) & (
+      np.asarray(probs[0]) > 0)
+  np.testing.assert_array_equal(kept[decisive], exact[decisive])
   ref = np.asarray(reference.top_p_mask(probs, np.float32(top_p))[0]) > 0
   np.testing.assert_array_equal(kept[decisive], ref[decisive])
 
@@ -211,8 +208,7 @@ def test_top_p_boundary_within_rounding_follows_the_exact_mass(vocab):
   """top_p set at, or a hair from, the exact mass above a token.
 
   Documented side: the new code keeps the boundary group iff its own float32
-  estimate of the mass above it (exact integer bucket sums of the
-  significands, then a float32 cumulative sum over <= 2048 buckets) is
+  estimate of the mass above it (a float32 masked sum over the row) is
   < float32(top_p); that agrees with the exact float64 decision whenever
   |mass - top_p| > NEW_TOL. Within NEW_TOL either side may come out. The
   reference's cumulative sum along the sorted row can be off by much more
@@ -227,20 +223,18 @@ def test_top_p_boundary_within_rounding_follows_the_exact_mass(vocab):
     top_p = np.float32(above[x] + delta)
     off = abs(np.float64(top_p) - above[x])
     ref = np.asarray(_reference_kept(probs, top_p))[0]
-    for t in _thresholds(probs, top_p):
-      kept = p >= np.asarray(t)[0]
-      if off > NEW_TOL:
-        assert kept[x] == (above[x] < top_p), (delta, kept[x])
-      # Everywhere else (tokens away from the boundary) all three agree.
-      far = np.abs(above - np.float64(top_p)) > max(
-          NEW_TOL, vocab * 2.0**-24)
-      np.testing.assert_array_equal(kept[far], ref[far])
+    kept = p >= np.asarray(_threshold(probs, top_p))[0]
+    if off > NEW_TOL:
+      assert kept[x] == (above[x] < top_p), (delta, kept[x])
+    # Everywhere else (tokens away from the boundary) the three agree.
+    far = np.abs(above - np.float64(top_p)) > max(NEW_TOL, vocab * 2.0**-24)
+    np.testing.assert_array_equal(kept[far], ref[far])
 
 
 def test_probabilities_accepts_traced_top_p_threshold():
   probs = jax.nn.softmax(jnp.arange(10.0))[None]
-  for t in _thresholds(probs, jnp.float32(0.5)):
-    assert float(t[0]) == pytest.approx(float(probs[0, -1]))
+  t = _threshold(probs, jnp.float32(0.5))
+  assert float(t[0]) == pytest.approx(float(probs[0, -1]))
 
 
 # --- Only the work a config needs: the verify fast paths ----------------------
