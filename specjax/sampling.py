@@ -222,10 +222,10 @@ def _default_method(vocab, weight_dtype):
     # Counts (top-k with k > 64) at a large vocabulary: histograms by
     # scatter-add beat 32 masked passes on CPU.
     return "radix"
-  # Masses (top-p) always bisect (the radix takes counts only): with its
-  # early stop, the threshold alone on [5, 50257] cost 1.3 ms where the
-  # radix with exact integer bucket masses (since removed) cost 3.0 ms
-  # ([5, 152064]: 4.5 vs 6.1 ms). For a small vocabulary (the toy models,
+  # Masses (top-p) always bisect: with its early stop the threshold alone
+  # on [5, 50257] costs 1.3 ms, where a radix select with exact integer
+  # bucket masses cost 3.0 ms ([5, 152064]: 4.5 vs 6.1 ms). For a small
+  # vocabulary (the toy models,
   # millions of rows in the exactness tests) a histogram row of 2**11
   # buckets is far more memory and work than the passes. Off CPU, scatters
   # are not worth it either.
