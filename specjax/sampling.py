@@ -225,10 +225,9 @@ def _default_method(vocab, weight_dtype):
   # Masses (top-p) always bisect: with its early stop the threshold alone
   # on [5, 50257] costs 1.3 ms, where a radix select with exact integer
   # bucket masses cost 3.0 ms ([5, 152064]: 4.5 vs 6.1 ms). For a small
-  # vocabulary (the toy models,
-  # millions of rows in the exactness tests) a histogram row of 2**11
-  # buckets is far more memory and work than the passes. Off CPU, scatters
-  # are not worth it either.
+  # vocabulary (the toy models, millions of rows in the exactness tests) a
+  # histogram row of 2**11 buckets is far more memory and work than the
+  # passes. Off CPU, scatters are not worth it either.
   return "bisect"
 
 
