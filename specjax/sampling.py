@@ -98,7 +98,10 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
     # Ranked on the raw logits: shifting and scaling can round distinct
     # logits together and let a token below the k-th largest tie into the set.
     kth_x1 = _kth_largest(logits_xV, config.top_k)[..., None]
-    in_top_k_xV = logits_xV >= kth_x1
+    # Compared as ordered keys: XLA CPU flushes denormals to zero in float
+    # comparisons, which would tie every logit in [0, 1.2e-38) with the
+    # k-th when it is a denormal, and keep them all.
+    in_top_k_xV = _ordered_key(logits_xV) >= _ordered_key(kth_x1)
   else:  # top_k = 0 or V: every token is in the top k.
     in_top_k_xV = None
   # Shift before dividing: a tiny temperature then sends non-maximal logits
@@ -364,7 +367,9 @@ def _kth_largest(x_xV, k, method=None):
   if method == "top_k":
     # min, not [..., -1]: XLA CPU rewrites a slice of top_k's values into a
     # full sort (measured 80x slower), but keeps its fast TopK for a reduce.
-    return jnp.min(jax.lax.top_k(x_xV, k)[0], axis=-1)
+    # The min runs on ordered keys: a float min flushes a denormal to 0.
+    return _key_to_float(jnp.min(_ordered_key(jax.lax.top_k(x_xV, k)[0]),
+                                 axis=-1))
   # The k-th largest is the smallest t with fewer than k entries above it.
   key_xV = _ordered_key(x_xV)
   ones_xV = jnp.ones(x_xV.shape, jnp.int32)

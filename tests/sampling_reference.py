@@ -11,6 +11,13 @@ import jax
 import jax.numpy as jnp
 
 
+def _order(x):
+  """int32 with the order of the float32 values x, denormals included (XLA
+  CPU flushes them to zero in float comparisons); -0 ties with +0."""
+  i = jax.lax.bitcast_convert_type(x, jnp.int32)
+  return jnp.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+
 def probabilities(logits_xV, config):
   logits_xV = jnp.asarray(logits_xV).astype(jnp.float32)
   if config.greedy:
@@ -18,7 +25,7 @@ def probabilities(logits_xV, config):
     return jax.nn.one_hot(best, logits_xV.shape[-1], dtype=jnp.float32)
   if config.top_k:
     kth = jax.lax.top_k(logits_xV, config.top_k)[0][..., -1:]
-    in_top_k_xV = logits_xV >= kth
+    in_top_k_xV = _order(logits_xV) >= _order(kth)
   logits_xV = logits_xV - jnp.max(logits_xV, axis=-1, keepdims=True)
   logits_xV = logits_xV / config.temperature
   if config.top_k:

@@ -156,6 +156,21 @@ def test_top_k_equal_to_vocab_and_one(vocab):
           0).all()
 
 
+@pytest.mark.parametrize("k", [1, 2, 3, 70])
+def test_top_k_ranks_denormal_logits_exactly(k):
+  # XLA CPU flushes denormals to zero in float comparisons and min / max:
+  # a denormal k-th largest once kept every logit in [0, 1.2e-38).
+  logits = np.zeros((2, 80), np.float32)
+  logits[0, -1] = 3.8923578e-39
+  logits[1, [5, 9, 40]] = [1e-40, 2e-40, 3e-40]
+  config = sampling.SamplingConfig(temperature=0.5, top_k=k)
+  kept = np.asarray(_new(logits, config)) > 0
+  kth = np.sort(logits, axis=-1)[:, ::-1][:, k - 1:k]
+  np.testing.assert_array_equal(kept, logits >= kth)
+  np.testing.assert_array_equal(
+      kept, np.asarray(reference.probabilities_jit(logits, config)) > 0)
+
+
 _kth_largest = jax.jit(sampling._kth_largest, static_argnums=(1, 2))
 
 
