@@ -211,9 +211,10 @@ def test_negative_controls_are_rejected(models, name):
 
 @pytest.mark.optimized
 @pytest.mark.parametrize("spec, n", [
-    # iid trees and the control also run on the lab's real loop
+    # Both tree kinds and the control also run on the lab's real loop
     # (tests/test_verifiers.py), which is far cheaper: slow here.
-    pytest.param("tree:2,1", N, marks=pytest.mark.slow), ("tree-wor:2,1", N),
+    pytest.param("tree:2,1", N, marks=pytest.mark.slow),
+    pytest.param("tree-wor:2,1", N, marks=pytest.mark.slow),
     # The control is far off: a fifth of the samples must reject it.
     pytest.param("tree-skip-residual:2,1", N // 5, marks=pytest.mark.slow)])
 def test_tree_generations_are_exact(models, spec, n):
