@@ -246,6 +246,13 @@ def test_top_p_boundary_within_rounding_follows_the_exact_mass(vocab):
     np.testing.assert_array_equal(kept[far], ref[far])
 
 
+def test_radix_select_refuses_masses():
+  # A float32 scatter-add would drift across a top-p boundary.
+  probs = jax.nn.softmax(jnp.arange(10.0))[None]
+  with pytest.raises(ValueError, match="counts only"):
+    sampling._top_p_threshold(probs, 0.5, "radix")
+
+
 def test_probabilities_accepts_traced_top_p_threshold():
   probs = jax.nn.softmax(jnp.arange(10.0))[None]
   t = _threshold(probs, jnp.float32(0.5))
