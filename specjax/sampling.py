@@ -275,7 +275,7 @@ def _bisect_masses(probs_RxV, limit):
   On [5, 50257] (top_p = 0.9 on logits of std 3) the threshold costs 1.0
   ms against 1.3 ms without the snap.
   """
-  rows, vocab = probs_RxV.shape
+  vocab = probs_RxV.shape[-1]
 
   def as_float(key_R):
     return jax.lax.bitcast_convert_type(key_R, jnp.float32)[:, None]

@@ -75,11 +75,11 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
   settings.load_profile("ci")
 
-# The longest files first: `--dist loadfile` hands files to the two workers
-# in collection order, and a long file collected last (the 8-device mesh
+# The longest files first: `--dist loadfile` hands files to the workers in
+# collection order, and a long file collected last (the 8-device mesh
 # worker, the sweep's tiny grid) left one worker running alone for minutes.
-# (Every file by measured duration measured no better: 582 s against 564 s
-# from a fresh clone, within this box's noise.)
+# (Ordering every file by its measured duration did no better: 582 s
+# against 564 s from a fresh clone, within this box's noise.)
 _LONGEST_FIRST = ("test_sharding.py", "test_sweep.py", "test_exactness.py",
                   "test_self_draft.py", "test_sharded_notebook.py",
                   "test_draft_length.py", "test_decode.py")
