@@ -68,6 +68,12 @@ _GAMMAS = flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6"], "gammas.")
 _ROWS = flags.DEFINE_integer("rows", 256, "Rows decoded per cell (a batch).")
 _NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.")
 _RESULTS = flags.DEFINE_string("results_dir", "results/verifiers", "Output.")
+_PAIRED = flags.DEFINE_list(
+    "paired_gammas", [],
+    "--models=quick: instead of trees, block vs token on the same drafts at "
+    "these gammas, Rao-Blackwellised (specjax.expected_tokens).")
+_SAMPLES = flags.DEFINE_integer(
+    "samples", 4, "--paired_gammas: draft blocks per context.")
 distributed.define_flags()
 distributed.define_dtype_flags()
 
@@ -170,14 +176,13 @@ def _at_depth(spec):
   return v, (v.depth if isinstance(v, vf.TreeVerifier) else int(gamma))
 
 
-def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
-  """The token chain vs other verifiers of the same depth (trees, or chain
-  verifiers at a gamma) on the zoo's quick models, T = 1."""
+def _quick_models(drafts, rows, prompt_len):
+  """(target, {name: draft}, prompts, lengths) of the zoo's quick models
+  (the quick job's recipes, configs/reproduce.py, so the cached models are
+  reused, never retrained) and `rows` held-out prompts."""
   from configs import reproduce  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
   from specjax import zoo  # pylint: disable=import-outside-toplevel
-  # The quick job's recipes (configs/reproduce.py), so the cached models are
-  # reused, never retrained.
   config = reproduce.get_config("quick")
   recipes = {d.name: d for d in config.drafts}
 
@@ -192,15 +197,21 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
                     teacher_overrides=teacher_overrides)
 
   target = load(config.target, dict(config.target_overrides))
+  loaded = {name: load(name, dict(recipes[name].overrides),
+                       dict(recipes[name].teacher_overrides) or None)
+            for name in drafts}
   heldout = data.stdlib_corpus().tokens("heldout")
   prompts = data.prompts(heldout.astype(np.int32), rows, prompt_len, seed=0)
-  lengths = np.full(rows, prompt_len, np.int32)
+  return target, loaded, prompts, np.full(rows, prompt_len, np.int32)
+
+
+def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
+  """The token chain vs other verifiers of the same depth (trees, or chain
+  verifiers at a gamma) on the zoo's quick models, T = 1."""
+  target, loaded, prompts, lengths = _quick_models(drafts, rows, prompt_len)
   sampling = sj.SamplingConfig(temperature=1.0)
   records = []
-  for name in drafts:
-    recipe = recipes[name]
-    draft = load(name, dict(recipe.overrides),
-                 dict(recipe.teacher_overrides) or None)
+  for name, draft in loaded.items():
     chains = {}
     for spec in ["token"] + list(trees):
       v, depth = (vf.get_verifier("token"), None) if spec == "token" else (
@@ -243,6 +254,55 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
   return records
 
 
+def run_paired(gammas, drafts, rows, max_new_tokens, samples,
+               prompt_len=64):
+  """Block vs token verification on the same drafts, Rao-Blackwellised
+  (`specjax.expected_tokens`), on the zoo's quick models, T = 1: the
+  contexts are every position of `rows` texts sampled from the target."""
+  target, loaded, prompts, lengths = _quick_models(drafts, rows, prompt_len)
+  sampling = sj.SamplingConfig(temperature=1.0)
+  text = sj.generate(target, prompts, lengths, jax.random.key(0),
+                     max_new_tokens=max_new_tokens, sampling=sampling)
+  records = []
+  for name, draft in loaded.items():
+    for gamma in gammas:
+      start = time.perf_counter()
+      out = sj.expected_tokens_per_round(
+          target, draft, ("token", "block"), sampling, gamma=gamma,
+          prompts_BxP=prompts, prompt_lengths_B=lengths,
+          tokens_BxN=text.tokens, lengths_B=text.lengths,
+          key=jax.random.key(gamma), samples=samples)
+      (token, block), (token_se, block_se) = (out["tokens_per_round"],
+                                              out["tokens_per_round_se"])
+      rec = dict(models="quick", draft=name, gamma=gamma,
+                 contexts=out["contexts"], blocks=out["blocks"],
+                 token=token, token_ci95=1.96 * token_se,
+                 block=block, block_ci95=1.96 * block_se,
+                 block_vs_token=out["ratio"][1],
+                 block_vs_token_ci95=1.96 * float(out["ratio_se"][1]),
+                 seconds=time.perf_counter() - start)
+      records.append(rec)
+      print({k: (round(x, 4) if isinstance(x, float) else x)
+             for k, x in rec.items()}, flush=True)
+  return records
+
+
+def paired_markdown(records) -> str:
+  """The paired records as a README table: gain of block over token."""
+  gammas = sorted({r["gamma"] for r in records})
+  lines = ["| draft | " + " | ".join(f"gamma {g}" for g in gammas) + " |",
+           "| --- |" + " --- |" * len(gammas)]
+  for name in dict.fromkeys(r["draft"] for r in records):
+    cells = {r["gamma"]: r for r in records if r["draft"] == name}
+    lines.append(f"| {name} | " + " | ".join(
+        f"{cells[g]['token']:.3f} -> {cells[g]['block']:.3f} "
+        # (+ 0.0 turns a rounded -0.00, float noise at gamma 1, into +0.00)
+        f"(**{round(100 * (cells[g]['block_vs_token'] - 1), 2) + 0.0:+.2f}% +- "
+        f"{100 * cells[g]['block_vs_token_ci95']:.2f}**)"
+        if g in cells else "" for g in gammas) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def plot_trees(records, path):
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
@@ -281,13 +341,26 @@ def main(argv):
   del argv
   distributed.initialize_from_flags()
   with sharding.using(distributed.mesh_from_flags()):
-    if _MODELS.value == "quick":
+    if _MODELS.value == "quick" and _PAIRED.value:
+      records = run_paired([int(g) for g in _PAIRED.value],
+                           _QUICK_DRAFTS.value, _ROWS.value, _NEW.value,
+                           _SAMPLES.value)
+    elif _MODELS.value == "quick":
       records = run_trees([t for t in _TREES.value.split(";") if t],
                           _QUICK_DRAFTS.value, _ROWS.value, _NEW.value)
     else:
       records = run(_MODELS.value, _VERIFIERS.value,
                     [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
   if not distributed.is_primary():
+    return
+  if _MODELS.value == "quick" and _PAIRED.value:
+    os.makedirs(_RESULTS.value, exist_ok=True)
+    stem = os.path.join(_RESULTS.value, "paired_quick")
+    _write(records, stem)
+    with open(stem + ".md", "w") as f:
+      f.write(paired_markdown(records))
+    print(paired_markdown(records))
+    print(f"{len(records)} cells -> {stem}.csv, {stem}.md")
     return
   if _MODELS.value == "quick":
     os.makedirs(_RESULTS.value, exist_ok=True)

@@ -31,6 +31,7 @@ from specjax.decode.verifiers import Verifier
 from specjax.decode.verifiers import available_verifiers
 from specjax.decode.verifiers import get_verifier
 from specjax.decode.verifiers import register_verifier
+from specjax.expected_tokens import expected_tokens_per_round
 from specjax.models import CausalLM
 from specjax.models import KVCache
 from specjax.models import TransformerConfig

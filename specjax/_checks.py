@@ -74,3 +74,48 @@ def as_key(name: str, key: Any) -> jax.Array:
   raise TypeError(f"{name} must be a JAX PRNG key (jax.random.key(seed) or "
                   f"jax.random.PRNGKey(seed)), got {type(key).__name__} with "
                   f"dtype {getattr(arr, 'dtype', None)}.")
+
+
+def check_texts(prompts_BxP: Any, prompt_lengths_B: Any, tokens_BxN: Any,
+                lengths_B: Any, models: dict[str, Any], extra: int = 0):
+  """Checks a batch of generations and joins each row's prompt and output.
+
+  Args:
+    prompts_BxP: int `[B, P]` right-padded prompts; prompt_lengths_B: `[B]`
+      in [1, P].
+    tokens_BxN: int `[B, N]` generated tokens; lengths_B: `[B]` in [0, N].
+    models: {name: model} that will read the joined texts; each must see
+      P + N + `extra` positions (its `max_positions`, if it has one).
+
+  Returns:
+    (seq_BxT int32 numpy `[B, P + N]`: row b's prompt_lengths_B[b] prompt
+    tokens, then its N generated tokens, then zeros; p_len, n_len: int64
+    numpy `[B]`).
+  """
+  prompts = np.asarray(check_array("prompts_BxP", prompts_BxP, rank=2,
+                                   kind="i"))
+  tokens = np.asarray(check_array("tokens_BxN", tokens_BxN, rank=2, kind="i"))
+  p_len = np.asarray(prompt_lengths_B).reshape(-1).astype(np.int64)
+  n_len = np.asarray(lengths_B).reshape(-1).astype(np.int64)
+  rows, width = prompts.shape
+  if tokens.shape[0] != rows or p_len.size != rows or n_len.size != rows:
+    raise ValueError(f"prompts_BxP {prompts.shape}, prompt_lengths_B "
+                     f"{p_len.shape}, tokens_BxN {tokens.shape} and lengths_B "
+                     f"{n_len.shape} must share their row count.")
+  if (p_len < 1).any() or (p_len > width).any() or (n_len < 0).any() or (
+      n_len > tokens.shape[1]).any():
+    raise ValueError("prompt_lengths_B must lie in [1, P] and lengths_B in "
+                     f"[0, N]; got {p_len.tolist()} and {n_len.tolist()}.")
+  total = width + tokens.shape[1]
+  for name, model in models.items():
+    limit = getattr(model, "max_positions", None)
+    if limit is not None and total + extra > limit:
+      raise ValueError(
+          f"{name} sees at most {limit} positions; prompt + generation"
+          f"{' + ' + str(extra) if extra else ''} is {total + extra}: use "
+          "shorter texts.")
+  seq_BxT = np.zeros((rows, total), np.int32)
+  for b in range(rows):
+    seq_BxT[b, :p_len[b]] = prompts[b, :p_len[b]]
+    seq_BxT[b, p_len[b]:p_len[b] + tokens.shape[1]] = tokens[b]
+  return seq_BxT, p_len, n_len

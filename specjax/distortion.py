@@ -140,40 +140,18 @@ def per_token_tv(target, draft, verifier, sampling: sampling_lib.SamplingConfig,
   if not isinstance(sampling, sampling_lib.SamplingConfig):
     raise TypeError("sampling must be a specjax.SamplingConfig, got "
                     f"{type(sampling).__name__}.")
-  prompts = np.asarray(_checks.check_array("prompts_BxP", prompts_BxP, rank=2,
-                                           kind="i"))
-  tokens = np.asarray(_checks.check_array("tokens_BxN", tokens_BxN, rank=2,
-                                          kind="i"))
-  p_len = np.asarray(prompt_lengths_B).reshape(-1).astype(np.int64)
-  n_len = np.asarray(lengths_B).reshape(-1).astype(np.int64)
-  rows, width = prompts.shape
-  if tokens.shape[0] != rows or p_len.size != rows or n_len.size != rows:
-    raise ValueError(f"prompts_BxP {prompts.shape}, prompt_lengths_B "
-                     f"{p_len.shape}, tokens_BxN {tokens.shape} and lengths_B "
-                     f"{n_len.shape} must share their row count.")
-  if (p_len < 1).any() or (p_len > width).any() or (n_len < 0).any() or (
-      n_len > tokens.shape[1]).any():
-    raise ValueError("prompt_lengths_B must lie in [1, P] and lengths_B in "
-                     f"[0, N]; got {p_len.tolist()} and {n_len.tolist()}.")
-  total = width + tokens.shape[1]
-  for name, model in (("target", target), ("draft", draft)):
-    limit = getattr(model, "max_positions", None)
-    if limit is not None and total > limit:
-      raise ValueError(f"{name} sees at most {limit} positions; prompt + "
-                       f"generation is {total}: score shorter generations.")
-  seq_BxT = np.zeros((rows, total), np.int32)
-  for b in range(rows):
-    seq_BxT[b, :p_len[b]] = prompts[b, :p_len[b]]
-    seq_BxT[b, p_len[b]:p_len[b] + tokens.shape[1]] = tokens[b]
+  seq_BxT, p_len, n_len = _checks.check_texts(
+      prompts_BxP, prompt_lengths_B, tokens_BxN, lengths_B,
+      {"target": target, "draft": draft})
+  rows, new = seq_BxT.shape[0], np.shape(tokens_BxN)[1]
   # The law of generated token j of row b sits after position p_len + j - 1.
-  index_BxN = (p_len[:, None] - 1 + np.arange(tokens.shape[1])[None]
-               ).astype(np.int32)
+  index_BxN = (p_len[:, None] - 1 + np.arange(new)[None]).astype(np.int32)
   take = lambda laws_BxTxV: jnp.take_along_axis(
       laws_BxTxV, jnp.asarray(index_BxN)[..., None], axis=1)
   p_BxNxV = take(_laws(target, jnp.asarray(seq_BxT), sampling=sampling))
   q_BxNxV = take(_laws(draft, jnp.asarray(seq_BxT), sampling=sampling))
   d_BxN = np.asarray(position_tv(v, p_BxNxV, q_BxNxV), np.float64)
-  mask_BxN = np.arange(tokens.shape[1])[None] < n_len[:, None]
+  mask_BxN = np.arange(new)[None] < n_len[:, None]
   positions = int(mask_BxN.sum())
   if positions == 0:
     return {"tv_per_token": float("nan"), "tv_per_token_se": None,

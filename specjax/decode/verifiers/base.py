@@ -75,6 +75,20 @@ class Verifier:
     """
     raise NotImplementedError
 
+  def expected_accepted(self, p_BxG1xV: jax.Array, q_BxGxV: jax.Array,
+                        drafts_BxG: jax.Array) -> jax.Array:
+    """E[num_accepted | drafts, p, q], float32 `[B]`: the round's drafts kept,
+    averaged over its uniforms in closed form (a Rao-Blackwellised count).
+
+    Same arguments as `verify`. Two verifiers judged on the same drafts
+    compare without the noise of the accept/reject draws
+    (`specjax.expected_tokens`). Verifiers without a closed form raise
+    NotImplementedError.
+    """
+    raise NotImplementedError(
+        f"verifier {self.spec!r} has no closed-form expected acceptance; "
+        "'token' and 'block' have one.")
+
   def __str__(self) -> str:
     return self.spec
 

@@ -99,3 +99,14 @@ class BlockVerifier(base.Verifier):
     bonus_B = sample(u_BxN[:, gamma + 1], p_BxG1xV[:, gamma])
     last_B = jnp.where(tau_B < gamma, corrected_B, bonus_B)
     return base.emit(drafts_BxG, tau_B, last_B), tau_B
+
+  def expected_accepted(self, p_BxG1xV, q_BxGxV, drafts_BxG):
+    """sum_k P(tau >= k) = sum_k (1 - prod_{i >= k} (1 - h_i)): tau is the
+    largest i whose independent eta_i falls below h_i."""
+    gamma = drafts_BxG.shape[1]
+    w_BxG = block_weights(base.gather(p_BxG1xV[:, :gamma], drafts_BxG),
+                          base.gather(q_BxGxV, drafts_BxG))
+    miss_BxG = 1.0 - stop_probabilities(w_BxG, p_BxG1xV, q_BxGxV)
+    # prod_{i >= k} (1 - h_i) for every k: a cumulative product from the end.
+    none_after_BxG = jnp.flip(jnp.cumprod(jnp.flip(miss_BxG, 1), axis=1), 1)
+    return jnp.sum(1.0 - none_after_BxG, axis=1)

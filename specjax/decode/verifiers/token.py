@@ -67,3 +67,16 @@ class TokenVerifier(base.Verifier):
                                     jnp.minimum(num_accepted_B, gamma - 1))
     last_B = jnp.where(num_accepted_B < gamma, rejected_B, bonus_B)
     return base.emit(drafts_BxG, num_accepted_B, last_B), num_accepted_B
+
+  def expected_accepted(self, p_BxG1xV, q_BxGxV, drafts_BxG):
+    """sum_k prod_{i <= k} P(keep x_i): draft i is kept when u q(x_i) <
+    p(x_i), so with probability min(1, p/q) (1 if q = 0 < p)."""
+    if not self.exact:
+      return super().expected_accepted(p_BxG1xV, q_BxGxV, drafts_BxG)
+    gamma = drafts_BxG.shape[1]
+    p_at_BxG = base.gather(p_BxG1xV[:, :gamma], drafts_BxG)
+    q_at_BxG = base.gather(q_BxGxV, drafts_BxG)
+    over_BxG = p_at_BxG >= q_at_BxG
+    keep_BxG = jnp.where(over_BxG, (p_at_BxG > 0).astype(jnp.float32),
+                         p_at_BxG / jnp.where(over_BxG, 1.0, q_at_BxG))
+    return jnp.sum(jnp.cumprod(keep_BxG, axis=1), axis=1)
