@@ -112,7 +112,8 @@ def expected_tokens_per_round(
     key: PRNG key of the draft blocks.
     samples: draft blocks per context, >= 1.
     chunk: contexts per compiled call (memory: `chunk` copies of a row's
-      caches).
+      caches, beside both models' float32 logits of every row and position,
+      `[B, P + N, V]` each).
 
   Returns:
     {"verifiers": their registry strings, "tokens_per_round": mean of
