@@ -160,8 +160,10 @@ def expected_tokens_per_round(
   rows_K, cut_K = np.repeat(rows_K, samples), np.repeat(cut_K, samples)
   num = rows_K.size
   kept_MxK = np.zeros((len(verifiers), num), np.float64)
-  keys = jax.random.split(key, -(-num // chunk))
-  for i, start in enumerate(range(0, num, chunk)):
+  # Every block's uniforms are drawn up front, so `chunk` (a memory knob)
+  # does not change which blocks are drawn.
+  u_KxG = jax.random.uniform(key, (num, gamma))
+  for start in range(0, num, chunk):
     # Pad the last chunk with its first context so every call has one shape.
     idx = np.arange(start, start + chunk)
     idx = np.where(idx < num, idx, start)
@@ -169,7 +171,7 @@ def expected_tokens_per_round(
     l_C = jnp.asarray(cut_K[idx], jnp.int32)
     out = _chunk(target, draft, target_cache, draft_cache,
                  target_logits[r_C, l_C - 1], draft_logits[r_C, l_C - 1],
-                 r_C, l_C, jax.random.uniform(keys[i], (chunk, gamma)),
+                 r_C, l_C, u_KxG[idx],
                  gamma=gamma, sampling=sampling, verifiers=verifiers)
     take = min(chunk, num - start)
     kept_MxK[:, start:start + take] = np.asarray(out, np.float64)[:, :take]

@@ -383,10 +383,11 @@ def _top_p_threshold(probs_xV, top_p, method=None):
   Keeping `probs >= threshold` keeps exactly the tokens of the shortest
   sorted prefix whose mass before each token is < top_p, with all ties of
   the last one. The mass above a candidate is a float32 masked sum over the
-  row, not a cumulative sum along a sorted row, so where that mass is within float32 rounding of
-  top_p the boundary token can fall on the other side than a sort-based
-  implementation puts it. Such a token is kept iff this function's own
-  float32 estimate of the mass above it is < float32(top_p).
+  row, not a cumulative sum along a sorted row, so where that mass is
+  within float32 rounding of top_p the boundary token can fall on the other
+  side than a sort-based implementation puts it. Such a token is kept iff
+  this function's own float32 estimate of the mass above it is
+  < float32(top_p).
   """
   # Probabilities are >= +0, whose bit patterns already order as the floats.
   key_xV = jax.lax.bitcast_convert_type(probs_xV, jnp.uint32)

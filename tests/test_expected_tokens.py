@@ -122,10 +122,11 @@ def test_transformer_target_with_a_bigram_draft_and_ragged_rows():
   block, token = out["tokens_per_round"]
   assert 1.0 <= token <= block + 1e-5 <= 4.0 + 1e-5
   # Chunks of 7 with a padded tail give what one chunk gives.
-  again = sj.expected_tokens_per_round(target, draft, ("block", "token"), T1,
+  whole = sj.expected_tokens_per_round(target, draft, ("block", "token"), T1,
                                        gamma=3, **texts,
-                                       key=jax.random.key(2), chunk=7)
-  assert again["tokens_per_round"] == out["tokens_per_round"]
+                                       key=jax.random.key(2), chunk=64)
+  np.testing.assert_allclose(whole["tokens_per_round"],
+                             out["tokens_per_round"], rtol=1e-6)
 
 
 def test_the_cut_context_is_the_prefix_alone():
@@ -158,7 +159,7 @@ def test_the_cut_context_is_the_prefix_alone():
 ])
 def test_bad_input_is_refused_before_tracing(kwargs, error, match):
   pair, _ = lv.paper_example()
-  target, draft = lab_models.markov_lms(pair)
+  _, draft = lab_models.markov_lms(pair)
   cfg = sj.TransformerConfig(vocab_size=2, d_model=16, num_layers=1,
                              num_heads=2, max_positions=64)
   args = dict(target=sj.TransformerLM.create(cfg, 0), draft=draft,
@@ -167,4 +168,3 @@ def test_bad_input_is_refused_before_tracing(kwargs, error, match):
   args.update(kwargs)
   with pytest.raises(error, match=match):
     sj.expected_tokens_per_round(**args)
-  del target
