@@ -107,7 +107,8 @@ def run_cell(target, draft, prompts_NxBxP, sampling, gammas, threshold,
                             max_new_tokens=max_new, sampling=sampling)
   variants = {f"gamma={g}": g for g in gammas}
   variants["auto"] = auto
-  variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold)
+  variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
+                                             probe=None)
 
   def call(gamma):
     if gamma is None:

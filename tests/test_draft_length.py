@@ -50,6 +50,20 @@ def test_lab_reading_the_next_draft_is_exact_but_two_ahead_is_not():
                            rule="wrong_fallback") > 0.01
 
 
+def test_lab_probe_rounds_are_exact():
+  """A probe round (the Goodput rule's width 0) judges x_1 alone and emits
+  the coupled token: exact whichever rounds probe, and the wrong fallback
+  (the negative control) is caught in rounds that all probe."""
+  pair = lab.make_markov_pair()
+  never = lambda i, context, drafts: False
+  confidence = stopping.confidence_rule(pair, 0.5)
+  for stop, probe in ((never, lambda c: c % 2 == 0), (never, lambda c: True),
+                      (confidence, lambda c: c % 3 == 0)):
+    assert stopping.exact_tv(pair, 3, stop, 4, probe=probe) < 1e-12
+  assert stopping.exact_tv(pair, 3, never, 4, rule="wrong_fallback",
+                           probe=lambda c: True) > 0.01
+
+
 # ---- The compiled loop: statistical harness on a V = 8 toy target.
 
 EV, EK, EN = 8, 3, 100_000
@@ -97,6 +111,11 @@ class _PeekTwoAhead(draft_length.Rule):
     return peeked_B, jnp.broadcast_to(count - 2, x_B.shape)
 
 
+# Width 1 priced out; width 2 at alpha 0.5 (1.75 tokens / 1.4) beats a probe
+# (1 / 0.9), which beats width 2 at alpha 1/3 (1.44 / 1.4).
+_MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9)
+
+
 def _sample(target, draft, rule, sampling):
   out = sj.speculative_generate(
       target, draft, np.tile(EPROMPT, (EN, 1)), np.full(EN, 3, np.int32),
@@ -110,6 +129,9 @@ def _sample(target, draft, rule, sampling):
     draft_length.Confidence(threshold=0.6, gamma_max=3),
     # No threshold: the planned path (whole fixed-length rounds, switched).
     draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0)),
+    # With probe rounds: width 2 while the estimate is the prior's 0.5, then
+    # probes once the batch's worst row has been rejected (see below).
+    _MIXED_PROBES,
 ])
 def test_adaptive_generations_are_exact(toys, rule):
   target, draft = toys
@@ -119,6 +141,8 @@ def test_adaptive_generations_are_exact(toys, rule):
   assert result.passed, str(result)
   # Rows did stop early (fewer draft passes than gamma_max per round).
   assert s["draft_calls"] < rule.gamma_max * s["rounds"], s
+  if rule is _MIXED_PROBES:  # both probes (1 pass) and width-2 rounds ran
+    assert s["rounds"] < s["draft_calls"] < 2 * s["rounds"], s
   se = np.sqrt(s["one_minus_tv"] * (1 - s["one_minus_tv"]) / s["verified"])
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
@@ -206,6 +230,55 @@ def test_goodput_picks_longer_drafts_for_better_rows():
       w == best[1] for w in range(1, 7)]
 
 
+@pytest.mark.parametrize("kind", ["independent", "self", "eagle"])
+def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind):
+  """Rounds that all probe (a probe costing next to nothing): one token a
+  round, the target's greedy output, and one judged draft a round; then a
+  rule that switches between probes and width 2, on every draft kind (own
+  cache, the target's cache, the target's features)."""
+  prompts, lengths = _prompts(3, seed=5)
+  key = jax.random.key(0)
+  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=16,
+                    sampling=sj.GREEDY)
+  if kind == "independent":
+    draft = TransformerLM.create(TransformerConfig(
+        vocab_size=V, d_model=16, num_layers=1, num_heads=2,
+        max_positions=96), 4)
+  elif kind == "self":
+    draft = sj.SelfDraft(target, layers=1, share_cache=True)
+  else:
+    draft = sj.EagleDraft.create(target, 0)
+  for probe, all_probes in ((1e-3, True), (0.9, False)):
+    rule = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=probe)
+    out = sj.speculative_generate(target, draft, prompts, lengths, key,
+                                  gamma=rule, max_new_tokens=16,
+                                  sampling=sj.GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=str(rule))
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    s = out.summary()
+    if all_probes:
+      assert s["rounds"] == s["draft_calls"] == s["verified"] == 16 * 3, s
+      # (An untrained head's greedy drafts are never the target's.)
+      assert s["accepted"] > 0 or kind == "eagle", s
+    assert s["accepted"] <= s["verified"] <= s["draft_calls"]
+
+
+def test_goodput_probes_where_no_width_pays():
+  """The rule plans a probe round (0) for a batch waiting on a row whose
+  draft is mostly rejected, and speculates again for a row it predicts."""
+  rule = draft_length.Goodput(c=0.05, r=(1.5, 1.7, 2.0), overhead=0.05,
+                              probe=1.1)
+  assert rule.min_width == 0 and len(rule.round_costs()) == 4
+  assert rule.round_costs()[0] == 1.1
+  stats = sj.RowStats.zeros(2, 3).replace(
+      accepted=jnp.array([25, 95]), verified=jnp.array([100, 100]))
+  go = lambda *active: rule.plan(stats, jnp.array(active),
+                                 jnp.array([100, 100], jnp.int32))
+  assert np.asarray(go(True, True)).tolist() == [0, 0]
+  assert int(go(False, True)[1]) >= 2
+  assert draft_length.Goodput(c=0.05, r=(1.5, 1.7, 2.0)).min_width == 1
+
+
 def test_goodput_charges_the_whole_round():
   """A round costs c_first + (g - 1) c + r_g + overhead target passes; the
   fixed per-round overhead makes longer drafts worth more."""
@@ -230,8 +303,9 @@ def test_auto_measures_costs_once(target):
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert len(out.summary()["accept_hist"]) == 9  # gamma_max = 8
   before = dict(draft_length._MEASURED)
+  # Another key, the same shapes and sampling: no new timing.
   sj.speculative_generate(target, draft, prompts, lengths, jax.random.key(1),
-                          gamma="auto", max_new_tokens=8)
+                          gamma="auto", max_new_tokens=8, sampling=sj.GREEDY)
   assert draft_length._MEASURED == before
 
 
@@ -247,6 +321,12 @@ def test_auto_measures_costs_once(target):
      "overhead"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), hysteresis=-0.1),
      ValueError, "hysteresis"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe=0.0), ValueError,
+     "probe"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe="fast"), TypeError,
+     "probe"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe=1.0, threshold=0.5),
+     ValueError, "probe"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):

@@ -121,11 +121,12 @@ def verify(target, cache, last_B, drafts_BxG, q_BxGxV, lengths_B, width,
 
 
 def width(rule, state, max_new_tokens):
-  """int32 scalar: the draft passes of the next round of a rule that only
-  plans, the largest budget among the active rows."""
+  """int32 scalar: the width of the next round of a rule that only plans,
+  the largest budget among the active rows (0: a probe round)."""
   active_B = ~state.done
   budget_B = rule.plan(state.stats, active_B, max_new_tokens - state.generated)
-  return jnp.clip(draft_length.widest(budget_B, active_B), 1, rule.gamma_max)
+  return jnp.clip(draft_length.widest(budget_B, active_B), rule.min_width,
+                  rule.gamma_max)
 
 
 def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
@@ -134,8 +135,14 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
   """One round of static `width` for a rule that only plans (module doc):
   the fixed gamma = width round, each row keeping at most its budget.
 
+  Width 0 is a probe round (`Goodput` with `probe`): one draft, judged by the
+  target's pass on the last committed token alone, without a bonus
+  (`steps._verify_step(bonus=False)`). It emits one token, as an
+  autoregressive step does, and judges one draft, so the rule's acceptance
+  estimate keeps learning while speculation does not pay.
+
   Args:
-    width: static int in [1, gamma_max], the draft passes (`width(...)`).
+    width: static int in [0, gamma_max], the round's width (`width(...)`).
     remaining_B: int32 `[B]`, tokens each row may still generate.
     last_B: int32 `[B]`, each row's last committed token.
     keys_BxG, verify_keys_B: the round's draft and verify keys.
@@ -151,7 +158,8 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
     draft's cache, the draft passes run, and per row the drafts drawn from
     non-finite logits.
   """
-  gamma_max, w = rule.gamma_max, width
+  gamma_max, probe = rule.gamma_max, width == 0
+  w = max(width, 1)
   active_B = ~state.done
   budget_B = rule.plan(state.stats, active_B, remaining_B)
   # A row whose budget is the batch's planned width keeps all w drafts (the
@@ -166,8 +174,9 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
     draft_cache = state.draft_cache
   out = steps._verify_step(target, target_cache, last_B, drafts_BxW, q_BxWxV,
                            verify_keys_B, sampling, coupling_rule, verifier,
-                           num_drafts_B=jnp.clip(budget_B, 1, w),
-                           return_hidden=return_hidden)
+                           num_drafts_B=(None if probe
+                                         else jnp.clip(budget_B, 1, w)),
+                           return_hidden=return_hidden, bonus=not probe)
   hidden = out.hidden
   if return_hidden:
     hidden = jnp.pad(hidden, ((0, 0), (0, gamma_max - w), (0, 0)))

@@ -49,7 +49,11 @@ Rules:
     tokens row b may still generate). An optional `threshold` adds the
     confidence stop. Without one, the round's length is fixed before any
     drafting, and the loop runs the fixed-length round's own program
-    (`adaptive.planned`).
+    (`adaptive.planned`). Without one, the rule may also plan width 0, a
+    probe round (`probe`: its measured cost), which emits one token for an
+    autoregressive step plus one draft pass: where no width pays, e.g. a
+    batch waiting for a row its draft predicts badly, probes are faster
+    than every fixed gamma, and their judged draft keeps the estimate moving.
 
     The rule's first version charged a round only g c + r_g. Both missing
     terms are the same for every g, and adding a constant to every g's cost
@@ -97,6 +101,12 @@ class Rule:
   gamma_max: int
 
   @property
+  def min_width(self) -> int:
+    """The narrowest round the rule plans: 1, or 0 where it may plan a probe
+    round (`adaptive.planned`)."""
+    return 1
+
+  @property
   def stops_early(self) -> bool:
     """Whether `stop` can end a row's drafting before its budget. A rule that
     cannot fixes the round's length before drafting, and the loop then runs
@@ -105,7 +115,7 @@ class Rule:
 
   def plan(self, stats, active_B: jax.Array,
            remaining_B: jax.Array) -> jax.Array:
-    """int32 `[B]` budgets in [1, gamma_max], from past rounds only.
+    """int32 `[B]` budgets in [min_width, gamma_max], from past rounds only.
 
     `remaining_B` (int32 `[B]`): tokens each row may still generate."""
     del stats, remaining_B
@@ -161,6 +171,13 @@ class Goodput(Rule):
     hysteresis: without a threshold, the loop keeps a round width while its
       expected time is within this fraction of the best width's (a change
       of width is a switch between compiled loops; see `keeps`).
+    probe: the cost of a probe round (one draft pass, the target's pass on 1
+      token, the round's other work), or None. With it the rule may plan
+      width 0: rounds that emit one token, as `generate` does, while still
+      judging one draft a round, so that the estimate can bring speculation
+      back. Where no width pays (a batch waiting for a row the draft
+      predicts badly), probe rounds are the fastest the loop can go.
+      `measure_goodput` sets it. Not with a threshold.
   """
   c: float
   r: tuple[float, ...]
@@ -170,6 +187,7 @@ class Goodput(Rule):
   c_first: float | None = None
   overhead: float = 0.0
   hysteresis: float = 0.05
+  probe: float | None = None
 
   def __post_init__(self):
     c = _checks.check_float("c", self.c)
@@ -198,31 +216,50 @@ class Goodput(Rule):
     if hysteresis < 0:
       raise ValueError(f"hysteresis is a relative margin (>= 0), got "
                        f"{hysteresis}.")
+    probe = self.probe
+    if probe is not None:
+      probe = _checks.check_float("probe", probe)
+      if probe <= 0:
+        raise ValueError(f"probe is a round's cost (> 0), got {probe}.")
+      if self.threshold is not None:
+        raise ValueError("probe rounds are planned before drafting; a rule "
+                         "with a confidence threshold cannot plan them. Pass "
+                         "probe=None or threshold=None.")
     for name, value in (("c", c), ("r", r), ("gamma_max", gamma_max),
+                        ("probe", probe),
                         ("prior", prior), ("c_first", c_first),
                         ("overhead", overhead), ("hysteresis", hysteresis),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
 
+  @property
+  def min_width(self) -> int:
+    return 0 if self.probe is not None else 1
+
   def expected_rate(self, alpha_B: jax.Array) -> jax.Array:
-    """float32 `[B, gamma_max]`: expected tokens per unit time for g = 1..G."""
+    """float32 `[B, W]`: expected tokens per unit time for each width g =
+    min_width..G (column 0 is the probe round where there is one)."""
     return (self.expected_tokens(alpha_B)
             / jnp.asarray(self.round_costs(), jnp.float32))
 
   def round_costs(self) -> tuple[float, ...]:
-    """A round's cost for g = 1..gamma_max, in target passes on 1 token."""
-    return tuple(self.c_first + (g - 1) * self.c + self.r[g - 1]
-                 + self.overhead for g in range(1, self.gamma_max + 1))
+    """A round's cost for g = min_width..gamma_max, in target passes on 1
+    token (g = 0: `probe`)."""
+    return ((self.probe,) if self.probe is not None else ()) + tuple(
+        self.c_first + (g - 1) * self.c + self.r[g - 1] + self.overhead
+        for g in range(1, self.gamma_max + 1))
 
   @property
   def stops_early(self) -> bool:
     return self.threshold is not None
 
   def expected_tokens(self, alpha_B: jax.Array) -> jax.Array:
-    """float32 `[B, gamma_max]`: expected tokens per round for g = 1..G."""
-    g_G = jnp.arange(1, self.gamma_max + 1, dtype=jnp.float32)
+    """float32 `[B, W]`: expected tokens per round for g = min_width..G
+    (a probe round emits exactly one)."""
+    g_W = jnp.arange(self.min_width, self.gamma_max + 1, dtype=jnp.float32)
     a_Bx1 = jnp.clip(alpha_B, 0.0, 1.0 - 1e-6)[:, None]
-    return (1.0 - a_Bx1 ** (g_G + 1)) / (1.0 - a_Bx1)
+    tokens_BxW = (1.0 - a_Bx1 ** (g_W + 1)) / (1.0 - a_Bx1)
+    return jnp.where(g_W == 0, 1.0, tokens_BxW)
 
   def alpha(self, stats) -> jax.Array:
     """float32 `[B]`: each row's running acceptance estimate."""
@@ -231,8 +268,8 @@ class Goodput(Rule):
             / (stats.verified.astype(jnp.float32) + a0 + b0))
 
   def remaining_time(self, stats, active_B, remaining_B) -> jax.Array:
-    """float32 `[gamma_max]`: the batch's expected time to finish, in target
-    passes, if every round from now on had width g = 1..G.
+    """float32 `[W]`: the batch's expected time to finish, in target passes,
+    if every round from now on had width g = min_width..G.
 
     Every row waits for every pass, and the batch runs until its last row is
     done: the round's cost times the most rounds an active row still needs
@@ -249,7 +286,8 @@ class Goodput(Rule):
 
   def plan(self, stats, active_B, remaining_B):
     best = jnp.argmin(self.remaining_time(stats, active_B, remaining_B))
-    return jnp.full(active_B.shape, best.astype(jnp.int32) + 1, jnp.int32)
+    return jnp.full(active_B.shape, best.astype(jnp.int32) + self.min_width,
+                    jnp.int32)
 
   def keeps(self, width, stats, active_B, remaining_B):
     # A change of width costs the loop a switch (a per-round switch was
@@ -257,7 +295,8 @@ class Goodput(Rule):
     # moves every round: keep the width while it is within `hysteresis` of
     # the best.
     time_G = self.remaining_time(stats, active_B, remaining_B)
-    return time_G[width - 1] <= (1.0 + self.hysteresis) * jnp.min(time_G)
+    return (time_G[width - self.min_width]
+            <= (1.0 + self.hysteresis) * jnp.min(time_G))
 
   def stop(self, count, q_BxV, x_B):
     del x_B
@@ -299,7 +338,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   `specjax.measure`: target passes on 1..gamma_max + 1 tokens, the draft's
   first pass (2 tokens, or 1 when it shares the target's cache) and its
   1-token pass (`pass_seconds`), and the round's work outside the passes
-  (`null_loop_seconds`, the fixed-gamma_max loop with null models).
+  (`null_loop_seconds`, the fixed-gamma_max loop with null models). Without
+  a threshold the rule may plan probe rounds (width 0), costed as the first
+  draft pass plus a 1-token target pass plus the round's other work.
   Memoised per (model structures, batch, gamma_max, shapes, threshold,
   sampling) for this process: the first call takes a few seconds.
   """
@@ -335,9 +376,11 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     c_first = max(two[0] / base, c) if two else c
     other, _ = measure.null_loop_seconds(target, draft, shape, sampling,
                                          repeats=repeats)
-    _MEASURED[key] = Goodput(c=c, r=tuple(r[1:]), gamma_max=gamma_max,
-                             threshold=threshold, c_first=c_first,
-                             overhead=other / base)
+    overhead = other / base
+    _MEASURED[key] = Goodput(
+        c=c, r=tuple(r[1:]), gamma_max=gamma_max, threshold=threshold,
+        c_first=c_first, overhead=overhead,
+        probe=None if threshold is not None else c_first + 1.0 + overhead)
   return _MEASURED[key]
 
 

@@ -184,7 +184,8 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     out, draft_cache, draft_passes, draft_nonfinite_B = adaptive.planned(
         target, draft, state, draft_length, width, remaining_B, last_B,
         draft_keys_BxG, verify_keys_B, sampling, coupling_rule, verifier,
-        features, lambda keys: _propose(draft, state, width, keys, sampling))
+        features, lambda keys: _propose(draft, state, max(width, 1), keys,
+                                        sampling))
     return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
                    features, gamma=gamma, max_new_tokens=max_new_tokens,
                    eos_id=eos_id)
@@ -370,9 +371,11 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens):
     return lambda s: jax.lax.while_loop(
         lambda s: going(s) & keeps(s), round_w, round_w(s))
 
-  branches = [stretch(w) for w in range(1, rule.gamma_max + 1)]
+  # Width 0, where the rule allows it, is the probe round (`adaptive.planned`).
+  branches = [stretch(w) for w in range(rule.min_width, rule.gamma_max + 1)]
   return jax.lax.while_loop(
-      going, lambda s: jax.lax.switch(width(s) - 1, branches, s), state)
+      going, lambda s: jax.lax.switch(width(s) - rule.min_width, branches, s),
+      state)
 
 
 def _lookahead(gamma, verifier):

@@ -40,6 +40,8 @@ class VerifyOutput:
   hidden: None, or (when the loop asks for it, for a feature-level draft)
     the target's features `[B, G+1, D]` at the G+1 scored positions
     (`TransformerLM.forward_with_hidden`).
+  bonus: static; False for a round without a bonus token (`_verify_step`
+    with `bonus=False`): a row that kept all G drafts emits those G alone.
   """
   tokens: jax.Array
   num_accepted: jax.Array
@@ -48,10 +50,12 @@ class VerifyOutput:
   cache: Any
   nonfinite: jax.Array
   hidden: Any = None
+  bonus: bool = flax.struct.field(pytree_node=False, default=True)
 
   @property
   def num_emitted(self) -> jax.Array:
-    return self.num_accepted + 1
+    # Without a bonus, min(accepted + 1, G), which is num_verified.
+    return self.num_accepted + 1 if self.bonus else self.num_verified
 
 
 def nonfinite_rows(logits_xV: jax.Array) -> jax.Array:
@@ -124,9 +128,18 @@ def _sample_logits(draft, logits_BxV, u_B, sampling):
 
 def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
                  coupling_rule=coupling._coupling, verifier=None,
-                 num_drafts_B=None, return_hidden=False):
+                 num_drafts_B=None, return_hidden=False, bonus=True):
   """`verifier` (a `Verifier`, static) decides what to keep; None is token
   verification with `coupling_rule` (kept for tests' negative controls).
+
+  `bonus=False` (static): the target scores only `[last, x_1..x_{G-1}]`, the
+  G positions that judge the drafts, and a row that keeps all G emits them
+  without a bonus token (the next round draws that position from p, as the
+  bonus would have been). G = 1 is the Goodput rule's probe round: the cost
+  of an autoregressive step plus a draft pass, one token, and one judged
+  draft for the acceptance estimate. The logits of the unscored bonus
+  position are a copy of the last scored ones; nothing drawn from them is
+  emitted. Not with `num_drafts_B`.
 
   `return_hidden` (static): also return the target's features at the G+1
   scored positions in `VerifyOutput.hidden` (the target must have
@@ -138,15 +151,26 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   """
   gamma = drafts_BxG.shape[1]
   batch = last_B.shape[0]
+  if not bonus and (gamma == 0 or num_drafts_B is not None):
+    raise ValueError("a round without a bonus needs G >= 1 drafts and no "
+                     "num_drafts_B.")
   tokens_BxG1 = jnp.concatenate([last_B[:, None], drafts_BxG], axis=1)
+  scored_BxT = tokens_BxG1 if bonus else tokens_BxG1[:, :gamma]
   hidden_BxG1xD = None
   if return_hidden:
     logits_BxG1xV, hidden_BxG1xD, cache = target.forward_with_hidden(
-        tokens_BxG1, cache)
+        scored_BxT, cache)
   else:
-    logits_BxG1xV, cache = target(tokens_BxG1, cache)
+    logits_BxG1xV, cache = target(scored_BxT, cache)
   nonfinite_B = jnp.sum(nonfinite_rows(logits_BxG1xV), axis=1,
                         dtype=jnp.int32)
+  if not bonus:
+    # The unscored bonus position: a placeholder nothing emitted is drawn
+    # from (`num_emitted` stops at G).
+    logits_BxG1xV = jnp.concatenate([logits_BxG1xV, logits_BxG1xV[:, -1:]],
+                                    axis=1)
+    if return_hidden:
+      hidden_BxG1xD = jnp.pad(hidden_BxG1xD, ((0, 0), (0, 1), (0, 0)))
   if verifier is None:
     verifier = verifiers_lib.TokenVerifier(coupling_rule=coupling_rule)
   positions_G1 = jnp.arange(gamma + 1)
@@ -196,7 +220,7 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
       num_accepted=num_accepted_B.astype(jnp.int32),
       num_verified=num_verified_B.astype(jnp.int32),
       overlap=jnp.sum(jnp.where(judged_BxG, overlap_BxG, 0.0), axis=1),
-      cache=cache, nonfinite=nonfinite_B, hidden=hidden_BxG1xD)
+      cache=cache, nonfinite=nonfinite_B, hidden=hidden_BxG1xD, bonus=bonus)
 
 
 _draft_step_jit = jax.jit(_draft_step, static_argnames=("sampling",))

@@ -18,6 +18,11 @@ x_{i+2} is not: rows that continue then judge a selected x_{i+2} against a q
 it is no longer drawn from. `confidence_rule` (the loop's) and
 `peeking_rule(ahead=2)` (the negative control) build one of each from the
 draft's own q; `exact_tv` shows the first at 0 and the second positive.
+
+A probe round (the Goodput rule's width 0) is the stop at g = 0: x_1 alone is
+judged and the coupled output at position 1 is the round's one token. A
+`probe(context) -> bool`, decided before drafting, marks the rounds that
+probe.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from specjax.lab import exact
 from specjax.lab import markov
 
 StopFn = Callable[[int, int, tuple[int, ...]], bool]
+ProbeFn = Callable[[int], bool]
 
 
 def confidence_rule(pair: markov.MarkovPair, threshold: float) -> StopFn:
@@ -67,8 +73,11 @@ def peeking_rule(pair: markov.MarkovPair, threshold: float,
 
 
 def round_distribution(pair: markov.MarkovPair, gamma_max: int,
-                       stop: StopFn, rule: str = "exact") -> list[np.ndarray]:
+                       stop: StopFn, rule: str = "exact",
+                       probe: ProbeFn | None = None) -> list[np.ndarray]:
   """Exact law of one round's emitted tokens, by enumerating every draft block.
+
+  `probe(context)` True: that round is a probe (g = 0, module doc).
 
   Returns gamma_max + 1 arrays in the layout of `exact.round_distribution`:
   `blocks[k - 1]` has shape `[C] + [V] * k` and holds P(the round emits
@@ -87,8 +96,9 @@ def round_distribution(pair: markov.MarkovPair, gamma_max: int,
       mass = np.prod([q_CxV[prev[i], drafts[i]] for i in range(gamma_max)])
       if mass == 0:
         continue
-      g = next((i for i in range(1, gamma_max + 1)
-                if stop(i, context, drafts)), gamma_max)
+      g = 0 if probe is not None and probe(context) else next(
+          (i for i in range(1, gamma_max + 1) if stop(i, context, drafts)),
+          gamma_max)
       kept = mass
       for j in range(g):  # judge x_{j+1}; on rejection emit the fallback
         a = accept_CxV[prev[j], drafts[j]]
@@ -108,19 +118,22 @@ def round_distribution(pair: markov.MarkovPair, gamma_max: int,
 
 def speculative_distribution(pair: markov.MarkovPair, gamma_max: int,
                              stop: StopFn, seq_len: int,
-                             rule: str = "exact") -> np.ndarray:
-  """Exact law of the first `seq_len` tokens with the stopping rule."""
+                             rule: str = "exact",
+                             probe: ProbeFn | None = None) -> np.ndarray:
+  """Exact law of the first `seq_len` tokens with the stopping rule (and
+  probe rounds where `probe(context)`)."""
   vocab = pair.vocab_size
   seq_len = exact._check_seq_len(seq_len, vocab)  # pylint: disable=protected-access
-  blocks = round_distribution(pair, gamma_max, stop, rule)
+  blocks = round_distribution(pair, gamma_max, stop, rule, probe)
   return exact.chain_blocks(blocks, vocab, seq_len)
 
 
 def exact_tv(pair: markov.MarkovPair, gamma_max: int, stop: StopFn,
-             seq_len: int, rule: str = "exact") -> float:
+             seq_len: int, rule: str = "exact",
+             probe: ProbeFn | None = None) -> float:
   """TV between the stopped process's and the target's N-token laws."""
   return exact.tv(speculative_distribution(pair, gamma_max, stop, seq_len,
-                                           rule),
+                                           rule, probe),
                   exact.target_distribution(pair, seq_len))
 
 
