@@ -111,9 +111,11 @@ class _PeekTwoAhead(draft_length.Rule):
     return peeked_B, jnp.broadcast_to(count - 2, x_B.shape)
 
 
-# Width 1 priced out; width 2 at alpha 0.5 (1.75 tokens / 1.4) beats a probe
-# (1 / 0.9), which beats width 2 at alpha 1/3 (1.44 / 1.4).
-_MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9)
+# Width 1 priced out; width 2 at alpha 0.5 (1.75 tokens / 1.4) beats an off
+# stretch (a probe at 0.9 and a step at 1: 1 / 0.95), which beats width 2 at
+# alpha 1/3 (1.44 / 1.4).
+_MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9,
+                                     probe_every=2)
 
 
 def _sample(target, draft, rule, sampling):
@@ -141,8 +143,10 @@ def test_adaptive_generations_are_exact(toys, rule):
   assert result.passed, str(result)
   # Rows did stop early (fewer draft passes than gamma_max per round).
   assert s["draft_calls"] < rule.gamma_max * s["rounds"], s
-  if rule is _MIXED_PROBES:  # both probes (1 pass) and width-2 rounds ran
-    assert s["rounds"] < s["draft_calls"] < 2 * s["rounds"], s
+  if rule is _MIXED_PROBES:
+    # Off rounds ran (under 2 passes a round) and so did width-2 rounds (the
+    # only ones that can draft more than the target judges).
+    assert s["verified"] < s["draft_calls"] < 2 * s["rounds"], s
   se = np.sqrt(s["one_minus_tv"] * (1 - s["one_minus_tv"]) / s["verified"])
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
@@ -230,36 +234,69 @@ def test_goodput_picks_longer_drafts_for_better_rows():
       w == best[1] for w in range(1, 7)]
 
 
-@pytest.mark.parametrize("kind", ["independent", "self", "eagle"])
+@dataclasses.dataclass(frozen=True)
+class _Cycle(draft_length.Rule):
+  """Plans widths 0, 2, 1, 0, 2, ... by the round count (the past only), so
+  a generation switches between off stretches and both widths whatever the
+  draft's acceptance: every catch-up path runs."""
+  gamma_max: int = 2
+  probe_every: int = 3
+
+  @property
+  def min_width(self):
+    return 0
+
+  def plan(self, stats, active_B, remaining_B):
+    del remaining_B
+    pattern = jnp.array([0, 0, 0, 0, 2, 1, 0, 0, 2, 2], jnp.int32)
+    return jnp.full(active_B.shape, pattern[jnp.max(stats.rounds) % 10])
+
+
+@pytest.mark.parametrize("kind", ["twin", "self", "eagle"])
 def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind):
   """Rounds that all probe (a probe costing next to nothing): one token a
-  round, the target's greedy output, and one judged draft a round; then a
-  rule that switches between probes and width 2, on every draft kind (own
-  cache, the target's cache, the target's features)."""
+  round, the target's greedy output, and one judged draft a round; off
+  stretches of a probe and three draft-free steps; then a rule that
+  switches between off stretches and widths 1 and 2; on every draft kind
+  (own cache, the target's cache, the target's features, which probes every
+  off round)."""
   prompts, lengths = _prompts(3, seed=5)
   key = jax.random.key(0)
   ref = sj.generate(target, prompts, lengths, key, max_new_tokens=16,
                     sampling=sj.GREEDY)
-  if kind == "independent":
-    draft = TransformerLM.create(TransformerConfig(
-        vocab_size=V, d_model=16, num_layers=1, num_heads=2,
-        max_positions=96), 4)
+  if kind == "twin":
+    # The target as a draft with its own cache: its q is the target's p
+    # unless its cache missed a committed token, which checks each catch-up
+    # window.
+    draft = target
   elif kind == "self":
     draft = sj.SelfDraft(target, layers=1, share_cache=True)
   else:
     draft = sj.EagleDraft.create(target, 0)
-  for probe, all_probes in ((1e-3, True), (0.9, False)):
-    rule = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=probe)
+  rules = [draft_length.Goodput(c=0.1, r=(50.0, 50.0), probe=1e-3,
+                                probe_every=every) for every in (1, 4)]
+  for rule in rules + [_Cycle()]:
     out = sj.speculative_generate(target, draft, prompts, lengths, key,
                                   gamma=rule, max_new_tokens=16,
                                   sampling=sj.GREEDY)
     np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=str(rule))
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     s = out.summary()
-    if all_probes:
-      assert s["rounds"] == s["draft_calls"] == s["verified"] == 16 * 3, s
+    if rule in rules:  # every round off: one token each
+      assert s["rounds"] == 16 * 3, s
+      probes = (16 * 3 if rule.probe_every == 1 or kind == "eagle"
+                else 4 * 3)
+      assert s["draft_calls"] == s["verified"] == probes, s
       # (An untrained head's greedy drafts are never the target's.)
       assert s["accepted"] > 0 or kind == "eagle", s
+    if kind == "twin":
+      assert s["accepted"] == s["verified"] > 0, (rule, s)
+  if kind == "twin":
+    # Sampled, q = p exactly wherever the draft's cache holds every committed
+    # token: sum_x min(p, q) = 1 at every judged position.
+    s = sj.speculative_generate(target, draft, prompts, lengths, key,
+                                gamma=_Cycle(), max_new_tokens=16).summary()
+    assert s["one_minus_tv"] > 1 - 1e-5, s
     assert s["accepted"] <= s["verified"] <= s["draft_calls"]
 
 
@@ -267,9 +304,10 @@ def test_goodput_probes_where_no_width_pays():
   """The rule plans a probe round (0) for a batch waiting on a row whose
   draft is mostly rejected, and speculates again for a row it predicts."""
   rule = draft_length.Goodput(c=0.05, r=(1.5, 1.7, 2.0), overhead=0.05,
-                              probe=1.1)
+                              probe=1.1, probe_every=4)
   assert rule.min_width == 0 and len(rule.round_costs()) == 4
-  assert rule.round_costs()[0] == 1.1
+  # An off stretch: one probe and three steps of 1 + overhead.
+  assert rule.round_costs()[0] == pytest.approx((1.1 + 3 * 1.05) / 4)
   stats = sj.RowStats.zeros(2, 3).replace(
       accepted=jnp.array([25, 95]), verified=jnp.array([100, 100]))
   go = lambda *active: rule.plan(stats, jnp.array(active),
@@ -327,6 +365,8 @@ def test_auto_measures_costs_once(target):
      "probe"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe=1.0, threshold=0.5),
      ValueError, "probe"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe=1.0, probe_every=0),
+     ValueError, "probe_every"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):

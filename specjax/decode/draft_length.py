@@ -49,11 +49,12 @@ Rules:
     tokens row b may still generate). An optional `threshold` adds the
     confidence stop. Without one, the round's length is fixed before any
     drafting, and the loop runs the fixed-length round's own program
-    (`adaptive.planned`). Without one, the rule may also plan width 0, a
-    probe round (`probe`: its measured cost), which emits one token for an
-    autoregressive step plus one draft pass: where no width pays, e.g. a
-    batch waiting for a row its draft predicts badly, probes are faster
-    than every fixed gamma, and their judged draft keeps the estimate moving.
+    (`adaptive.planned`). Without one, the rule may also plan width 0, an
+    off stretch (`probe`): autoregressive steps that leave the draft alone,
+    with a probe round (one draft pass, judged by the 1-token target pass)
+    every `probe_every` rounds to keep the estimate moving. Where no width
+    pays, e.g. a batch waiting for a row its draft predicts badly, that is
+    faster than every fixed gamma.
 
     The rule's first version charged a round only g c + r_g. Both missing
     terms are the same for every g, and adding a constant to every g's cost
@@ -173,11 +174,14 @@ class Goodput(Rule):
       of width is a switch between compiled loops; see `keeps`).
     probe: the cost of a probe round (one draft pass, the target's pass on 1
       token, the round's other work), or None. With it the rule may plan
-      width 0: rounds that emit one token, as `generate` does, while still
-      judging one draft a round, so that the estimate can bring speculation
-      back. Where no width pays (a batch waiting for a row the draft
-      predicts badly), probe rounds are the fastest the loop can go.
+      width 0, an off stretch: a probe round, which judges one draft so that
+      the estimate can bring speculation back, then autoregressive steps
+      (1 + overhead each) that leave the draft alone, one token a round.
+      Where no width pays (a batch waiting for a row the draft predicts
+      badly), off stretches are the fastest the loop can go.
       `measure_goodput` sets it. Not with a threshold.
+    probe_every: rounds per probe in an off stretch (1: probes only; the
+      loop uses 1 for a draft that reads the target's features).
   """
   c: float
   r: tuple[float, ...]
@@ -188,6 +192,7 @@ class Goodput(Rule):
   overhead: float = 0.0
   hysteresis: float = 0.05
   probe: float | None = None
+  probe_every: int = 8
 
   def __post_init__(self):
     c = _checks.check_float("c", self.c)
@@ -227,6 +232,9 @@ class Goodput(Rule):
                          "probe=None or threshold=None.")
     for name, value in (("c", c), ("r", r), ("gamma_max", gamma_max),
                         ("probe", probe),
+                        ("probe_every", _checks.check_int(
+                            "probe_every", self.probe_every, low=1,
+                            high=1024)),
                         ("prior", prior), ("c_first", c_first),
                         ("overhead", overhead), ("hysteresis", hysteresis),
                         ("threshold", _check_threshold(self.threshold))):
@@ -244,8 +252,12 @@ class Goodput(Rule):
 
   def round_costs(self) -> tuple[float, ...]:
     """A round's cost for g = min_width..gamma_max, in target passes on 1
-    token (g = 0: `probe`)."""
-    return ((self.probe,) if self.probe is not None else ()) + tuple(
+    token (g = 0: an off stretch's mean, one probe every `probe_every`)."""
+    off = ()
+    if self.probe is not None:
+      off = ((self.probe + (self.probe_every - 1) * (1.0 + self.overhead))
+             / self.probe_every,)
+    return off + tuple(
         self.c_first + (g - 1) * self.c + self.r[g - 1] + self.overhead
         for g in range(1, self.gamma_max + 1))
 
@@ -339,8 +351,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   first pass (2 tokens, or 1 when it shares the target's cache) and its
   1-token pass (`pass_seconds`), and the round's work outside the passes
   (`null_loop_seconds`, the fixed-gamma_max loop with null models). Without
-  a threshold the rule may plan probe rounds (width 0), costed as the first
-  draft pass plus a 1-token target pass plus the round's other work.
+  a threshold the rule may plan off stretches (width 0): a probe round,
+  costed as the first draft pass plus a 1-token target pass plus the round's
+  other work, then autoregressive steps (a 1-token pass plus that work).
   Memoised per (model structures, batch, gamma_max, shapes, threshold,
   sampling) for this process: the first call takes a few seconds.
   """
@@ -380,7 +393,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     _MEASURED[key] = Goodput(
         c=c, r=tuple(r[1:]), gamma_max=gamma_max, threshold=threshold,
         c_first=c_first, overhead=overhead,
-        probe=None if threshold is not None else c_first + 1.0 + overhead)
+        probe=None if threshold is not None else c_first + 1.0 + overhead,
+        **({"probe_every": 1}
+           if getattr(draft, "reads_target_features", False) else {}))
   return _MEASURED[key]
 
 

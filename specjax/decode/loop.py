@@ -97,8 +97,13 @@ def _prefill_features(target, draft, prompts_BxP, buffer_len, lengths_B,
   return cache.replace(lengths=lengths_B - 1), draft_cache, features_BxWxD
 
 
-def _propose(draft, state, gamma, keys_BxG, sampling):
-  """gamma draft tokens per row, and the q each was drawn from."""
+def _propose(draft, state, gamma, keys_BxG, sampling, window=2):
+  """gamma draft tokens per row, and the q each was drawn from.
+
+  `window` (static, >= 2): the tokens a draft with its own cache re-reads
+  before drafting, ending at the last committed one. 2 covers the lag a
+  round leaves; the first round after an off stretch (`_planned_loop`)
+  re-reads the stretch's tokens too."""
   n_B = state.lengths
   # Draw i of row b uses uniform(keys_BxG[b, i], (1,)), drawn for all i at
   # once (unused, and so compiled away, when the draft's q is one-hot).
@@ -132,13 +137,14 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
                                             u_BxG[:, 0], sampling)
   else:
     # The draft may lag one token behind (it never saw x_gamma when all
-    # drafts were kept), so it always re-reads a two-token window ending at
-    # the last committed token; `select` picks the logits of that last token.
-    start_B = jnp.maximum(n_B - 2, 0)
-    window_Bx2 = jnp.take_along_axis(
-        state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
+    # drafts were kept), so it always re-reads a window (two tokens, or
+    # more after an off stretch) ending at the last committed token;
+    # `select` picks the logits of that last token.
+    start_B = jnp.maximum(n_B - window, 0)
+    window_BxW = jnp.take_along_axis(
+        state.tokens, start_B[:, None] + jnp.arange(window)[None, :], axis=1)
     cache = state.draft_cache.replace(lengths=start_B)
-    x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_Bx2,
+    x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_BxW,
                                             u_BxG[:, 0], sampling,
                                             select_B=n_B - 1 - start_B)
     cache = cache.replace(lengths=n_B)
@@ -158,12 +164,15 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
 
 
 def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
-           coupling_rule, verifier=None, draft_length=None, width=None):
+           coupling_rule, verifier=None, draft_length=None, width=None,
+           window=2):
   """One speculative round for every row (gamma = 0: one autoregressive step).
 
   With a `draft_length` rule, gamma is its gamma_max and each row drafts
   (and keeps) at most its own number of tokens (see `adaptive`); a rule that
-  only plans runs with a static `width`, the round's draft passes. A
+  only plans runs with a static `width`, the round's draft passes, and the
+  draft's catch-up `window` (see `_propose`). `width=-1` is an off round:
+  an autoregressive step that leaves the draft alone (`_planned_loop`). A
   `TreeVerifier` runs a tree round instead (`tree_round`, gamma = depth)."""
   n_B = state.lengths
   batch = n_B.shape[0]
@@ -180,12 +189,22 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
   features = getattr(draft, "reads_target_features", False) and gamma > 0
   remaining_B = max_new_tokens - state.generated
+  if width == -1:
+    out = steps._verify_step(
+        target, target_cache, last_B, jnp.zeros((batch, 0), jnp.int32),
+        jnp.zeros((batch, 0, target.vocab_size), jnp.float32), verify_keys_B,
+        sampling, coupling_rule, verifier)
+    out = out.replace(tokens=jnp.pad(out.tokens, ((0, 0), (0, gamma))))
+    return _commit(state, out, state.draft_cache, 0,
+                   jnp.zeros((batch,), jnp.int32), gamma=gamma,
+                   max_new_tokens=max_new_tokens, eos_id=eos_id,
+                   target_features=state.target_features)
   if width is not None:
     out, draft_cache, draft_passes, draft_nonfinite_B = adaptive.planned(
         target, draft, state, draft_length, width, remaining_B, last_B,
         draft_keys_BxG, verify_keys_B, sampling, coupling_rule, verifier,
         features, lambda keys: _propose(draft, state, max(width, 1), keys,
-                                        sampling))
+                                        sampling, window))
     return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
                    features, gamma=gamma, max_new_tokens=max_new_tokens,
                    eos_id=eos_id)
@@ -339,7 +358,7 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   going = lambda s: (s.round < max_new_tokens) & jnp.any(~s.done)
   if draft_length is not None and not draft_length.stops_early:
     state = _planned_loop(state, round_fn, going, draft_length,
-                          max_new_tokens)
+                          max_new_tokens, draft)
   else:
     body = lambda s: sharding.constrain_decode_state(round_fn(s))
     state = jax.lax.while_loop(going, body, state)
@@ -352,7 +371,7 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
       tokens=out_BxN, lengths=generated_B, stats=state.stats))
 
 
-def _planned_loop(state, round_fn, going, rule, max_new_tokens):
+def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
   """The rounds of a rule that fixes each round's width before drafting.
 
   A `lax.switch` over the width W picks a loop of fixed-width rounds, which
@@ -360,18 +379,35 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens):
   fixed gamma = W loop's own program, and the switch (whose operands, the
   caches among them, XLA may copy: measured slower than fixed gamma on the
   quick target when it ran once per round) is paid once per change.
+
+  W = 0 (a rule with `min_width` 0) is an off stretch: a probe round
+  (`adaptive.planned`), then up to `rule.probe_every - 1` autoregressive
+  steps that leave the draft alone, while the rule keeps 0. A draft with its
+  own cache catches up on the first round of the next stretch, which
+  re-reads a window of `probe_every` tokens. A draft reading the target's
+  features cannot (the steps' features are not kept), so it probes every
+  round of an off stretch.
   """
   width = lambda s: adaptive.width(rule, s, max_new_tokens)
+  every = getattr(rule, "probe_every", 1)
+  if getattr(draft, "reads_target_features", False):
+    every = 1
+  window = max(every, 2)
 
   def stretch(w):
-    round_w = lambda s: sharding.constrain_decode_state(round_fn(s, width=w))
-    keeps = lambda s: rule.keeps(w, s.stats, ~s.done,
-                                 max_new_tokens - s.generated)
+    step = sharding.constrain_decode_state
+    first = lambda s: step(round_fn(s, width=w, window=window))
+    keeps = lambda s: going(s) & rule.keeps(w, s.stats, ~s.done,
+                                            max_new_tokens - s.generated)
     # At least one round per entry, so the outer loop always progresses.
+    if w:
+      return lambda s: jax.lax.while_loop(
+          keeps, lambda s: step(round_fn(s, width=w)), first(s))
+    off = lambda c: (step(round_fn(c[0], width=-1)), c[1] + 1)
     return lambda s: jax.lax.while_loop(
-        lambda s: going(s) & keeps(s), round_w, round_w(s))
+        lambda c: keeps(c[0]) & (c[1] < every - 1), off,
+        (first(s), jnp.int32(0)))[0]
 
-  # Width 0, where the rule allows it, is the probe round (`adaptive.planned`).
   branches = [stretch(w) for w in range(rule.min_width, rule.gamma_max + 1)]
   return jax.lax.while_loop(
       going, lambda s: jax.lax.switch(width(s) - rule.min_width, branches, s),
