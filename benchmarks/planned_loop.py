@@ -1,13 +1,15 @@
 r"""gamma chosen by a plan-only rule against the same fixed gamma, side by side.
 
-  python benchmarks/planned_loop.py [DRAFT] [TEMPERATURE]    # bigram 0
+  python benchmarks/planned_loop.py [DRAFT] [TEMPERATURE] [BATCH]  # bigram 0 1
 
 On the quick job's models (cached by `python -m experiments.reproduce`),
-batch 1, 64 + 128 tokens: ms per loop round of fixed gamma 4 and 8 and of a
-rule that always plans 4 or 8 (gamma_max 4 or 8), i.e. the planned loop
-(`loop._planned_loop`) at a constant width, interleaved, 3 trials of 10
-calls (fewest and median). The planned rows should cost what the fixed rows
-of the same width do.
+64 + 128 tokens: ms per loop round of fixed gamma 1, 4 and 8 and of a rule
+that always plans 1, 4 or 8 (gamma_max 4 or 8), i.e. the planned loop
+(`loop._planned_loop`) at a constant width; and of `generate` against a rule
+that always plans an off stretch (width 0; one probe, then steps that leave
+the draft alone), interleaved, 3 trials of 10 calls (fewest and median). The
+planned rows should cost what the fixed rows of the same width do, and the
+off row what a `generate` step does.
 """
 
 import dataclasses
@@ -32,6 +34,11 @@ class Plan(draft_length.Rule):
   """Always plans width g (never stops early)."""
   g: int = 4
   gamma_max: int = 8
+  probe_every: int = 1024
+
+  @property
+  def min_width(self):
+    return 0
 
   def plan(self, stats, active_B, remaining_B):
     return jnp.full(active_B.shape, self.g, jnp.int32)
@@ -40,20 +47,26 @@ class Plan(draft_length.Rule):
 def main():
   name = sys.argv[1] if len(sys.argv) > 1 else "bigram"
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+  batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   config = reproduce.get_config("quick")
   config.drafts = [d for d in config.drafts if d.name == name]
   target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
   sampling = sj.SamplingConfig(temperature=temperature)
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
-  prompts = data.prompts(heldout, 1, 64, seed=0)
-  lengths = np.array([64], np.int32)
-  cases = {"fixed 4": 4, "plan 4 of 4": Plan(4, 4), "plan 4 of 8": Plan(4, 8),
-           "fixed 8": 8, "plan 8 of 8": Plan(8, 8)}
+  prompts = data.prompts(heldout, batch, 64, seed=0)
+  lengths = np.full((batch,), 64, np.int32)
+  cases = {"fixed 1": 1, "plan 1 of 8": Plan(1, 8),
+           "fixed 4": 4, "plan 4 of 4": Plan(4, 4), "plan 4 of 8": Plan(4, 8),
+           "fixed 8": 8, "plan 8 of 8": Plan(8, 8), "off of 8": Plan(0, 8)}
   fns = {k: (lambda g=g: loop.speculative_generate(
       target, draft.model, prompts, lengths, jax.random.key(0), gamma=g,
       max_new_tokens=128, sampling=sampling)) for k, g in cases.items()}
+  fns["generate"] = lambda: loop.generate(
+      target, prompts, lengths, jax.random.key(0), max_new_tokens=128,
+      sampling=sampling)
   rounds = {k: int(np.asarray(f().stats.rounds).max()) for k, f in fns.items()}
-  print(f"{name}, T={temperature:g}, batch 1: ms per round (fewest / median)")
+  print(f"{name}, T={temperature:g}, batch {batch}: ms per round "
+        "(fewest / median)")
   for trial in range(3):
     t = measure.interleaved_times(fns, 10)
     print(trial, "  ".join(

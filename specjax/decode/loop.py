@@ -182,8 +182,15 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
                    gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
                    target_features=state.target_features)
-  draft_keys_BxG, verify_keys_B = _round_keys(state.row_keys, state.round,
-                                              gamma)
+  if width == -1:
+    # The verify key alone (the one `_round_keys` gives): on CPU every
+    # fold-in is a small loop of its own, and an off step draws nothing else.
+    draft_keys_BxG, verify_keys_B = None, _fold_rows(
+        _fold_rows(state.row_keys, state.round),
+        jnp.uint32(_VERIFY_PURPOSE_OFFSET))
+  else:
+    draft_keys_BxG, verify_keys_B = _round_keys(state.row_keys, state.round,
+                                                gamma)
   target_cache = state.target_cache
   draft_passes = gamma
   last_B = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)[:, 0]
