@@ -34,7 +34,7 @@ class Plan(draft_length.Rule):
   """Always plans width g (never stops early)."""
   g: int = 4
   gamma_max: int = 8
-  probe_every: int = 1024
+  probe_every: int = 8  # Goodput's default: the catch-up window of a stretch's first round
 
   @property
   def min_width(self):
