@@ -34,7 +34,8 @@ class Plan(draft_length.Rule):
   """Always plans width g (never stops early)."""
   g: int = 4
   gamma_max: int = 8
-  probe_every: int = 8  # Goodput's default: the catch-up window of a stretch's first round
+  # Goodput's default; sets the catch-up window of each stretch's first round.
+  probe_every: int = 8
 
   @property
   def min_width(self):
