@@ -129,8 +129,10 @@ def _sample(target, draft, rule, sampling):
 @pytest.mark.optimized
 @pytest.mark.parametrize("rule", [
     draft_length.Confidence(threshold=0.6, gamma_max=3),
-    # No threshold: the planned path (whole fixed-length rounds, switched).
-    draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0)),
+    # No threshold: the planned path (whole fixed-length rounds, switched);
+    # opt-in, as the rule below runs that path too, with probe rounds.
+    pytest.param(draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0)),
+                 marks=pytest.mark.slow),
     # With probe rounds: width 2 while the estimate is the prior's 0.5, then
     # probes once the batch's worst row has been rejected (see below).
     _MIXED_PROBES,
@@ -252,14 +254,22 @@ class _Cycle(draft_length.Rule):
     return jnp.full(active_B.shape, pattern[jnp.max(stats.rounds) % 10])
 
 
-@pytest.mark.parametrize("kind", ["twin", "self", "eagle"])
-def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind):
+@pytest.mark.parametrize("kind, rules", [
+    # Each compile of the planned loop is costly: the default run has the
+    # all-off rule that probes every 4 rounds and the switching rule on the
+    # twin, the switching rule on the other kinds; the rest is opt-in.
+    ("twin", "default"), ("self", "switching"), ("eagle", "switching"),
+    pytest.param("twin", "off", marks=pytest.mark.slow),
+    pytest.param("self", "off", marks=pytest.mark.slow),
+    pytest.param("eagle", "off", marks=pytest.mark.slow)])
+def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
+                                                           rules):
   """Rounds that all probe (a probe costing next to nothing): one token a
   round, the target's greedy output, and one judged draft a round; off
-  stretches of a probe and three draft-free steps; then a rule that
-  switches between off stretches and widths 1 and 2; on every draft kind
-  (own cache, the target's cache, the target's features, which probes every
-  off round)."""
+  stretches of a probe and three draft-free steps ("off"); then a rule that
+  switches between off stretches and widths 1 and 2 ("switching"); on every
+  draft kind (own cache, the target's cache, the target's features, which
+  probes every off round)."""
   prompts, lengths = _prompts(3, seed=5)
   key = jax.random.key(0)
   ref = sj.generate(target, prompts, lengths, key, max_new_tokens=16,
@@ -273,16 +283,17 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind):
     draft = sj.SelfDraft(target, layers=1, share_cache=True)
   else:
     draft = sj.EagleDraft.create(target, 0)
-  rules = [draft_length.Goodput(c=0.1, r=(50.0, 50.0), probe=1e-3,
-                                probe_every=every) for every in (1, 4)]
-  for rule in rules + [_Cycle()]:
+  off = [draft_length.Goodput(c=0.1, r=(50.0, 50.0), probe=1e-3,
+                              probe_every=every) for every in (1, 4)]
+  for rule in {"default": off[1:] + [_Cycle()], "off": off,
+               "switching": [_Cycle()]}[rules]:
     out = sj.speculative_generate(target, draft, prompts, lengths, key,
                                   gamma=rule, max_new_tokens=16,
                                   sampling=sj.GREEDY)
     np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=str(rule))
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     s = out.summary()
-    if rule in rules:  # every round off: one token each
+    if rule in off:  # every round off: one token each
       assert s["rounds"] == 16 * 3, s
       probes = (16 * 3 if rule.probe_every == 1 or kind == "eagle"
                 else 4 * 3)
@@ -291,7 +302,7 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind):
       assert s["accepted"] > 0 or kind == "eagle", s
     if kind == "twin":
       assert s["accepted"] == s["verified"] > 0, (rule, s)
-  if kind == "twin":
+  if rules == "default":
     # Sampled, q = p exactly wherever the draft's cache holds every committed
     # token: sum_x min(p, q) = 1 at every judged position.
     s = sj.speculative_generate(target, draft, prompts, lengths, key,

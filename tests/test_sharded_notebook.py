@@ -13,7 +13,8 @@ nbformat = pytest.importorskip("nbformat")
 
 def test_sharded_decoding_notebook_runs(monkeypatch):
   # The kernel inherits this environment: 8 host devices, this checkout.
-  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "")
+                     + " --xla_force_host_platform_device_count=8")
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
       [str(REPO), os.environ.get("PYTHONPATH", "")]))

@@ -396,7 +396,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 @pytest.mark.slow
 def test_sharded_step_equals_single_device_step():
   env = dict(os.environ,
-             XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
+                        + " --xla_force_host_platform_device_count=8"),
              JAX_PLATFORMS="cpu")
   proc = subprocess.run(
       [sys.executable, "-c", _SHARDED_SCRIPT.format(repo=str(REPO))],
