@@ -180,7 +180,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     out, draft_cache, draft_passes, draft_nonfinite_B = tree_round.tree_round(
         target, draft, state, verifier, sampling)
     return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-                   gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                   max_new_tokens=max_new_tokens, eos_id=eos_id,
                    target_features=state.target_features)
   if width == -1:
     # The verify key alone (the one `_round_keys` gives): on CPU every
@@ -201,9 +201,10 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
         target, target_cache, last_B, jnp.zeros((batch, 0), jnp.int32),
         jnp.zeros((batch, 0, target.vocab_size), jnp.float32), verify_keys_B,
         sampling, coupling_rule, verifier)
-    out = out.replace(tokens=jnp.pad(out.tokens, ((0, 0), (0, gamma))))
+    # One token, committed as such (not padded to gamma + 1: at batch 8 the
+    # wider scatter made an off step cost more than a `generate` step).
     return _commit(state, out, state.draft_cache, 0,
-                   jnp.zeros((batch,), jnp.int32), gamma=gamma,
+                   jnp.zeros((batch,), jnp.int32),
                    max_new_tokens=max_new_tokens, eos_id=eos_id,
                    target_features=state.target_features)
   if width is not None:
@@ -213,7 +214,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
         features, lambda keys: _propose(draft, state, max(width, 1), keys,
                                         sampling, window))
     return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-                   features, gamma=gamma, max_new_tokens=max_new_tokens,
+                   features, max_new_tokens=max_new_tokens,
                    eos_id=eos_id)
   if draft_length is not None:
     drafts_BxG, q_BxGxV, draft_cache, drafted_B, draft_passes = (
@@ -250,12 +251,12 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   draft_nonfinite_B = jnp.sum(jnp.isnan(q_BxGxV[..., 0]), axis=1,
                               dtype=jnp.int32)
   return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-                 features, gamma=gamma, max_new_tokens=max_new_tokens,
+                 features, max_new_tokens=max_new_tokens,
                  eos_id=eos_id)
 
 
 def _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-            features, *, gamma, max_new_tokens, eos_id):
+            features, *, max_new_tokens, eos_id):
   """Keeps the verify pass's features for a feature-reading draft, then
   commits the round."""
   target_features = state.target_features
@@ -267,18 +268,19 @@ def _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
     target_features = out.hidden
     draft_cache = draft_cache.replace(lengths=state.lengths)
   return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-                 gamma=gamma, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                 max_new_tokens=max_new_tokens, eos_id=eos_id,
                  target_features=target_features)
 
 
 def _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B, *,
-            gamma, max_new_tokens, eos_id, target_features):
-  """Commits a verified round (`out.tokens` `[B, gamma + 1]`) for every row."""
+            max_new_tokens, eos_id, target_features):
+  """Commits a verified round (`out.tokens` `[B, G + 1]`: up to G drafts kept
+  and the token after them) for every row."""
   n_B = state.lengths
   batch = n_B.shape[0]
   active_B = ~state.done
   # Commit: accepted prefix + one, cut at the budget and just after an EOS.
-  positions_G1 = jnp.arange(gamma + 1)
+  positions_G1 = jnp.arange(out.tokens.shape[1])
   budget_B = max_new_tokens - (n_B - state.prompt_lengths)
   emit_B = jnp.minimum(out.num_emitted, budget_B)
   hit_eos_B = jnp.zeros_like(active_B)
@@ -388,8 +390,10 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
   quick target when it ran once per round) is paid once per change.
 
   W = 0 (a rule with `min_width` 0) is an off stretch: a probe round
-  (`adaptive.planned`), then up to `rule.probe_every - 1` autoregressive
-  steps that leave the draft alone, while the rule keeps 0. A draft with its
+  (`adaptive.planned`), then, if the rule still keeps 0, up to
+  `rule.probe_every - 1` autoregressive steps that leave the draft alone
+  (decided once, after the probe: the steps judge no drafts, so they leave
+  a rule's acceptance estimate as it was). A draft with its
   own cache catches up on the first round of the next stretch, which
   re-reads a window of `probe_every` tokens. A draft reading the target's
   features cannot (the steps' features are not kept), so it probes every
@@ -411,9 +415,15 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
       return lambda s: jax.lax.while_loop(
           keeps, lambda s: step(round_fn(s, width=w)), first(s))
     off = lambda c: (step(round_fn(c[0], width=-1)), c[1] + 1)
-    return lambda s: jax.lax.while_loop(
-        lambda c: keeps(c[0]) & (c[1] < every - 1), off,
-        (first(s), jnp.int32(0)))[0]
+
+    def off_stretch(s):
+      s = first(s)
+      # Off steps judge no drafts, so the rule's estimate stands still: it
+      # decides once, after the probe, whether the stretch goes on.
+      n_off = jnp.where(keeps(s), every - 1, 0)
+      return jax.lax.while_loop(lambda c: going(c[0]) & (c[1] < n_off), off,
+                                (s, jnp.int32(0)))[0]
+    return off_stretch
 
   branches = [stretch(w) for w in range(rule.min_width, rule.gamma_max + 1)]
   return jax.lax.while_loop(
