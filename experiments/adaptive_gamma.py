@@ -222,8 +222,7 @@ def main(argv):
     for row in rows:
       f.write(json.dumps(row) + "\n")
   plot(rows, gammas, os.path.join(_RESULTS.value, "adaptive_gamma.png"))
-  print(f"wrote {_RESULTS.value} ({time.strftime('%H:%M UTC', time.gmtime())};"
-        " box shared with other jobs)")
+  print(f"wrote {_RESULTS.value} ({time.strftime('%H:%M UTC', time.gmtime())})")
 
 
 if __name__ == "__main__":
