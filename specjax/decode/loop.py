@@ -201,8 +201,8 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
         target, target_cache, last_B, jnp.zeros((batch, 0), jnp.int32),
         jnp.zeros((batch, 0, target.vocab_size), jnp.float32), verify_keys_B,
         sampling, coupling_rule, verifier)
-    # One token, committed as such (not padded to gamma + 1: at batch 8 the
-    # wider scatter made an off step cost more than a `generate` step).
+    # One token, committed unpadded as a `generate` step commits it: an off
+    # step should cost what that step costs.
     return _commit(state, out, state.draft_cache, 0,
                    jnp.zeros((batch,), jnp.int32),
                    max_new_tokens=max_new_tokens, eos_id=eos_id,
