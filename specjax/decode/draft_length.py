@@ -347,9 +347,7 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   gamma_max>)` builds for `batch_size` rows of `prompt_len` tokens and
   `max_new_tokens` new ones (`specjax.measure.LoopShape`: prompt bucket,
   cache capacity, a fill from the middle of the generation). Timed with
-  `specjax.measure`: target passes on 1..gamma_max + 1 tokens (interleaved,
-  then `affine_fit`: r follows a line through every width's timing, not
-  one timing of the 1-token pass), the draft's
+  `specjax.measure`: target passes on 1..gamma_max + 1 tokens, the draft's
   first pass (2 tokens, or 1 when it shares the target's cache) and its
   1-token pass (`pass_seconds`), and the round's work outside the passes
   (`null_loop_seconds`, the fixed-gamma_max loop with null models). Without
@@ -379,12 +377,11 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
           model, batch_size=batch_size, capacity=capacity,
           passes=[(min(t, capacity), shape.fill(model, t)) for t in widths],
           seconds=seconds, repeats=repeats)
-    # Every ratio shares the 1-token pass, so one noisy timing of it moved
-    # them all (a running max then pinned r at 1.0 up to 7 tokens in
-    # results/adaptive_gamma/T0_once): the ratios come from a fit over
-    # every width instead.
-    base, *verify = affine_fit(times(target, range(1, gamma_max + 2)))
-    r = [1.0] + [seconds_g / base for seconds_g in verify]
+    base, *verify = times(target, range(1, gamma_max + 2))
+    # Floors keep a noisy timing from producing a zero or inverted ratio.
+    r = [1.0]
+    for seconds_g in verify:
+      r.append(max(seconds_g / base, r[-1]))
     # A draft sharing the target's cache feeds 1 token first, else 2.
     shares = bool(getattr(draft, "reads_target_cache", False))
     one, *two = times(draft, (1,) if shares else (1, 2))
@@ -400,23 +397,6 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
         **({"probe_every": 1}
            if getattr(draft, "reads_target_features", False) else {}))
   return _MEASURED[key]
-
-
-def affine_fit(seconds_T) -> list[float]:
-  """Least-squares a + b t through `seconds_T` (the pass on t = 1..T tokens),
-  with b >= 0 and each value at least the fewest seconds timed.
-
-  The fitted values rise with t and never fall below a real timing, so the
-  verify cost ratios they give are >= 1, non-decreasing, and move with the
-  whole curve rather than with one width's noise.
-  """
-  t = list(range(1, len(seconds_T) + 1))
-  mean_t, mean_s = sum(t) / len(t), sum(seconds_T) / len(t)
-  spread = sum((x - mean_t) ** 2 for x in t)
-  slope = (sum((x - mean_t) * (y - mean_s) for x, y in zip(t, seconds_T))
-           / spread) if spread else 0.0
-  slope = max(slope, 0.0)
-  return [max(mean_s + slope * (x - mean_t), min(seconds_T)) for x in t]
 
 
 def expected_tokens_per_time(alpha: float, gamma: int, c: float,
