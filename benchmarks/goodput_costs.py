@@ -6,19 +6,25 @@ On the quick job's models (cached by `python -m experiments.reproduce`),
 64 + 128 tokens, gamma_max 8: measures the `Goodput` rule TIMES times in this
 process (memo cleared in between), as `gamma="auto"` does on its first call,
 and prints each measurement's r and its round costs for widths 1, 4 and 8
-in units of the rule's autoregressive step (1 + overhead). Run it twice to
-see the spread between processes too. Compare with the loop's own rounds:
-`python benchmarks/planned_loop.py DRAFT 0 BATCH` (fixed 1, 4, 8 against
-`generate`).
+in units of the rule's autoregressive step (1 + overhead). Then, in the
+same process, the loop's own rounds: fixed gamma 1, 4 and 8 against
+`generate` on held-out prompts (greedy, 64 + 128 tokens), interleaved, 3
+trials of 10 calls, each round's median time over a `generate` step's, so
+the estimate and what it estimates sit side by side. Run it twice to see
+the spread between processes too.
 """
 
 import os
+import statistics
 import sys
+
+import jax
+import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
-from specjax import data, sweep  # noqa: E402
+from specjax import data, measure, sweep  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
 from configs import reproduce  # noqa: E402
 
@@ -40,6 +46,23 @@ def main():
     step = 1.0 + rule.overhead
     print(i, "r", " ".join(f"{x:.2f}" for x in rule.r), "| rounds",
           " ".join(f"{costs[g - 1] / step:.2f}" for g in (1, 4, 8)),
+          flush=True)
+
+  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+  prompts = data.prompts(heldout, batch, 64, seed=0)
+  lengths = np.full((batch,), 64, np.int32)
+  call = lambda g: (lambda: sj.speculative_generate(
+      target, draft.model, prompts, lengths, jax.random.key(0), gamma=g,
+      max_new_tokens=128, sampling=sj.GREEDY))
+  fns = {g: call(g) for g in (1, 4, 8)}
+  fns[0] = lambda: sj.generate(target, prompts, lengths, jax.random.key(0),
+                               max_new_tokens=128, sampling=sj.GREEDY)
+  rounds = {g: int(np.asarray(f().stats.rounds).max()) for g, f in fns.items()}
+  print("the loop's rounds of widths 1, 4, 8 in generate steps (medians)")
+  for trial in range(3):
+    t = {g: statistics.median(v) / rounds[g]
+         for g, v in measure.interleaved_times(fns, 10).items()}
+    print(trial, "rounds", " ".join(f"{t[g] / t[0]:.2f}" for g in (1, 4, 8)),
           flush=True)
 
 
