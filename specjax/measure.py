@@ -317,6 +317,45 @@ def _prompts(shape: LoopShape):
   return prompts_BxP, lengths_B
 
 
+def loop_round_steps(target, draft, shape: LoopShape,
+                     sampling: sampling_lib.SamplingConfig, *, widths,
+                     calls: int = 10, repeats: int = 3) -> list[float]:
+  """The loop's own round at each fixed gamma in `widths`, in `generate` steps.
+
+  `speculative_generate(gamma=g)` for each width and `generate`, on
+  `shape`'s batch, prompt length and budget with seeded random prompts
+  (rows of unrelated tokens: low acceptance, so a call runs many rounds),
+  `calls` calls each, interleaved, `repeats` trials. Per trial: a call's
+  median seconds over its loop iterations (its longest row's rounds),
+  over `generate`'s median seconds per step; returned: the median over
+  trials. This is what the passes timed alone miss (the draft's scan and
+  its cache writes, the commit, the loop's carry). Each call's prefill is
+  spread over its rounds: a few percent at 128 new tokens.
+  """
+  widths = tuple(_checks.check_int("widths[i]", g, low=1) for g in widths)
+  rng = np.random.default_rng(0)
+  prompts_BxP = rng.integers(0, target.vocab_size,
+                             (shape.batch_size, shape.prompt_len),
+                             dtype=np.int32)
+  lengths_B = np.full((shape.batch_size,), shape.prompt_len, np.int32)
+  key = jax.random.key(0)
+  fns = {g: (lambda g=g: loop_lib.speculative_generate(
+      target, draft, prompts_BxP, lengths_B, key, gamma=g,
+      max_new_tokens=shape.max_new_tokens, sampling=sampling))
+         for g in widths}
+  fns[0] = lambda: loop_lib.generate(
+      target, prompts_BxP, lengths_B, key,
+      max_new_tokens=shape.max_new_tokens, sampling=sampling)
+  rounds = {g: max(int(jax.device_get(fn().stats.rounds).max()), 1)
+            for g, fn in fns.items()}
+  trials = []
+  for _ in range(repeats):
+    per_round = {g: statistics.median(t) / rounds[g]
+                 for g, t in interleaved_times(fns, calls).items()}
+    trials.append([per_round[g] / per_round[0] for g in widths])
+  return [statistics.median(column) for column in zip(*trials)]
+
+
 # Logit that makes a NullLM's token certain (or impossible) under any sampling
 # config the loop accepts.
 _SURE = 1e4

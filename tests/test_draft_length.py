@@ -340,6 +340,35 @@ def test_goodput_charges_the_whole_round():
   assert best(full) > best(bare)
 
 
+def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
+  """`measure_goodput` (timings stubbed): a round of width 1 or gamma_max
+  costs what the loop's own round of that width does, in `generate` steps
+  (`measure.loop_round_steps`), and widths in between keep the passes'
+  shape, scaled; without the loop's rounds (the control) the passes alone
+  would price every round lower."""
+  from specjax import measure  # pylint: disable=import-outside-toplevel
+  # The target's passes on 1..5 tokens, then the draft's on 1 and 2 tokens.
+  seconds = iter([[1.0, 1.2, 1.4, 1.6, 1.8], [0.1, 0.15]])
+  monkeypatch.setattr(measure, "passes_seconds", lambda *a, **k: next(seconds))
+  monkeypatch.setattr(measure, "null_loop_seconds",
+                      lambda *a, **k: (0.25, 0.0))
+  monkeypatch.setattr(measure, "loop_round_steps",
+                      lambda *a, widths, **k: [1.5, 3.0][:len(widths)])
+  rule = draft_length.measure_goodput(target, target, batch_size=3,
+                                      gamma_max=4, prompt_len=8,
+                                      max_new_tokens=16)
+  draft_length._MEASURED.clear()  # stubbed: not for later calls
+  step = 1.0 + rule.overhead
+  rounds = [x / step for x in rule.round_costs()[1:]]  # widths 1..4
+  assert rounds[0] == pytest.approx(1.5) and rounds[3] == pytest.approx(3.0)
+  assert all(b > a for a, b in zip(rounds, rounds[1:])), rounds
+  alone = [(0.15 + (g - 1) * 0.1 + 1.0 + 0.2 * g + 0.25) / step
+           for g in range(1, 5)]
+  assert all(a < r for a, r in zip(alone, rounds)), (alone, rounds)
+  # A probe round is priced as the loop prices a width-1 round's parts.
+  assert rule.probe > 0.15 + 1.0 + 0.25
+
+
 @pytest.mark.slow  # ~1 min: times the models, then compiles 8 verify widths
 def test_auto_measures_costs_once(target):
   prompts, lengths = _prompts(2)
