@@ -341,11 +341,11 @@ def test_goodput_charges_the_whole_round():
 
 
 def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
-  """`measure_goodput` (timings stubbed): a round of width 1 or gamma_max
-  costs what the loop's own round of that width does, in `generate` steps
-  (`measure.loop_round_steps`), and widths in between keep the passes'
-  shape, scaled; without the loop's rounds (the control) the passes alone
-  would price every round lower."""
+  """`measure_goodput(calibrate=True)` (timings stubbed): a round of width
+  1 or gamma_max costs what the loop's own round of that width does, in
+  `generate` steps (`measure.loop_round_steps`), and widths in between keep
+  the passes' shape, scaled; without the loop's rounds (the control) the
+  passes alone would price every round lower."""
   from specjax import measure  # pylint: disable=import-outside-toplevel
   # The target's passes on 1..5 tokens, then the draft's on 1 and 2 tokens.
   seconds = iter([[1.0, 1.2, 1.4, 1.6, 1.8], [0.1, 0.15]])
@@ -356,7 +356,7 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
                       lambda *a, widths, **k: [1.5, 3.0][:len(widths)])
   rule = draft_length.measure_goodput(target, target, batch_size=3,
                                       gamma_max=4, prompt_len=8,
-                                      max_new_tokens=16)
+                                      max_new_tokens=16, calibrate=True)
   draft_length._MEASURED.clear()  # stubbed: not for later calls
   step = 1.0 + rule.overhead
   rounds = [x / step for x in rule.round_costs()[1:]]  # widths 1..4

@@ -163,9 +163,9 @@ class Goodput(Rule):
 
   Attributes (costs in units of a target pass on 1 token, this batch size):
     c: a draft pass on 1 token.
-    r: `gamma_max` floats, r[g - 1] = target pass on g + 1 tokens (as
-      `measure_goodput` sets it: plus what the loop's round of g drafts
-      costs beyond its passes timed alone).
+    r: `gamma_max` floats, r[g - 1] = target pass on g + 1 tokens (with
+      `measure_goodput(calibrate=True)`: plus what the loop's round of g
+      drafts costs beyond its passes timed alone).
     gamma_max: the largest budget; len(r) when omitted.
     threshold: optional confidence stop (as `Confidence`), or None.
     prior: pseudo-counts (accepted, rejected) of the acceptance estimate.
@@ -342,7 +342,8 @@ _MEASURED: dict[Any, Goodput] = {}
 def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
                     prompt_len: int = 64, max_new_tokens: int = 128,
                     threshold: float | None = None, sampling: Any = None,
-                    seconds: float = 0.05, repeats: int = 3) -> Goodput:
+                    seconds: float = 0.05, repeats: int = 3,
+                    calibrate: bool = False) -> Goodput:
   """A `Goodput` rule with every cost measured on the loop's own shapes.
 
   The shapes are those `speculative_generate(..., gamma=<rule with
@@ -352,17 +353,21 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   `specjax.measure`: target passes on 1..gamma_max + 1 tokens, the draft's
   first pass (2 tokens, or 1 when it shares the target's cache) and its
   1-token pass (`pass_seconds`), and the round's work outside the passes
-  (`null_loop_seconds`, the fixed-gamma_max loop with null models). Then
-  the loop's own rounds of widths 1 and gamma_max, in `generate` steps
-  (`measure.loop_round_steps`), set what those rounds cost: r takes up
-  the difference, scaled linearly in the width between the two (the
-  passes alone priced the quick job's wide rounds up to 40% low). Without
+  (`null_loop_seconds`, the fixed-gamma_max loop with null models). With
+  `calibrate`, the loop's own rounds of widths 1 and gamma_max, in
+  `generate` steps (`measure.loop_round_steps`), then set what those
+  rounds cost: r takes up the difference, scaled linearly in the width
+  between the two (the passes alone priced the quick job's wide rounds up
+  to 40% low), and the probe round is scaled as the width-1 round is.
+  It compiles two fixed-gamma loops and `generate` on these shapes (about
+  20 s more on the first call for the quick job's models on 2 CPU cores).
+  Without
   a threshold the rule may plan off stretches (width 0): a probe round,
   costed as the first draft pass plus a 1-token target pass plus the round's
   other work, then autoregressive steps (a 1-token pass plus that work).
   Memoised per (model structures, batch, gamma_max, shapes, threshold,
-  sampling) for this process: the first call takes a few seconds, plus
-  compiling two fixed-gamma loops and `generate` on these shapes.
+  sampling, calibrate) for this process: the first call takes a few
+  seconds.
   """
   from specjax import measure  # pylint: disable=import-outside-toplevel
   # pylint: disable-next=import-outside-toplevel
@@ -374,8 +379,10 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     raise TypeError(f"sampling must be a specjax.SamplingConfig, got "
                     f"{sampling!r}.")
   shape = measure.LoopShape(batch_size, prompt_len, max_new_tokens, gamma_max)
+  if not isinstance(calibrate, bool):
+    raise TypeError(f"calibrate must be a bool, got {calibrate!r}.")
   key = (measure.model_key(target), measure.model_key(draft), shape,
-         _check_threshold(threshold), sampling)
+         _check_threshold(threshold), sampling, calibrate)
   if key not in _MEASURED:
     def times(model, widths):
       # Interleaved: every width sees the same spells of a noisy machine.
@@ -397,24 +404,27 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     other, _ = measure.null_loop_seconds(target, draft, shape, sampling,
                                          repeats=repeats)
     overhead = other / base
-    step = 1.0 + overhead  # a `generate` step, in 1-token target passes
-    alone = [c_first + (g - 1) * c + r[g] + overhead
-             for g in range(1, gamma_max + 1)]
-    # The passes timed alone cost less than the loop's rounds (its draft
-    # scan and cache writes, the commit: widths 1, 4, 8 of the quick job's
-    # distilled draft at 1.04-1.67, 1.76-1.79 and 2.29-3.74 steps against
-    # 1.45-1.56, 2.57-2.73 and 3.78-4.01, results/adaptive_gamma/
-    # goodput_costs.txt). The loop's own rounds of widths 1 and gamma_max
-    # set the level; the passes, scaled linearly in between, the shape.
-    ends = sorted({1, gamma_max})
-    in_loop = measure.loop_round_steps(target, draft, shape, sampling,
-                                       widths=ends, repeats=repeats)
-    scale = [steps * step / alone[g - 1] for g, steps in zip(ends, in_loop)]
-    for g in range(1, gamma_max + 1):
-      t = (g - 1) / (gamma_max - 1) if gamma_max > 1 else 0.0
-      cost = alone[g - 1] * (scale[0] + t * (scale[-1] - scale[0]))
-      r[g] = max(cost - c_first - (g - 1) * c - overhead, r[g - 1])
-    probe = (c_first + 1.0 + overhead) * scale[0]
+    probe = c_first + 1.0 + overhead
+    if calibrate:
+      step = 1.0 + overhead  # a `generate` step, in 1-token target passes
+      alone = [c_first + (g - 1) * c + r[g] + overhead
+               for g in range(1, gamma_max + 1)]
+      # The passes timed alone cost less than the loop's rounds (its draft
+      # scan and cache writes, the commit: widths 1, 4, 8 of the quick
+      # job's distilled draft at 1.04-1.67, 1.76-1.79 and 2.29-3.74 steps
+      # against 1.45-1.56, 2.57-2.73 and 3.78-4.01, results/adaptive_gamma/
+      # goodput_costs.txt). The loop's own rounds of widths 1 and gamma_max
+      # set the level; the passes, scaled linearly in between, the shape.
+      ends = sorted({1, gamma_max})
+      in_loop = measure.loop_round_steps(target, draft, shape, sampling,
+                                         widths=ends, repeats=repeats)
+      scale = [steps * step / alone[g - 1]
+               for g, steps in zip(ends, in_loop)]
+      for g in range(1, gamma_max + 1):
+        t = (g - 1) / (gamma_max - 1) if gamma_max > 1 else 0.0
+        cost = alone[g - 1] * (scale[0] + t * (scale[-1] - scale[0]))
+        r[g] = max(cost - c_first - (g - 1) * c - overhead, r[g - 1])
+      probe *= scale[0]
     _MEASURED[key] = Goodput(
         c=c, r=tuple(r[1:]), gamma_max=gamma_max, threshold=threshold,
         c_first=c_first, overhead=overhead,
