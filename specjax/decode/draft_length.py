@@ -359,8 +359,8 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   rounds cost: r takes up the difference, scaled linearly in the width
   between the two (the passes alone priced the quick job's wide rounds up
   to 40% low), and the probe round is scaled as the width-1 round is.
-  It compiles two fixed-gamma loops and `generate` on these shapes (about
-  20 s more on the first call for the quick job's models on 2 CPU cores).
+  It compiles two fixed-gamma loops and `generate` on these shapes, so the
+  first call takes longer.
   Without
   a threshold the rule may plan off stretches (width 0): a probe round,
   costed as the first draft pass plus a 1-token target pass plus the round's
