@@ -330,7 +330,7 @@ def loop_round_steps(target, draft, shape: LoopShape,
   over `generate`'s median seconds per step; returned: the median over
   trials. This is what the passes timed alone miss (the draft's scan and
   its cache writes, the commit, the loop's carry). Each call's prefill is
-  spread over its rounds: a few percent at 128 new tokens.
+  spread over its rounds, which the low acceptance makes many.
   """
   widths = tuple(_checks.check_int("widths[i]", g, low=1) for g in widths)
   rng = np.random.default_rng(0)

@@ -158,6 +158,16 @@ def test_passes_are_timed_together_and_checked(tiny):
     measure.passes_seconds(target, passes=(), **kw)
 
 
+def test_loop_round_steps_times_each_width_against_generate(tiny):
+  target, draft = tiny
+  shape = measure.LoopShape(2, 6, 12, 3)
+  steps = measure.loop_round_steps(target, draft, shape, sj.GREEDY,
+                                   widths=(1, 3), calls=1, repeats=1)
+  assert len(steps) == 2 and all(math.isfinite(x) and x > 0 for x in steps)
+  with pytest.raises(ValueError, match="widths"):
+    measure.loop_round_steps(target, draft, shape, sj.GREEDY, widths=(0,))
+
+
 def test_null_model_accepts_its_twin_and_rejects_its_negation():
   null = measure.NullLM.like(sj.NGramLM.uniform(40))
   prompts, lengths = np.zeros((2, 8), np.int32), np.array([8, 5], np.int32)
