@@ -7,9 +7,12 @@ On the quick job's models (cached by `python -m experiments.reproduce`),
 that always plans 1, 4 or 8 (gamma_max 4 or 8), i.e. the planned loop
 (`loop._planned_loop`) at a constant width; and of `generate` against a rule
 that always plans an off stretch (width 0; one probe, then steps that leave
-the draft alone), interleaved, 3 trials of 10 calls (fewest and median). The
-planned rows should cost what the fixed rows of the same width do, and the
-off row what a `generate` step does.
+the draft alone), interleaved, 3 trials of 10 calls (fewest and median);
+and of a `Goodput` rule priced so that width 4 always wins ("goodput 4 of
+8"), which plans as `gamma="auto"` does every round, so its row against
+"plan 4 of 8" is the cost of the rule's own per-round work. The planned
+rows should cost what the fixed rows of the same width do, and the off
+row what a `generate` step does.
 """
 
 import dataclasses
@@ -58,7 +61,10 @@ def main():
   lengths = np.full((batch,), 64, np.int32)
   cases = {"fixed 1": 1, "plan 1 of 8": Plan(1, 8),
            "fixed 4": 4, "plan 4 of 4": Plan(4, 4), "plan 4 of 8": Plan(4, 8),
-           "fixed 8": 8, "plan 8 of 8": Plan(8, 8), "off of 8": Plan(0, 8)}
+           "fixed 8": 8, "plan 8 of 8": Plan(8, 8), "off of 8": Plan(0, 8),
+           # Width 4 costs 1 target pass, any other 50: it always wins.
+           "goodput 4 of 8": draft_length.Goodput(
+               c=0.0, r=(50.0,) * 3 + (1.0,) + (50.0,) * 4)}
   fns = {k: (lambda g=g: loop.speculative_generate(
       target, draft.model, prompts, lengths, jax.random.key(0), gamma=g,
       max_new_tokens=128, sampling=sampling)) for k, g in cases.items()}
