@@ -8,17 +8,16 @@ process (memo cleared in between), as `gamma="auto"` does on its first call,
 and prints each measurement's r and its round costs for widths 1, 4 and 8
 in units of the rule's autoregressive step (1 + overhead). Then, in the
 same process, the loop's own rounds: fixed gamma 1, 4 and 8 against
-`generate` on held-out prompts (greedy, 64 + 128 tokens), interleaved, 3
-trials of 10 calls, each round's median time over a `generate` step's, so
-the estimate and what it estimates sit side by side. Run it twice to see
+`generate` on held-out prompts (greedy, 64 + 128 tokens;
+`measure.loop_round_steps`), interleaved, 3 trials of 10 calls, each
+round's median time over a `generate` step's, so the estimate and what it
+estimates sit side by side. Run it twice to see
 the spread between processes too.
 """
 
 import os
-import statistics
 import sys
 
-import jax
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -50,20 +49,13 @@ def main():
 
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, batch, 64, seed=0)
-  lengths = np.full((batch,), 64, np.int32)
-  call = lambda g: (lambda: sj.speculative_generate(
-      target, draft.model, prompts, lengths, jax.random.key(0), gamma=g,
-      max_new_tokens=128, sampling=sj.GREEDY))
-  fns = {g: call(g) for g in (1, 4, 8)}
-  fns[0] = lambda: sj.generate(target, prompts, lengths, jax.random.key(0),
-                               max_new_tokens=128, sampling=sj.GREEDY)
-  rounds = {g: int(np.asarray(f().stats.rounds).max()) for g, f in fns.items()}
+  shape = measure.LoopShape(batch, 64, 128, 8)
   print("the loop's rounds of widths 1, 4, 8 in generate steps (medians)")
   for trial in range(3):
-    t = {g: statistics.median(v) / rounds[g]
-         for g, v in measure.interleaved_times(fns, 10).items()}
-    print(trial, "rounds", " ".join(f"{t[g] / t[0]:.2f}" for g in (1, 4, 8)),
-          flush=True)
+    steps = measure.loop_round_steps(target, draft.model, shape, sj.GREEDY,
+                                     widths=(1, 4, 8), repeats=1,
+                                     prompts_BxP=prompts)
+    print(trial, "rounds", " ".join(f"{x:.2f}" for x in steps), flush=True)
 
 
 if __name__ == "__main__":

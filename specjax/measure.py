@@ -319,13 +319,15 @@ def _prompts(shape: LoopShape):
 
 def loop_round_steps(target, draft, shape: LoopShape,
                      sampling: sampling_lib.SamplingConfig, *, widths,
-                     calls: int = 10, repeats: int = 3) -> list[float]:
+                     calls: int = 10, repeats: int = 3,
+                     prompts_BxP=None) -> list[float]:
   """The loop's own round at each fixed gamma in `widths`, in `generate` steps.
 
   `speculative_generate(gamma=g)` for each width and `generate`, on
-  `shape`'s batch, prompt length and budget with seeded random prompts
-  (rows of unrelated tokens: low acceptance, so a call runs many rounds),
-  `calls` calls each, interleaved, `repeats` trials. Per trial: a call's
+  `shape`'s batch, prompt length and budget with `prompts_BxP` (int
+  `[batch_size, prompt_len]`; None: seeded random prompts, rows of
+  unrelated tokens: low acceptance, so a call runs many rounds), `calls`
+  calls each, interleaved, `repeats` trials. Per trial: a call's
   median seconds over its loop iterations (its longest row's rounds),
   over `generate`'s median seconds per step; returned: the median over
   trials. This is what the passes timed alone miss (the draft's scan and
@@ -333,10 +335,14 @@ def loop_round_steps(target, draft, shape: LoopShape,
   spread over its rounds, which the low acceptance makes many.
   """
   widths = tuple(_checks.check_int("widths[i]", g, low=1) for g in widths)
-  rng = np.random.default_rng(0)
-  prompts_BxP = rng.integers(0, target.vocab_size,
-                             (shape.batch_size, shape.prompt_len),
-                             dtype=np.int32)
+  want = (shape.batch_size, shape.prompt_len)
+  if prompts_BxP is None:
+    prompts_BxP = np.random.default_rng(0).integers(
+        0, target.vocab_size, want, dtype=np.int32)
+  elif np.shape(prompts_BxP) != want:
+    raise ValueError(f"prompts_BxP must be [batch_size, prompt_len] = "
+                     f"{list(want)} for this shape, got "
+                     f"{list(np.shape(prompts_BxP))}.")
   lengths_B = np.full((shape.batch_size,), shape.prompt_len, np.int32)
   key = jax.random.key(0)
   fns = {g: (lambda g=g: loop_lib.speculative_generate(

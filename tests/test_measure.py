@@ -164,8 +164,16 @@ def test_loop_round_steps_times_each_width_against_generate(tiny):
   steps = measure.loop_round_steps(target, draft, shape, sj.GREEDY,
                                    widths=(1, 3), calls=1, repeats=1)
   assert len(steps) == 2 and all(math.isfinite(x) and x > 0 for x in steps)
+  own = np.arange(12, dtype=np.int32).reshape(2, 6) % 40
+  again = measure.loop_round_steps(target, draft, shape, sj.GREEDY,
+                                   widths=(3,), calls=1, repeats=1,
+                                   prompts_BxP=own)
+  assert len(again) == 1 and again[0] > 0
   with pytest.raises(ValueError, match="widths"):
     measure.loop_round_steps(target, draft, shape, sj.GREEDY, widths=(0,))
+  with pytest.raises(ValueError, match="prompts_BxP"):
+    measure.loop_round_steps(target, draft, shape, sj.GREEDY, widths=(1,),
+                             prompts_BxP=own[:1])
 
 
 def test_null_model_accepts_its_twin_and_rejects_its_negation():
