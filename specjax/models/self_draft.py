@@ -202,21 +202,12 @@ class SelfDraft(struct.PyTreeNode):
   def _forward(self, tokens_BxT, positions_BxT, cache: KVCache | None):
     """Embeddings, kept blocks (cache slot i for the i-th), adapter, head."""
     module = self.target.module()
-    c = self.target.config
-    x_BxTxD = module.embed(tokens_BxT)
-    if c.flavour == "gpt2":
-      x_BxTxD = x_BxTxD + module.pos_embed(
-          jnp.minimum(positions_BxT, c.max_positions - 1))
+    x_BxTxD = module.embed_inputs(tokens_BxT, positions_BxT)
     for slot, layer in enumerate(self.layers):
       x_BxTxD, cache = module.blocks[layer](x_BxTxD, positions_BxT, cache, slot)
     if self.adapter is not None:
       x_BxTxD = self.adapter(x_BxTxD)
-    x_BxTxD = module.final_norm(x_BxTxD)
-    if c.tie_embeddings:
-      logits_BxTxV = module.embed.attend(x_BxTxD)
-    else:
-      logits_BxTxV = module.lm_head(x_BxTxD)
-    return logits_BxTxV.astype(jnp.float32), cache
+    return module.head(module.final_norm(x_BxTxD)), cache
 
   # --- the shared-cache hook (used by the decode loop when reads_target_cache)
 

@@ -446,9 +446,9 @@ class Transformer(nnx.Module):
                                           tree)
     return self.head(features_BxTxD), cache
 
-  def features(self, tokens_BxT, positions_BxT, cache: KVCache | None,
-               tree=None):
-    """The final-norm output `[B, T, D]` (compute dtype): what `head` reads."""
+  def embed_inputs(self, tokens_BxT, positions_BxT):
+    """What the first block reads `[B, T, D]`: the token embedding, plus the
+    learned position embedding for 'gpt2' ('llama' ropes inside attention)."""
     x_BxTxD = self.embed(tokens_BxT)
     if self.config.flavour == "gpt2":
       # Clamped: a padded prefill may score positions past the table (their
@@ -456,6 +456,12 @@ class Transformer(nnx.Module):
       table_positions_BxT = jnp.minimum(positions_BxT,
                                         self.config.max_positions - 1)
       x_BxTxD = x_BxTxD + self.pos_embed(table_positions_BxT)
+    return x_BxTxD
+
+  def features(self, tokens_BxT, positions_BxT, cache: KVCache | None,
+               tree=None):
+    """The final-norm output `[B, T, D]` (compute dtype): what `head` reads."""
+    x_BxTxD = self.embed_inputs(tokens_BxT, positions_BxT)
     for layer, block in enumerate(self.blocks):
       x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer, tree)
     return self.final_norm(x_BxTxD), cache

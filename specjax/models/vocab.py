@@ -124,20 +124,6 @@ def frequent_tokens(token_ids: Any, vocab_size: int, k: int, *,
   return np.sort(order[:k]).astype(np.int32)
 
 
-def _hidden(module, tokens_BxT, positions_BxT, cache):
-  """`Transformer.forward` up to the final norm (the head is ours).
-
-  Mirrors specjax.models.transformer.Transformer.forward; keep in step.
-  """
-  x_BxTxD = module.embed(tokens_BxT)
-  if module.config.flavour == "gpt2":
-    x_BxTxD = x_BxTxD + module.pos_embed(
-        jnp.minimum(positions_BxT, module.config.max_positions - 1))
-  for layer, block in enumerate(module.blocks):
-    x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer)
-  return module.final_norm(x_BxTxD), cache
-
-
 class ReducedVocabLM(struct.PyTreeNode):
   """A `TransformerLM` draft whose head scores only K tokens.
 
@@ -183,8 +169,9 @@ class ReducedVocabLM(struct.PyTreeNode):
   def __call__(self, tokens_BxT, cache):
     self.model._check_static(tokens_BxT, cache)  # pylint: disable=protected-access
     positions_BxT = cache.positions(tokens_BxT.shape[1])
-    x_BxTxD, cache = _hidden(self.model.module(), tokens_BxT, positions_BxT,
-                             cache)
+    # The final-norm features; the head is ours.
+    x_BxTxD, cache = self.model.module().features(tokens_BxT, positions_BxT,
+                                                  cache)
     logits_BxTxK = jnp.einsum("btd,dk->btk", x_BxTxD,
                               self.head_DxK.astype(x_BxTxD.dtype))
     logits_BxTxV = jnp.full(logits_BxTxK.shape[:-1] + (self.vocab_size,),
