@@ -2,8 +2,9 @@
 
 Checks: the target's features are what its LM head reads; the head shares
 the target's arrays; its cached, teacher-forced and own-feature forwards
-agree; the decode loop feeds it exactly the features a from-scratch
-reference computes (acceptance counts match a Python re-enactment); greedy
+agree; it sees token order; training reads the pairs drafting reads; the
+decode loop feeds it exactly the features a from-scratch reference computes
+(acceptance counts match a Python re-enactment); greedy
 speculative output equals greedy autoregressive output (ragged prompts,
 length 1, EOS, an adaptive draft length); training lowers the loss and
 restores bitwise; bad input gets a clear error. Whole-generation exactness
@@ -21,6 +22,7 @@ from specjax.models import TransformerConfig, TransformerLM
 from specjax.models import eagle
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train import eagle as eagle_train
+from specjax.train import trainer
 
 V = 16
 
@@ -93,6 +95,45 @@ def test_cached_and_own_feature_forwards_agree(target):
     step, f, cache = draft.from_features(f, tokens[:, t:t + 1], cache)
     np.testing.assert_allclose(own[:, t], step[:, 0], atol=1e-5)
   np.testing.assert_array_equal(own_cache.lengths, [3, 3])
+
+
+def test_head_sees_token_order(target):
+  """Pairs a, b, b and b, a, b get different predictions at the last one.
+
+  Without positions the head's attention sees the same set of pairs in both.
+  A 'gpt2' target has no RoPE, so there the order comes from the target's
+  position embedding in the head's input.
+  """
+  draft = sj.EagleDraft.create(target, 1)
+  # Sharper attention than an untrained head's nearly uniform one, so that
+  # the order signal shows well above float rounding (not one-hot: a head
+  # attending only to itself would ignore the others in either order).
+  head = draft.head.replace(state=jax.tree_util.tree_map_with_path(
+      lambda path, x: 6 * x if "query" in jax.tree_util.keystr(path)
+      or "key" in jax.tree_util.keystr(path) else x, draft.head.state))
+  draft = draft.replace(head=head)
+  a, b = jnp.ones(32), -jnp.ones(32)
+  features = jnp.stack([jnp.stack([a, b, b]), jnp.stack([b, a, b])])
+  tokens = jnp.asarray([[3, 5, 5], [5, 3, 5]], jnp.int32)
+  _, predicted, _ = draft.from_features(features, tokens,
+                                        draft.init_cache(2, 8))
+  assert np.abs(predicted[0, -1] - predicted[1, -1]).max() > 1e-5
+
+
+def test_training_reads_the_pairs_drafting_reads(target):
+  """The loss's KL is the KL of what `from_features` drafts on the same text."""
+  tokens = jnp.asarray(_prompts(2, seed=4, max_len=11)[0])
+  inputs = tokens[:, :-1]
+  draft = sj.EagleDraft.create(target, 5)
+  _, metrics = eagle_train.eagle_loss(feature_weight=0.0)(
+      draft.head.module(), {"tokens": tokens}, jax.random.key(0), target)
+  logits_p, hidden, _ = target.forward_with_hidden(inputs,
+                                                   target.init_cache(2, 16))
+  logits_q, _, _ = draft.from_features(eagle.shift_features(hidden), inputs,
+                                       draft.init_cache(2, 16))
+  log_p = jax.nn.log_softmax(logits_p)
+  kl = (jnp.exp(log_p) * (log_p - jax.nn.log_softmax(logits_q))).sum(-1)
+  np.testing.assert_allclose(metrics["kl"], kl.mean(), rtol=1e-4)
 
 
 @pytest.mark.parametrize("flavour, gamma, eos", [
@@ -217,6 +258,13 @@ def test_training_lowers_the_loss_and_restores(tmp_path):
     checkpoint_lib.load_model(str(tmp_path / "w"))  # a head, not a Transformer
   with pytest.raises(ValueError, match="d_model"):
     eagle_train.load_head(str(tmp_path / "w"), _target(vocab=259))
+  # A head saved before the inputs were recorded read no position embedding.
+  config.num_steps = 2
+  trainer.train(config, str(tmp_path / "old"), loss_fn=eagle_train.eagle_loss(),
+                aux=target, corpus=corpus, extra_metadata={"kind": "eagle-head"},
+                model=sj.EagleHead.create(draft.head.config))
+  with pytest.raises(checkpoint_lib.CheckpointError, match="position"):
+    eagle_train.load_head(str(tmp_path / "old"), target)
   wider = eagle_train.train_config(_target(vocab=259).config)
   with pytest.raises(ValueError, match="not a head for this target"):
     eagle_train.train_head(target, wider, str(tmp_path / "x"), corpus=corpus)

@@ -4,9 +4,13 @@ The head drafts from the target's *features* instead of from tokens alone.
 Let h_j be the target's final-norm output at position j, the vector its LM
 head reads to predict token j + 1 (the "pre-LM-head feature"; normalised, so
 it is a well-scaled regression target). The head's input at position j is
-the pair (h_{j-1}, emb(t_j)), with h_{-1} = 0 for the first token:
+the pair (h_{j-1}, e_j), with h_{-1} = 0 for the first token, where e_j is
+the target's own input embedding of t_j at position j (`embed_inputs`: the
+token embedding, plus the learned position embedding of a 'gpt2' target;
+without it the head's attention, which has no RoPE in that flavour, would
+be blind to order):
 
-  fc(concat[h_{j-1}, emb(t_j)])   2D -> D
+  fc(concat[h_{j-1}, e_j])   2D -> D
   -> one pre-norm Transformer block (its own small KV cache)
   -> f_j, a prediction of h_j
   -> the target's own LM head (shared, not copied)  -> q over t_{j+1}.
@@ -229,7 +233,8 @@ class EagleDraft(struct.PyTreeNode):
     target = self.target.module()
     positions_BxT = cache.positions(tokens_BxT.shape[1])
     features_BxTxD, kv = self.head.module()(
-        features_BxTxD, target.embed(tokens_BxT), positions_BxT, cache)
+        features_BxTxD, target.embed_inputs(tokens_BxT, positions_BxT),
+        positions_BxT, cache)
     cache = kv.replace(lengths=positions_BxT[:, -1] + 1,
                        feature=features_BxTxD[:, -1].astype(kv.feature.dtype))
     return target.head(features_BxTxD), features_BxTxD, cache

@@ -2,7 +2,7 @@
 
 At every position j of a corpus window the target gives its feature h_j
 (final-norm output) and its next-token logits; the head reads the pairs
-(h_{j-1}, emb(t_j)) (teacher forcing: the target's true features) and
+(h_{j-1}, e_j) (`specjax.models.eagle`; teacher forcing: the target's true features) and
 predicts f_j. The loss is EAGLE's two terms:
 
   feature_weight * smooth_l1(f_j - h_j)   (mean over the width D)
@@ -44,6 +44,10 @@ from specjax.train import recipes
 from specjax.train import trainer
 
 KIND = "eagle-head"  # recorded in every head checkpoint's metadata
+# What the head's token input is, also in the metadata. Heads saved before
+# it was recorded read the bare token embedding, which for a 'gpt2' target
+# lacks the position embedding (`Transformer.embed_inputs`).
+INPUTS = "embed_inputs"
 # The training schedule a head takes by default: a draft of about its size.
 RECIPE_OF = "draft-0.5m"
 
@@ -79,7 +83,8 @@ def eagle_loss(*, feature_weight: float = 1.0, kl_weight: float = 1.0,
     hidden_BxTxD, _ = frozen.features(inputs_BxT, positions_BxT, None)
     hidden_BxTxD = jax.lax.stop_gradient(hidden_BxTxD)
     teacher_BxTxV = jax.lax.stop_gradient(frozen.head(hidden_BxTxD))
-    embeds_BxTxD = jax.lax.stop_gradient(frozen.embed(inputs_BxT))
+    embeds_BxTxD = jax.lax.stop_gradient(
+        frozen.embed_inputs(inputs_BxT, positions_BxT))
     predicted_BxTxD, _ = module(eagle.shift_features(hidden_BxTxD),
                                 embeds_BxTxD, positions_BxT, None)
     # Gradients reach the head through the (frozen) LM head.
@@ -155,7 +160,8 @@ def train_head(target: TransformerLM, config: Any, workdir: str, *,
                      + "\n  ".join(diff))
   head, metrics = trainer.train(
       config, workdir, loss_fn=loss_fn or eagle_loss(), aux=target,
-      corpus=corpus, extra_metadata=dict(extra_metadata or {}, kind=KIND),
+      corpus=corpus,
+      extra_metadata=dict(extra_metadata or {}, kind=KIND, inputs=INPUTS),
       model=eagle.EagleHead.create(head_cfg, config.seed), **kwargs)
   return eagle.EagleDraft(target=target, head=head), metrics
 
@@ -164,8 +170,9 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
               ) -> tuple[eagle.EagleDraft, dict]:
   """The `EagleDraft` of a head checkpoint (a `train_head` workdir) for `target`.
 
-  Raises `CheckpointError` if the checkpoint is not a head, and ValueError if
-  its width or vocabulary is not the target's.
+  Raises `CheckpointError` if the checkpoint is not a head (or is a 'gpt2'
+  head saved before its inputs held the position embedding), and ValueError
+  if its width or vocabulary is not the target's.
   """
   ckpt = checkpoint_lib.Checkpointer(
       checkpoint_lib.checkpoints_dir(os.fspath(directory)))
@@ -177,6 +184,13 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
           "checkpoint (its metadata lacks extra.kind = "
           f"{KIND!r}); load a Transformer with specjax.train.load_model.")
     config = TransformerConfig(**metadata["model_config"])
+    if (config.flavour == "gpt2"
+        and metadata["extra"].get("inputs") != INPUTS):
+      raise checkpoint_lib.CheckpointError(
+          f"{ckpt.step_dir(metadata['step'])!r} is a head trained on token "
+          "embeddings without the target's position embedding (saved "
+          "before specjax recorded the head's inputs); the head now reads "
+          "both, so retrain it with specjax.train.eagle.train_head.")
     graphdef, abstract = nnx.split(nnx.eval_shape(
         lambda: eagle.EagleHeadModule(config, nnx.Rngs(0))))
     state, metadata = ckpt.restore({"params": abstract},
