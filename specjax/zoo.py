@@ -90,7 +90,9 @@ _NOT_IN_KEY = ("progress", "log_every", "eval_every", "eval_batches",
 # The objective each kind trains with (part of the recipe).
 _OBJECTIVES = {"transformer": "next_token", "distilled": "forward_kl",
                "ngram": "counts", "exit_adapter": "forward_kl",
-               "eagle": f"eagle_features+forward_kl/{eagle_train.INPUTS}"}
+               "eagle": (f"eagle_features x {eagle_train.FEATURE_WEIGHT:g}"
+                         f" + forward_kl x {eagle_train.KL_WEIGHT:g}; inputs "
+                         f"{eagle_train.INPUTS}")}
 
 
 class ZooError(ValueError):

@@ -10,10 +10,16 @@ token embedding, plus the learned position embedding of a 'gpt2' target;
 without it the head's attention, which has no RoPE in that flavour, would
 be blind to order):
 
-  fc(concat[h_{j-1}, e_j])   2D -> D
+  fc(concat[norm(h_{j-1}), norm(e_j)])   2D -> D
   -> one pre-norm Transformer block (its own small KV cache)
   -> f_j, a prediction of h_j
   -> the target's own LM head (shared, not copied)  -> q over t_{j+1}.
+
+The two norms (the target flavour's, learned; as in EAGLE-3) put both
+halves on one scale: h is a final-norm output of RMS about 1, while an
+embedding's RMS is a few hundredths, and without them the token's half of
+the fc's input is drowned (measured on the quick target: teacher-forced
+acceptance .928 without, .942 with, after the same 300 steps).
 
 While drafting, the head's own f replaces the target's h for the next step.
 Its positions are the token positions, so its cache is aligned with the
@@ -32,7 +38,7 @@ verifier judges whatever q it returns (the tests check it with an untrained
 head).
 
 Parameter count (`EagleDraft.param_count`, `EagleHead.param_count`): the
-head's own arrays (fc and the block), without the shared embedding and LM
+head's own arrays (norms, fc and the block), without the shared embedding and LM
 head, which the target holds anyway.
 """
 
@@ -69,10 +75,12 @@ def head_config(target_config: TransformerConfig, *,
 
 
 class EagleHeadModule(nnx.Module):
-  """fc(2D -> D) then one `Block`; maps (feature, embedding) pairs to features."""
+  """Norms, fc(2D -> D), one `Block`: (feature, embedding) pairs to features."""
 
   def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
     self.config = config
+    self.feature_norm = transformer_lib._norm(config, rngs)
+    self.embed_norm = transformer_lib._norm(config, rngs)
     self.fc = transformer_lib._linear(config, 2 * config.d_model,
                                       config.d_model, rngs)
     self.block = transformer_lib.Block(config, rngs)
@@ -81,7 +89,8 @@ class EagleHeadModule(nnx.Module):
                cache: KVCache | None):
     """Predicted features `[B, T, D]`; `cache` None: full-sequence causal."""
     x_BxTxD = self.fc(jnp.concatenate(
-        [features_BxTxD.astype(embeds_BxTxD.dtype), embeds_BxTxD], axis=-1))
+        [self.feature_norm(features_BxTxD.astype(embeds_BxTxD.dtype)),
+         self.embed_norm(embeds_BxTxD)], axis=-1))
     return self.block(x_BxTxD, positions_BxT, cache, 0)
 
 
