@@ -8,8 +8,9 @@ target-3m (configs/reproduce.py:quick) and, each with the same budget as the
 quick job's distilled draft (300 steps of 16 x 256 bytes):
 
   eagle-head@target-3m             the feature-level head (560,960 parameters
-                                   of its own: norms, fc, one block; the target's
-                                   embedding and LM head are shared)
+                                   of its own: input norms, fc, one block;
+                                   the target's embedding and LM head are
+                                   shared)
   distilled-draft-0.5m@target-3m   an independent draft of the same size
                                    (561,024 parameters, all its own),
                                    distilled from the target (forward KL)
@@ -55,6 +56,10 @@ _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per prompt.")
 _STEPS = flags.DEFINE_integer(
     "num_steps", 300, "Training steps of every draft and of the head (16 x "
     "256 bytes each; the quick job's distilled draft uses 300).")
+_TARGET_STEPS = flags.DEFINE_integer(
+    "target_steps", None, "Train the target this many steps of 16 x 256 "
+    "bytes instead of the quick job's 150 (a stronger target; every draft "
+    "is then distilled from it).")
 _HEAD_WORKDIR = flags.DEFINE_string(
     "head_workdir", None, "Evaluate the head checkpoint in this training "
     "workdir (e.g. a zoo entry's .partial while it trains) instead of the "
@@ -72,23 +77,34 @@ def _budget(num_steps: int) -> dict:
           "checkpoint_every": 100, "optim.warmup_steps": max(1, num_steps // 10)}
 
 
+def head_budget(num_steps: int) -> dict:
+  """`_budget` for the head (no held-out evaluation: not a language model)."""
+  return {k: v for k, v in _budget(num_steps).items() if k != "eval_every"}
+
+
 def load_models(num_steps: int, cache_dir: str | None,
-                head_workdir: str | None = None, head_step: int | None = None):
+                head_workdir: str | None = None, head_step: int | None = None,
+                target_steps: int | None = None):
   """(target, {name: draft}) from the zoo, every draft on the same budget.
 
-  With `head_workdir`, the head is that checkpoint's instead of the zoo's.
+  With `head_workdir`, the head is that checkpoint's instead of the zoo's;
+  with `target_steps`, the target trains that long instead of the quick
+  job's 150 steps.
   """
   quick = reproduce.get_config("quick")
   target_overrides = dict(quick.target_overrides)
+  if target_steps:
+    target_overrides.update({"num_steps": target_steps,
+                             "optim.warmup_steps": max(1, target_steps // 10)})
   target = zoo.load(quick.target, overrides=target_overrides,
                     cache_dir=cache_dir)
   budget = _budget(num_steps)
-  head_budget = {k: v for k, v in budget.items() if k != "eval_every"}
   if head_workdir:
     head, meta = eagle_train.load_head(head_workdir, target, head_step)
     print(f"head from {head_workdir}, step {meta['step']}", flush=True)
   else:
-    head = zoo.load(f"eagle-head@{quick.target}", overrides=head_budget,
+    head = zoo.load(f"eagle-head@{quick.target}",
+                    overrides=head_budget(num_steps),
                     teacher_overrides=target_overrides, cache_dir=cache_dir)
   drafts = {
       "eagle-head": head,
@@ -167,7 +183,8 @@ def write(rows, results_dir, header):
 def main(argv):
   del argv
   target, drafts = load_models(_STEPS.value, _CACHE.value,
-                               _HEAD_WORKDIR.value, _HEAD_STEP.value)
+                               _HEAD_WORKDIR.value, _HEAD_STEP.value,
+                               _TARGET_STEPS.value)
   corpus = data.stdlib_corpus()
   heldout = corpus.tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, _NUM_PROMPTS.value, _PROMPT_LEN.value,
@@ -176,7 +193,10 @@ def main(argv):
   temperatures = [float(t) for t in _TEMPERATURES.value]
   rows = run(target, drafts, prompts, gammas, temperatures, _NEW.value,
              _SEED.value)
-  header = (f"EAGLE head vs token drafts on the quick target-3m: "
+  target_steps = _TARGET_STEPS.value
+  header = (f"EAGLE head vs token drafts on the quick target-3m"
+            + (f" trained {target_steps} steps (not 150)" if target_steps
+               else "") + ": "
             f"{_NUM_PROMPTS.value} held-out prompts of {_PROMPT_LEN.value} "
             f"bytes, {_NEW.value} new bytes each, seed {_SEED.value}; every "
             f"draft trained {_STEPS.value} steps of 16 x 256 bytes.\n"
@@ -189,6 +209,7 @@ def main(argv):
             f"--num_prompts={_NUM_PROMPTS.value} "
             f"--max_new_tokens={_NEW.value} --num_steps={_STEPS.value} "
             f"--gammas={','.join(_GAMMAS.value)}"
+            + (f" --target_steps={target_steps}" if target_steps else "")
             + (f" --head_workdir=<that dir> --head_step={_HEAD_STEP.value}"
                if _HEAD_WORKDIR.value else ""))
   write(rows, _RESULTS.value, header)

@@ -260,8 +260,9 @@ def test_training_lowers_the_loss_and_restores(tmp_path):
     eagle_train.load_head(str(tmp_path / "w"), _target(vocab=259))
   # A head saved before the inputs were recorded had another layout.
   config.num_steps = 2
-  trainer.train(config, str(tmp_path / "old"), loss_fn=eagle_train.eagle_loss(),
-                aux=target, corpus=corpus, extra_metadata={"kind": "eagle-head"},
+  trainer.train(config, str(tmp_path / "old"),
+                loss_fn=eagle_train.eagle_loss(), aux=target, corpus=corpus,
+                extra_metadata={"kind": "eagle-head"},
                 model=sj.EagleHead.create(draft.head.config))
   with pytest.raises(checkpoint_lib.CheckpointError, match="retrain"):
     eagle_train.load_head(str(tmp_path / "old"), target)

@@ -1,0 +1,161 @@
+r"""What the EAGLE head's input norms and loss weights buy, at equal training.
+
+  python benchmarks/eagle_head_ablation.py [NUM_STEPS]       # default 300
+
+On the quick job's target-3m (from the zoo), trains heads that differ in
+one choice each, with the same batches and budget as `experiments/eagle.py`
+(16 x 256 bytes a step), and reports each one's teacher-forced acceptance
+on held-out text: the mean over positions of sum_x min(p, q), where q is the
+head's law from the target's true features of the text (what its first
+draft in a round sees; gamma = 1, T = 1) and the argmax agreement (T = 0),
+next to the zoo's distilled drafts of the same budget. Counts, not timings.
+
+  no input norms, 1 : 1   the head before the input norms, loss weights 1 : 1
+  norms, 1 : 1            input norms (the library's head), weights 1 : 1
+  norms, 10 : 1           the library's defaults (EAGLE's ratio)
+  norms, 30 : 1           more regression still
+  norms, KL only          no feature regression
+  ... MLP 1,024           a wider MLP than the zoo's 320 (more parameters)
+  ... two blocks          a second block (more parameters)
+  ... lr 1e-2             the peak learning rate of 1e-2, not 3e-3
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from specjax import data  # noqa: E402
+from specjax.models import eagle  # noqa: E402
+from specjax.models import transformer  # noqa: E402
+from specjax.train import recipes  # noqa: E402
+from specjax.train import eagle as eagle_train  # noqa: E402
+from specjax.train import trainer  # noqa: E402
+from experiments import eagle as eagle_experiment  # noqa: E402
+
+
+class NoNormsModule(eagle.EagleHeadModule):
+  """The head without its input norms (fc reads the raw pair)."""
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    del self.feature_norm, self.embed_norm  # not counted, not trained
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    x_BxTxD = self.fc(jnp.concatenate([features_BxTxD, embeds_BxTxD], -1))
+    return self.block(x_BxTxD, positions_BxT, cache, 0)
+
+
+class NoNormsHead(eagle.EagleHead):
+  module_type = NoNormsModule
+
+
+class TwoBlocksModule(eagle.EagleHeadModule):
+  """The head with a second block after the first."""
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    self.second = transformer.Block(config, rngs)
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    assert cache is None  # teacher-forced only: one KV layer in an EagleCache
+    x_BxTxD, _ = super().__call__(features_BxTxD, embeds_BxTxD,
+                                  positions_BxT, None)
+    return self.second(x_BxTxD, positions_BxT, None, 0)
+
+
+class TwoBlocksHead(eagle.EagleHead):
+  module_type = TwoBlocksModule
+
+
+def teacher_forced(target, logits_fn, windows_NxT):
+  """(mean sum_x min(p, q), argmax agreement) past each window's 8th byte."""
+  module = target.module()
+  n, t = windows_NxT.shape
+  positions_NxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (n, t))
+  hidden_NxTxD, _ = module.features(windows_NxT, positions_NxT, None)
+  p_NxTxV = jax.nn.softmax(module.head(hidden_NxTxD), -1)
+  q_NxTxV = jax.nn.softmax(logits_fn(module, hidden_NxTxD, windows_NxT,
+                                     positions_NxT), -1)
+  overlap = jnp.minimum(p_NxTxV, q_NxTxV).sum(-1)[:, 8:]
+  agree = (p_NxTxV.argmax(-1) == q_NxTxV.argmax(-1))[:, 8:]
+  return float(overlap.mean()), float(agree.mean())
+
+
+def head_logits(head):
+  def fn(module, hidden_NxTxD, windows_NxT, positions_NxT):
+    predicted_NxTxD, _ = head.module()(
+        eagle.shift_features(hidden_NxTxD),
+        module.embed_inputs(windows_NxT, positions_NxT), positions_NxT, None)
+    return module.head(predicted_NxTxD)
+  return fn
+
+
+def main():
+  num_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+  target, drafts = eagle_experiment.load_models(num_steps, None)
+  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+  windows_NxT = jnp.asarray(data.prompts(heldout, 32, 256, 1))
+  config = eagle_train.train_config(target.config)
+  for key, value in eagle_experiment.head_budget(num_steps).items():
+    *parents, leaf = key.split(".")
+    node = config
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  config.progress = False
+  default = dict(head_type=eagle.EagleHead,
+                 feature_weight=eagle_train.FEATURE_WEIGHT,
+                 mlp_dim=recipes.EAGLE_HEAD_MLP_DIM, lr=config.optim.lr)
+  variants = [
+      ("no input norms, 1 : 1", dict(head_type=NoNormsHead,
+                                     feature_weight=1.0)),
+      ("norms, 1 : 1", dict(feature_weight=1.0)),
+      ("norms, 10 : 1 (the library's head)", {}),
+      ("norms, 30 : 1", dict(feature_weight=30.0)),
+      ("norms, KL only", dict(feature_weight=0.0)),
+      ("norms, 10 : 1, MLP 1,024", dict(mlp_dim=1024)),
+      ("norms, 10 : 1, two blocks", dict(head_type=TwoBlocksHead)),
+      ("norms, 10 : 1, lr 1e-2", dict(lr=1e-2)),
+  ]
+  rows = []
+  for name, changes in variants:
+    v = dict(default, **changes)
+    config.optim.lr = v["lr"]
+    head_config = eagle.head_config(target.config, mlp_dim=v["mlp_dim"])
+    head_type = v["head_type"]
+    workdir = tempfile.mkdtemp()
+    try:
+      model = head_type.from_module(head_type.module_type(
+          head_config, nnx.Rngs(config.seed)))
+      head, _ = trainer.train(
+          config, workdir, aux=target, model=model,
+          loss_fn=eagle_train.eagle_loss(feature_weight=v["feature_weight"]))
+    finally:
+      shutil.rmtree(workdir)
+    rows.append((f"head: {name}", head.param_count(),
+                 *teacher_forced(target, head_logits(head), windows_NxT)))
+    print(*rows[-1], flush=True)
+  for name, draft in drafts.items():
+    if name != "eagle-head":
+      rows.append((name, draft.param_count(), *teacher_forced(
+          target, lambda m, h, w, p, d=draft: d.module()(w), windows_NxT)))
+  print(f"\nTeacher-forced on 32 held-out windows of 256 bytes, quick "
+        f"target-3m, every model trained {num_steps} steps of 16 x 256 "
+        f"bytes.\nCommand: python benchmarks/eagle_head_ablation.py "
+        f"{num_steps}\n")
+  print("| model | own params | sum min(p, q) (T = 1) | argmax agreement "
+        "(T = 0) |\n| --- | --- | --- | --- |")
+  for name, params, overlap, agree in rows:
+    print(f"| {name} | {params:,} | {overlap:.3f} | {agree:.3f} |")
+
+
+if __name__ == "__main__":
+  main()
