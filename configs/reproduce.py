@@ -32,8 +32,10 @@ Axes beyond drafts x temperatures x gammas (defaults in brackets): verifiers
 [("token",)], any registry string of `specjax.decode.verifiers`; gammas may
 hold "auto"; batch_sizes [(1,)], each dividing num_prompts. Drafts named
 `self:k` (kind "self") are the target's first k blocks (`SelfDraft`, sharing
-its cache). Cells that cannot run (block or lossy verifier with gamma =
-auto) are skipped and listed in metadata.json's "skipped".
+its cache); one named `eagle-head@<target>` (kind "eagle") is the zoo's
+EAGLE head for the target (give it the target's overrides as
+teacher_overrides). Cells that cannot run (block or lossy verifier with
+gamma = auto) are skipped and listed in metadata.json's "skipped".
 
 Every model comes from `specjax.zoo`, trained on the interpreter's standard
 library when missing; prompts are cut from its held-out split.

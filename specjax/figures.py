@@ -83,10 +83,11 @@ REQUIRED_KEYS = (
 
 # Display order of draft kinds: the paper's columns first, then ours.
 KIND_ORDER = ("unigram", "bigram", "prompt_lookup", "transformer", "distilled",
-              "self")
+              "self", "eagle")
 TRANSFORMER_KINDS = ("transformer", "distilled")
 KIND_MARKERS = {"unigram": "v", "bigram": "^", "prompt_lookup": "s",
-                "transformer": "o", "distilled": "D", "self": "P"}
+                "transformer": "o", "distilled": "D", "self": "P",
+                "eagle": "*"}
 
 # Axes added by later sweeps, with the value a row without them had.
 AXIS_DEFAULTS = {"verifier": "token", "exact": True, "gamma_mode": "fixed",

@@ -175,6 +175,11 @@ def _config(size: str, overrides: dict[str, Any] | None,
       raise ValueError(f"overrides: {key!r} is not a field of the {size} "
                        "training config.")
     node[leaf] = value
+  if kind == "eagle":
+    # A head maps features, not tokens, to logits: no held-out evaluation
+    # while training, whatever a draft budget shared with it says (the key
+    # ignores eval_every, so the entry is the same).
+    config.eval_every = 0
   return config
 
 

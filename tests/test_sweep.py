@@ -195,3 +195,26 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
   sweep.write(rows, {"skipped": skipped}, str(tmp_path))  # rows differ in keys
   loaded, meta = figures.load_results(str(tmp_path))
   assert len(loaded) == 3 and meta["skipped"][0]["verifier"] == "lenient:0.5"
+
+
+def test_run_takes_a_feature_level_draft(monkeypatch):
+  """An EAGLE head joins the grid like any draft (kind "eagle"), held-out
+  bits per byte included (it scores text on its own features)."""
+  from specjax.models import TransformerConfig, TransformerLM  # pylint: disable=import-outside-toplevel
+  import specjax as sj  # pylint: disable=import-outside-toplevel
+  target = TransformerLM.create(TransformerConfig(
+      vocab_size=16, d_model=16, num_layers=1, num_heads=2, max_positions=32))
+  draft = sweep.make_draft("eagle-head", "eagle", sj.EagleDraft.create(target))
+  assert draft.params == draft.model.head.param_count()
+  costs = lambda *a, gamma, batch_size, prompt_len, max_new_tokens, **k: (
+      measure.LoopCosts(batch_size, prompt_len, max_new_tokens, gamma,
+                        *([1e-4] * 3 + [1e-5] * 4 + [1e-3, 1e-5, 1e-4, 1e-5])))
+  monkeypatch.setattr(measure, "loop_costs", costs)
+  prompts = np.random.default_rng(0).integers(0, 16, (2, 4)).astype(np.int32)
+  rows = sweep.run(target, [draft], prompts, temperatures=(1.0,),
+                   gammas=(2,), max_new_tokens=6, target_name="t")
+  assert [(r["draft_kind"], r["rows"]) for r in rows] == [("eagle", 2)]
+  assert 0.0 <= rows[0]["alpha_hat"] <= 1.0
+  bpb = sweep.heldout_bpb(draft.model, np.zeros((1, 2, 9), np.int32))
+  assert np.isfinite(bpb) and bpb > 0
+  assert figures.KIND_ORDER.index("eagle") > figures.KIND_ORDER.index("self")
