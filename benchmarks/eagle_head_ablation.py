@@ -104,12 +104,7 @@ def main():
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   windows_NxT = jnp.asarray(data.prompts(heldout, 32, 256, 1))
   config = eagle_train.train_config(target.config)
-  for key, value in eagle_experiment.head_budget(num_steps).items():
-    *parents, leaf = key.split(".")
-    node = config
-    for part in parents:
-      node = node[part]
-    node[leaf] = value
+  config.update_from_flattened_dict(eagle_experiment.head_budget(num_steps))
   config.progress = False
   default = dict(head_type=eagle.EagleHead,
                  feature_weight=eagle_train.FEATURE_WEIGHT,
