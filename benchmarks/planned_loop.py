@@ -10,7 +10,9 @@ that always plans an off stretch (width 0; one probe, then steps that leave
 the draft alone), interleaved, 3 trials of 10 calls (fewest and median);
 and of a `Goodput` rule priced so that width 4 always wins ("goodput 4 of
 8"), which plans as `gamma="auto"` does every round, so its row against
-"plan 4 of 8" is the cost of the rule's own per-round work. The planned
+"plan 4 of 8" is the cost of the rule's own per-round work; "... each
+round" is that rule planning again inside every round, as the loop did
+before `Rule.plans_one_width`. The planned
 rows should cost what the fixed rows of the same width do, and the off
 row what a `generate` step does.
 """
@@ -48,6 +50,12 @@ class Plan(draft_length.Rule):
     return jnp.full(active_B.shape, self.g, jnp.int32)
 
 
+@dataclasses.dataclass(frozen=True)
+class GoodputEachRound(draft_length.Goodput):
+  """`Goodput` planning again inside every round (per-row budgets)."""
+  plans_one_width = False
+
+
 def main():
   name = sys.argv[1] if len(sys.argv) > 1 else "bigram"
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
@@ -64,6 +72,8 @@ def main():
            "fixed 8": 8, "plan 8 of 8": Plan(8, 8), "off of 8": Plan(0, 8),
            # Width 4 costs 1 target pass, any other 50: it always wins.
            "goodput 4 of 8": draft_length.Goodput(
+               c=0.0, r=(50.0,) * 3 + (1.0,) + (50.0,) * 4),
+           "... each round": GoodputEachRound(
                c=0.0, r=(50.0,) * 3 + (1.0,) + (50.0,) * 4)}
   fns = {k: (lambda g=g: loop.speculative_generate(
       target, draft.model, prompts, lengths, jax.random.key(0), gamma=g,

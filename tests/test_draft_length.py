@@ -341,32 +341,80 @@ def test_goodput_charges_the_whole_round():
 
 
 def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
-  """`measure_goodput(calibrate=True)` (timings stubbed): a round of width
-  1 or gamma_max costs what the loop's own round of that width does, in
-  `generate` steps (`measure.loop_round_steps`), and widths in between keep
-  the passes' shape, scaled; without the loop's rounds (the control) the
-  passes alone would price every round lower."""
+  """`measure_goodput(calibrate=True)` (timings stubbed): every width's round
+  costs what the loop's own round of that width does, in `generate` steps
+  (`measure.loop_round_steps`), whatever shape the passes timed alone have;
+  without the loop's rounds (the control) the passes alone price them."""
   from specjax import measure  # pylint: disable=import-outside-toplevel
-  # The target's passes on 1..5 tokens, then the draft's on 1 and 2 tokens.
-  seconds = iter([[1.0, 1.2, 1.4, 1.6, 1.8], [0.1, 0.15]])
+  # The target's passes on 1..5 tokens (a jump at 3 tokens, which the
+  # loop's rounds do not have), then the draft's on 1 and 2 tokens.
+  passes = lambda: iter([[1.0, 1.2, 3.0, 3.1, 3.2], [0.1, 0.15]])
+  seconds = passes()
   monkeypatch.setattr(measure, "passes_seconds", lambda *a, **k: next(seconds))
   monkeypatch.setattr(measure, "null_loop_seconds",
                       lambda *a, **k: (0.25, 0.0))
+  in_loop = [1.5, 1.9, 2.3, 2.6]
+  asked = []
   monkeypatch.setattr(measure, "loop_round_steps",
-                      lambda *a, widths, **k: [1.5, 3.0][:len(widths)])
-  rule = draft_length.measure_goodput(target, target, batch_size=3,
-                                      gamma_max=4, prompt_len=8,
-                                      max_new_tokens=16, calibrate=True)
+                      lambda *a, widths, **k: asked.append(tuple(widths))
+                      or in_loop[:len(widths)])
+  measured = lambda calibrate: draft_length.measure_goodput(
+      target, target, batch_size=3, gamma_max=4, prompt_len=8,
+      max_new_tokens=16, calibrate=calibrate)
+  rule = measured(True)
+  seconds = passes()
+  alone = measured(False)
   draft_length._MEASURED.clear()  # stubbed: not for later calls
+  assert asked == [(1, 2, 3, 4)]
   step = 1.0 + rule.overhead
   rounds = [x / step for x in rule.round_costs()[1:]]  # widths 1..4
-  assert rounds[0] == pytest.approx(1.5) and rounds[3] == pytest.approx(3.0)
-  assert all(b > a for a, b in zip(rounds, rounds[1:])), rounds
-  alone = [(0.15 + (g - 1) * 0.1 + 1.0 + 0.2 * g + 0.25) / step
-           for g in range(1, 5)]
-  assert all(a < r for a, r in zip(alone, rounds)), (alone, rounds)
-  # A probe round is priced as the loop prices a width-1 round's parts.
-  assert rule.probe > 0.15 + 1.0 + 0.25
+  assert rounds == pytest.approx(in_loop)
+  want_alone = [(0.15 + (g - 1) * 0.1 + [1.2, 3.0, 3.1, 3.2][g - 1] + 0.25)
+                / step for g in range(1, 5)]
+  assert [x / step for x in alone.round_costs()[1:]] == pytest.approx(
+      want_alone)
+  # Priced alone, width 2 looks dearer than the loop's width 4.
+  assert want_alone[1] > in_loop[3]
+  # A probe round is scaled as the width-1 round is.
+  assert rule.probe == pytest.approx(alone.probe * in_loop[0] * step
+                                     / (0.15 + 1.2 + 0.25))
+
+
+def _result(accepted, verified):
+  stats = sj.RowStats.zeros(2, 4).replace(
+      accepted=jnp.array(accepted, jnp.int32),
+      verified=jnp.array(verified, jnp.int32))
+  return sj.GenerationResult(tokens=jnp.zeros((2, 4), jnp.int32),
+                             lengths=jnp.full((2,), 4, jnp.int32), stats=stats)
+
+
+def test_warm_start_sets_the_prior_from_a_previous_generation():
+  rule = draft_length.Goodput(c=0.05, r=(1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8,
+                                         1.9), probe=1.1)
+  # The pooled acceptance: 95 of 100 drafts kept.
+  warm = rule.warm_start(_result([45, 50], [48, 52]), strength=10.0)
+  assert warm.prior == pytest.approx((95.5 / 101 * 10, 5.5 / 101 * 10))
+  assert dataclasses.replace(warm, prior=rule.prior) == rule
+  # A pilot that kept every draft still leaves both pseudo-counts positive.
+  assert min(rule.warm_start(_result([5, 5], [5, 5])).prior) > 0
+  # Before any round: the uniform prior (acceptance 1/2) plans 2 drafts,
+  # the warm one (~0.95) the widest round.
+  fresh = sj.RowStats.zeros(1, 8)
+  first = lambda r: int(r.plan(fresh, jnp.array([True]),
+                               jnp.array([64], jnp.int32))[0])
+  assert first(rule) == 2 and first(warm) == 8
+
+
+@pytest.mark.parametrize("previous, strength, error, match", [
+    ("pilot", 16.0, TypeError, "GenerationResult"),
+    (_result([0, 0], [0, 0]), 16.0, ValueError, "judged no drafts"),
+    (_result([1, 1], [2, 2]), 0.0, ValueError, "strength"),
+    (_result([1, 1], [2, 2]), "a lot", TypeError, "strength"),
+])
+def test_warm_start_bad_input(previous, strength, error, match):
+  rule = draft_length.Goodput(c=0.1, r=(1.0, 1.1))
+  with pytest.raises(error, match=match):
+    rule.warm_start(previous, strength=strength)
 
 
 @pytest.mark.slow  # ~1 min: times the models, then compiles 8 verify widths

@@ -160,13 +160,16 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
   """
   gamma_max, probe = rule.gamma_max, width == 0
   w = max(width, 1)
-  active_B = ~state.done
-  budget_B = rule.plan(state.stats, active_B, remaining_B)
-  # A row whose budget is the batch's planned width keeps all w drafts (the
-  # loop may run another width than planned, see `Rule.keeps`); a row with
-  # a smaller budget keeps at most it.
-  budget_B = jnp.where(budget_B >= draft_length.widest(budget_B, active_B), w,
-                       budget_B)
+  num_drafts_B = None  # every row keeps up to all w drafts
+  if not (probe or rule.plans_one_width):
+    active_B = ~state.done
+    budget_B = rule.plan(state.stats, active_B, remaining_B)
+    # A row whose budget is the batch's planned width keeps all w drafts
+    # (the loop may run another width than planned, see `Rule.keeps`); a row
+    # with a smaller budget keeps at most it.
+    budget_B = jnp.where(
+        budget_B >= draft_length.widest(budget_B, active_B), w, budget_B)
+    num_drafts_B = jnp.clip(budget_B, 1, w)
   drafts_BxW, q_BxWxV, draft_cache = propose(keys_BxG[:, :w])
   target_cache = state.target_cache
   if getattr(draft, "reads_target_cache", False):
@@ -174,8 +177,7 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
     draft_cache = state.draft_cache
   out = steps._verify_step(target, target_cache, last_B, drafts_BxW, q_BxWxV,
                            verify_keys_B, sampling, coupling_rule, verifier,
-                           num_drafts_B=(None if probe
-                                         else jnp.clip(budget_B, 1, w)),
+                           num_drafts_B=num_drafts_B,
                            return_hidden=return_hidden, bonus=not probe)
   hidden = out.hidden
   if return_hidden:

@@ -70,12 +70,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
+from specjax.decode import state as state_lib
 
 
 def _check_gamma_max(gamma_max) -> int:
@@ -106,6 +108,13 @@ class Rule:
     """The narrowest round the rule plans: 1, or 0 where it may plan a probe
     round (`adaptive.planned`)."""
     return 1
+
+  # Whether `plan` gives every row the same budget. The planned loop then
+  # runs every row to the round's width without planning again inside the
+  # round (at batch 1 on the quick target, that planning cost 2-4% of a
+  # width-4 round's median time: results/adaptive_gamma/planned_loop.txt).
+  # False unless a rule says so: per-row budgets are planned every round.
+  plans_one_width: ClassVar[bool] = False
 
   @property
   def stops_early(self) -> bool:
@@ -164,11 +173,12 @@ class Goodput(Rule):
   Attributes (costs in units of a target pass on 1 token, this batch size):
     c: a draft pass on 1 token.
     r: `gamma_max` floats, r[g - 1] = target pass on g + 1 tokens (with
-      `measure_goodput(calibrate=True)`: plus what the loop's round of g
-      drafts costs beyond its passes timed alone).
+      `measure_goodput(calibrate=True)`: the loop's own round of g drafts,
+      less its draft passes and overhead).
     gamma_max: the largest budget; len(r) when omitted.
     threshold: optional confidence stop (as `Confidence`), or None.
-    prior: pseudo-counts (accepted, rejected) of the acceptance estimate.
+    prior: pseudo-counts (accepted, rejected) of the acceptance estimate;
+      `warm_start` sets them from an earlier generation.
     c_first: the round's first draft pass; None means c.
     overhead: a round's work outside the model passes (>= 0).
     hysteresis: without a threshold, the loop keeps a round width while its
@@ -195,6 +205,8 @@ class Goodput(Rule):
   hysteresis: float = 0.05
   probe: float | None = None
   probe_every: int = 8
+
+  plans_one_width: ClassVar[bool] = True  # one budget for the batch: `plan`
 
   def __post_init__(self):
     c = _checks.check_float("c", self.c)
@@ -241,6 +253,42 @@ class Goodput(Rule):
                         ("overhead", overhead), ("hysteresis", hysteresis),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
+
+  def warm_start(self, previous, strength: float = 16.0) -> Goodput:
+    """This rule with its acceptance prior taken from a previous generation.
+
+    Each row's estimate then starts at the pooled acceptance of `previous`
+    (a `GenerationResult` of the same target and draft, e.g. a pilot call
+    on other prompts), weighted as `strength` judged drafts, instead of at
+    the uniform prior's 1/2. From 1/2 a row first plans short rounds or an
+    off stretch and pays for what it learns: over 128 tokens at batch 1, a
+    few percent of the time even with exact costs
+    (`benchmarks/goodput_policy.py`). It is a batch-1 remedy: at batch 8
+    the plan follows the row the batch waits for, which a pooled prior
+    overrates, and the pilot's slowest row underrated it, so that off
+    stretches (one judged draft per `probe_every` tokens) kept the estimate
+    down (README, "Adaptive gamma"). Stopping stays
+    exact: the prior is fixed before the call.
+    """
+    if not isinstance(previous, state_lib.GenerationResult):
+      raise TypeError("previous must be the GenerationResult of an earlier "
+                      "speculative_generate call (its acceptance sets the "
+                      f"prior), got {type(previous).__name__}.")
+    strength = _checks.check_float("strength", strength)
+    if not strength > 0:
+      raise ValueError(f"strength is a number of judged drafts (> 0), got "
+                       f"{strength}.")
+    accepted = int(np.sum(previous.stats.accepted))
+    verified = int(np.sum(previous.stats.verified))
+    if verified <= 0:
+      raise ValueError("previous judged no drafts (a generate call, or a "
+                       "speculative one that only ran off stretches); it "
+                       "says nothing of the acceptance.")
+    # Shrunk by half a draft each way, so that a pilot that kept (or lost)
+    # every draft still leaves both pseudo-counts positive.
+    alpha = (accepted + 0.5) / (verified + 1.0)
+    return dataclasses.replace(
+        self, prior=(alpha * strength, (1.0 - alpha) * strength))
 
   @property
   def min_width(self) -> int:
@@ -354,13 +402,13 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   first pass (2 tokens, or 1 when it shares the target's cache) and its
   1-token pass (`pass_seconds`), and the round's work outside the passes
   (`null_loop_seconds`, the fixed-gamma_max loop with null models). With
-  `calibrate`, the loop's own rounds of widths 1 and gamma_max, in
-  `generate` steps (`measure.loop_round_steps`), then set what those
-  rounds cost: r takes up the difference, scaled linearly in the width
-  between the two (the passes alone priced the quick job's wide rounds up
-  to 40% low), and the probe round is scaled as the width-1 round is.
-  It compiles two fixed-gamma loops and `generate` on these shapes, so the
-  first call takes longer.
+  `calibrate`, every width's round is priced by the loop's own round of
+  that width instead, in `generate` steps (`measure.loop_round_steps`):
+  r takes up the difference, and the probe round is scaled as the width-1
+  round is. The passes timed alone priced the quick job's rounds neither
+  at the loop's level nor in its shape (code comment below). It compiles
+  gamma_max fixed-gamma loops and `generate` on these shapes and times
+  them: about a minute on the first call at gamma_max 8 on a 2-core CPU.
   Without
   a threshold the rule may plan off stretches (width 0): a probe round,
   costed as the first draft pass plus a 1-token target pass plus the round's
@@ -407,24 +455,22 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     probe = c_first + 1.0 + overhead
     if calibrate:
       step = 1.0 + overhead  # a `generate` step, in 1-token target passes
-      alone = [c_first + (g - 1) * c + r[g] + overhead
-               for g in range(1, gamma_max + 1)]
-      # The passes timed alone cost less than the loop's rounds (its draft
-      # scan and cache writes, the commit: widths 1, 4, 8 of the quick
-      # job's distilled draft at 1.04-1.67, 1.76-1.79 and 2.29-3.74 steps
-      # against 1.45-1.56, 2.57-2.73 and 3.78-4.01, results/adaptive_gamma/
-      # goodput_costs.txt). The loop's own rounds of widths 1 and gamma_max
-      # set the level; the passes, scaled linearly in between, the shape.
-      ends = sorted({1, gamma_max})
+      alone = c_first + r[1] + overhead  # width 1, its passes timed alone
+      # The passes timed alone do not cost what the loop's rounds do, in
+      # level or in shape: in one process the quick job's distilled draft
+      # at batch 1 priced widths 1..8 at 1.04, 1.07, 1.39, 1.42, 1.45, 1.65,
+      # 2.30 and 2.33 `generate` steps, while the loop's own rounds cost
+      # 1.43, 1.76, 2.41, 2.66, 3.15, 3.19, 3.48 and 3.52
+      # (results/adaptive_gamma/goodput_costs.txt). Every width is priced
+      # by the loop's own round of that width.
+      widths = range(1, gamma_max + 1)
       in_loop = measure.loop_round_steps(target, draft, shape, sampling,
-                                         widths=ends, repeats=repeats)
-      scale = [steps * step / alone[g - 1]
-               for g, steps in zip(ends, in_loop)]
-      for g in range(1, gamma_max + 1):
-        t = (g - 1) / (gamma_max - 1) if gamma_max > 1 else 0.0
-        cost = alone[g - 1] * (scale[0] + t * (scale[-1] - scale[0]))
-        r[g] = max(cost - c_first - (g - 1) * c - overhead, r[g - 1])
-      probe *= scale[0]
+                                         widths=widths, repeats=repeats)
+      for g, steps in zip(widths, in_loop):
+        r[g] = max(steps * step - c_first - (g - 1) * c - overhead, r[g - 1])
+      # The probe round is a width-1 round with a 1-token verify: scaled as
+      # the width-1 round is.
+      probe *= in_loop[0] * step / alone
     _MEASURED[key] = Goodput(
         c=c, r=tuple(r[1:]), gamma_max=gamma_max, threshold=threshold,
         c_first=c_first, overhead=overhead,

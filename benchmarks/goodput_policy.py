@@ -1,0 +1,144 @@
+r"""What `Goodput` loses to learning the acceptance, with exact costs and no timer.
+
+  python benchmarks/goodput_policy.py [--costs=1.56,1.89,...] [--tokens=128]
+
+Simulates, at batch 1, the rounds `speculative_generate(gamma=rule)` runs
+(`loop._planned_loop`: a width kept while `rule.keeps` it; off stretches of a
+probe round, then `probe_every - 1` autoregressive steps if the rule still
+keeps width 0) on a row whose every draft is accepted with probability
+alpha, independently, and charges each round the cost of its width from
+`--costs` (widths 1..gamma_max, in `generate` steps; the default is the
+loop's own rounds of the quick job's distilled draft at batch 1, from
+`python benchmarks/goodput_costs.py`). The decisions are the library's own
+(`Goodput.remaining_time` and `Goodput.keeps` on the row's counts, as the
+loop's `RowStats` keeps them), priced with the same costs, so the rule's
+only handicap is what it does not know: alpha. Prints, per alpha, the
+speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
+rule from the uniform prior, warm-started at the true alpha
+(`Goodput.warm_start`, strength 16) and at alpha -+ 0.1, each with its
+ratio to the best fixed gamma; means over `--runs` rows.
+Counts, not timings: the same numbers on any machine.
+"""
+
+import argparse
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from specjax.decode import draft_length  # noqa: E402
+from specjax.decode import state  # noqa: E402
+
+# The loop's own rounds of widths 1..8, in `generate` steps: the quick job's
+# distilled draft at batch 1 (results/adaptive_gamma/goodput_costs.txt).
+DEFAULT_COSTS = "1.43,1.76,2.41,2.66,3.15,3.19,3.48,3.52"
+# A probe round, in `generate` steps (an off round cost 1.04-1.10 steps:
+# results/adaptive_gamma/planned_loop.txt).
+PROBE = 1.1
+
+
+def make_rule(costs):
+  """A `Goodput` whose round of width g costs costs[g - 1] `generate` steps
+  (the unit: c = overhead = 0, so a step costs 1)."""
+  return draft_length.Goodput(c=0.0, r=tuple(costs), c_first=0.0,
+                              overhead=0.0, probe=PROBE)
+
+
+def decisions(rule):
+  """(accepted, verified, remaining) -> (best width, keeps per width)."""
+  active_B = jnp.ones((1,), bool)
+
+  @jax.jit
+  def fn(accepted, verified, remaining):
+    stats = state.RowStats.zeros(1, 1).replace(
+        accepted=accepted[None], verified=verified[None])
+    time_W = rule.remaining_time(stats, active_B, remaining[None])
+    return (jnp.argmin(time_W) + rule.min_width,
+            time_W <= (1.0 + rule.hysteresis) * jnp.min(time_W))
+  return lambda a, v, n: jax.device_get(fn(jnp.int32(a), jnp.int32(v),
+                                            jnp.int32(n)))
+
+
+def simulate(rule, decide, alpha, tokens, rng, fixed=None):
+  """`generate` steps to emit `tokens` tokens with the rule (or a fixed
+  gamma): the planned loop's rounds, as in `loop._planned_loop`."""
+  costs = rule.round_costs()  # width 0 (an off stretch's mean), 1..gamma_max
+  accepted = verified = emitted = 0
+  time = 0.0
+
+  def round_of(w):
+    nonlocal accepted, verified, emitted, time
+    k = 0
+    while k < w and rng.random() < alpha:
+      k += 1
+    accepted, verified = accepted + k, verified + min(k + 1, w)
+    emitted = min(tokens, emitted + k + 1)
+    time += costs[w]
+
+  while emitted < tokens:
+    if fixed is not None:
+      round_of(fixed)
+      continue
+    w, _ = decide(accepted, verified, tokens - emitted)
+    if w:
+      round_of(w)
+      while emitted < tokens and decide(accepted, verified,
+                                        tokens - emitted)[1][w]:
+        round_of(w)
+      continue
+    # A probe round: one draft, judged by the 1-token pass, one token.
+    k = int(rng.random() < alpha)
+    accepted, verified, emitted = accepted + k, verified + 1, emitted + 1
+    time += rule.probe
+    if emitted < tokens and decide(accepted, verified, tokens - emitted)[1][0]:
+      off = min(rule.probe_every - 1, tokens - emitted)
+      emitted, time = emitted + off, time + off  # a step costs 1
+  return time
+
+
+def warm(rule, alpha, strength=16.0):
+  """`rule.warm_start` of a pilot whose pooled acceptance is `alpha`."""
+  alpha = min(max(alpha, 0.01), 0.99)
+  return dataclasses.replace(
+      rule, prior=(alpha * strength, (1.0 - alpha) * strength))
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--costs", default=DEFAULT_COSTS)
+  parser.add_argument("--tokens", type=int, default=128)
+  parser.add_argument("--runs", type=int, default=200)
+  parser.add_argument("--alphas", default="0.3,0.6,0.8,0.9,0.97")
+  args = parser.parse_args()
+  rule = make_rule([float(x) for x in args.costs.split(",")])
+  print(f"batch 1, {args.tokens} tokens, {args.runs} rows per cell; round "
+        f"costs of widths 1..{rule.gamma_max} in generate steps: "
+        f"{args.costs}; speedup over generate (ratio to the best fixed)")
+  for alpha in (float(a) for a in args.alphas.split(",")):
+    rng = np.random.default_rng(0)
+    variants = {f"gamma={g}": (rule, g) for g in (1, 2, 4, 8)
+                if g <= rule.gamma_max}
+    variants.update({
+        "auto (prior 1/2)": (rule, None),
+        "auto warm": (warm(rule, alpha), None),
+        "auto warm -0.1": (warm(rule, alpha - 0.1), None),
+        "auto warm +0.1": (warm(rule, alpha + 0.1), None)})
+    speed = {}
+    for name, (r, fixed) in variants.items():
+      decide = decisions(r)
+      speed[name] = args.tokens / np.mean(
+          [simulate(r, decide, alpha, args.tokens, rng, fixed)
+           for _ in range(args.runs)])
+    best = max(v for k, v in speed.items() if k.startswith("gamma="))
+    print(f"alpha {alpha:.2f}: " + "  ".join(
+        f"{k} {v:.2f}x ({v / best:.3f})" for k, v in speed.items()),
+          flush=True)
+
+
+if __name__ == "__main__":
+  main()
