@@ -7,9 +7,11 @@ r"""gamma="auto" (and the confidence rule) against every fixed gamma, per draft 
 For every (draft, batch) cell it times, interleaved and after compilation,
 `generate` and `speculative_generate` with each fixed gamma, with
 gamma="auto" (the Goodput rule, every cost measured at that batch on the
-loop's shapes by `measure_goodput`), with auto calibrated on the loop's own
-rounds ("auto+loop": `measure_goodput(calibrate=True)`) and with auto plus a
-confidence stop
+loop's shapes by `measure_goodput`), with auto priced by the loop's own
+round of every width ("auto+loop": `measure_goodput(calibrate=True)`), with
+that rule warm-started from a pilot call on other held-out prompts of the
+same batch ("auto+warm": `Goodput.warm_start`, so rows start from the
+pilot's acceptance instead of 1/2) and with auto plus a confidence stop
 (`--threshold`), over the same held-out prompts and keys. Per cell it prints
 one line per variant, side by side: speedup over `generate`, the ratio to
 the cell's best fixed gamma, alpha, and draft passes per round; then the
@@ -98,9 +100,10 @@ def _draft(name, target):
                   teacher_overrides=dict(recipe.teacher_overrides) or None)
 
 
-def run_cell(target, draft, prompts_NxBxP, sampling, gammas, threshold,
-             max_new, repeats):
-  """Speedups of every variant over `generate` for one (draft, batch)."""
+def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
+             threshold, max_new, repeats):
+  """Speedups of every variant over `generate` for one (draft, batch);
+  `pilot_BxP`: other prompts, for the pilot call of "auto+warm"."""
   batch, width = prompts_NxBxP.shape[1:]
   lengths = np.full((batch,), width, np.int32)
   keys = [jax.random.key(i) for i in range(len(prompts_NxBxP))]
@@ -113,6 +116,10 @@ def run_cell(target, draft, prompts_NxBxP, sampling, gammas, threshold,
       target, draft, batch_size=batch, gamma_max=max(gammas),
       prompt_len=width, max_new_tokens=max_new, sampling=sampling,
       calibrate=True)
+  pilot = sj.speculative_generate(
+      target, draft, pilot_BxP, lengths, jax.random.key(len(keys)),
+      gamma=variants["auto+loop"], max_new_tokens=max_new, sampling=sampling)
+  variants["auto+warm"] = variants["auto+loop"].warm_start(pilot)
   variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
                                              probe=None)
 
@@ -146,7 +153,7 @@ def run_cell(target, draft, prompts_NxBxP, sampling, gammas, threshold,
   return row
 
 
-_AUTO = ["auto", "auto+loop", "auto+conf"]
+_AUTO = ["auto", "auto+loop", "auto+warm", "auto+conf"]
 
 
 def report(row, gammas) -> str:
@@ -162,7 +169,7 @@ def report(row, gammas) -> str:
     lines.append(f"  {name:>10} {v['speedup']:8.3f} {v['vs_best_fixed']:6.3f}"
                  f" {v['alpha']:6.3f} {v['draft_passes_per_round']:12.2f}"
                  f"{mark}")
-  for name in ("auto", "auto+loop"):
+  for name in ("auto", "auto+loop", "auto+warm"):
     ratio = row[name]["vs_best_fixed"]
     verdict = ("beats the best fixed gamma by >= 8%" if ratio >= 1.08 else
                "within 2% of the best fixed gamma" if ratio >= 0.98 else
@@ -181,6 +188,7 @@ def plot(rows, gammas, path):
     fixed = [row[f"gamma={g}"]["speedup"] for g in gammas]
     ax.plot(gammas, fixed, "o-", label="fixed gamma")
     for name, style, color in (("auto", "--", "C1"), ("auto+loop", "-.", "C3"),
+                               ("auto+warm", "-", "C4"),
                                ("auto+conf", ":", "C2")):
       ax.axhline(row[name]["speedup"], ls=style, color=color, label=name)
     ax.axhline(1.0, color="grey", lw=0.5)
@@ -208,12 +216,16 @@ def _run():
     if hasattr(draft, "astype"):  # a zoo Transformer
       draft = draft.astype(**dtypes)
     for batch in (int(b) for b in _BATCHES.value):
-      prompts = data.prompts(heldout, _PROMPTS.value * batch,
+      prompts = data.prompts(heldout, (_PROMPTS.value + 1) * batch,
                              _PROMPT_LEN.value, 0).reshape(
-                                 _PROMPTS.value, batch, _PROMPT_LEN.value)
-      row = run_cell(target, draft, prompts, sampling, gammas,
+                                 _PROMPTS.value + 1, batch, _PROMPT_LEN.value)
+      row = run_cell(target, draft, prompts[1:], prompts[0], sampling, gammas,
                      _THRESHOLD.value, _NEW.value, _REPEATS.value)
       row.update(draft=name, batch=batch, target=what)
+      # Each cell compiles a dozen loops; freed between cells, since one
+      # process holding every cell's (the six cells of the README's run) ran
+      # out of memory for LLVM's code on the 2-core box.
+      jax.clear_caches()
       print(report(row, gammas), flush=True)
       rows.append(row)
   return rows, gammas
