@@ -1,6 +1,9 @@
 r"""What the EAGLE head's input norms and loss weights buy, at equal training.
 
-  python benchmarks/eagle_head_ablation.py [NUM_STEPS]       # default 300
+  python benchmarks/eagle_head_ablation.py [NUM_STEPS] [ONLY]   # 300, all
+
+ONLY: comma-separated words; only the variants whose name contains one of
+them are trained (e.g. `zeroed,narrow`); the drafts' rows always print.
 
 On the quick job's target-3m (from the zoo), trains heads that differ in
 one choice each, with the same batches and budget as `experiments/eagle.py`
@@ -18,8 +21,14 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
   ... MLP 1,024           a wider MLP than the zoo's 320 (more parameters)
   ... two blocks          a second block (more parameters)
   ... lr 1e-2             the peak learning rate of 1e-2, not 3e-3
+  ... features zeroed     the library's head reading zeros for the target's
+                          features (a control: what the features add)
+  narrow, two blocks      fc(2D -> 128), two blocks of width 128, fc(128 -> D):
+                          depth at the library head's size (562,048)
+  ... features zeroed     the same, reading zeros for the features
 """
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -75,6 +84,57 @@ class TwoBlocksHead(eagle.EagleHead):
   module_type = TwoBlocksModule
 
 
+class ZeroFeaturesModule(eagle.EagleHeadModule):
+  """The library's head reading zeros where the target's features go."""
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    return super().__call__(jnp.zeros_like(features_BxTxD), embeds_BxTxD,
+                            positions_BxT, cache)
+
+
+class ZeroFeaturesHead(eagle.EagleHead):
+  module_type = ZeroFeaturesModule
+
+
+class NarrowModule(eagle.EagleHeadModule):
+  """Depth at equal size: fc(2D -> 128), two blocks of width 128 (4 heads,
+  MLP 640), fc(128 -> D) back to the target's feature space."""
+  width, mlp_dim, zero_features = 128, 640, False
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    inner = dataclasses.replace(config, d_model=self.width, num_heads=4,
+                                num_kv_heads=4, head_dim=self.width // 4,
+                                mlp_dim=self.mlp_dim, num_layers=2)
+    del self.block  # replaced by the narrow blocks; not counted
+    self.fc = transformer._linear(config, 2 * config.d_model, self.width, rngs)
+    self.blocks = nnx.List([transformer.Block(inner, rngs) for _ in range(2)])
+    self.out = transformer._linear(inner, self.width, config.d_model, rngs)
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    assert cache is None  # teacher-forced only
+    if self.zero_features:
+      features_BxTxD = jnp.zeros_like(features_BxTxD)
+    x_BxTxW = self.fc(jnp.concatenate(
+        [self.feature_norm(features_BxTxD), self.embed_norm(embeds_BxTxD)],
+        -1))
+    for layer, block in enumerate(self.blocks):
+      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
+    return self.out(x_BxTxW), None
+
+
+class NarrowHead(eagle.EagleHead):
+  module_type = NarrowModule
+
+
+class NarrowZeroFeaturesModule(NarrowModule):
+  zero_features = True
+
+
+class NarrowZeroFeaturesHead(eagle.EagleHead):
+  module_type = NarrowZeroFeaturesModule
+
+
 def teacher_forced(target, logits_fn, windows_NxT):
   """(mean sum_x min(p, q), argmax agreement) past each window's 8th byte."""
   module = target.module()
@@ -100,6 +160,7 @@ def head_logits(head):
 
 def main():
   num_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 300
+  only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
   target, drafts = eagle_experiment.load_models(num_steps, None)
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   windows_NxT = jnp.asarray(data.prompts(heldout, 32, 256, 1))
@@ -119,7 +180,13 @@ def main():
       ("norms, 10 : 1, MLP 1,024", dict(mlp_dim=1024)),
       ("norms, 10 : 1, two blocks", dict(head_type=TwoBlocksHead)),
       ("norms, 10 : 1, lr 1e-2", dict(lr=1e-2)),
+      ("norms, 10 : 1, features zeroed", dict(head_type=ZeroFeaturesHead)),
+      ("narrow, two blocks", dict(head_type=NarrowHead)),
+      ("narrow, two blocks, features zeroed",
+       dict(head_type=NarrowZeroFeaturesHead)),
   ]
+  if only:
+    variants = [v for v in variants if any(w in v[0] for w in only)]
   rows = []
   for name, changes in variants:
     v = dict(default, **changes)
@@ -145,7 +212,7 @@ def main():
   print(f"\nTeacher-forced on 32 held-out windows of 256 bytes, quick "
         f"target-3m, every model trained {num_steps} steps of 16 x 256 "
         f"bytes.\nCommand: python benchmarks/eagle_head_ablation.py "
-        f"{num_steps}\n")
+        f"{num_steps}{' ' + ','.join(only) if only else ''}\n")
   print("| model | own params | sum min(p, q) (T = 1) | argmax agreement "
         "(T = 0) |\n| --- | --- | --- | --- |")
   for name, params, overlap, agree in rows:
