@@ -348,9 +348,15 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   from specjax import measure  # pylint: disable=import-outside-toplevel
   # The target's passes on 1..5 tokens (a jump at 3 tokens, which the
   # loop's rounds do not have), then the draft's on 1 and 2 tokens.
-  passes = lambda: iter([[1.0, 1.2, 3.0, 3.1, 3.2], [0.1, 0.15]])
-  seconds = passes()
-  monkeypatch.setattr(measure, "passes_seconds", lambda *a, **k: next(seconds))
+  timed = {}  # calibrate -> the target's widths timed (its first call)
+  def stub(model, *, passes, **kwargs):
+    del model, kwargs
+    if now["calibrate"] not in timed:
+      timed[now["calibrate"]] = [t for t, _ in passes]
+      seconds = {1: 1.0, 2: 1.2, 3: 3.0, 4: 3.1, 5: 3.2}
+      return [seconds[t] for t, _ in passes]
+    return [0.1, 0.15][:len(passes)]  # the draft's passes on 1 and 2 tokens
+  monkeypatch.setattr(measure, "passes_seconds", stub)
   monkeypatch.setattr(measure, "null_loop_seconds",
                       lambda *a, **k: (0.25, 0.0))
   in_loop = [1.5, 1.9, 2.3, 2.6]
@@ -358,14 +364,18 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   monkeypatch.setattr(measure, "loop_round_steps",
                       lambda *a, widths, **k: asked.append(tuple(widths))
                       or in_loop[:len(widths)])
-  measured = lambda calibrate: draft_length.measure_goodput(
-      target, target, batch_size=3, gamma_max=4, prompt_len=8,
-      max_new_tokens=16, calibrate=calibrate)
+  now = {}
+  def measured(calibrate):
+    now["calibrate"] = calibrate
+    return draft_length.measure_goodput(
+        target, target, batch_size=3, gamma_max=4, prompt_len=8,
+        max_new_tokens=16, calibrate=calibrate)
   rule = measured(True)
-  seconds = passes()
   alone = measured(False)
   draft_length._MEASURED.clear()  # stubbed: not for later calls
   assert asked == [(1, 2, 3, 4)]
+  # Calibrated, the target's passes are timed only for the probe round.
+  assert timed == {True: [1, 2], False: [1, 2, 3, 4, 5]}
   step = 1.0 + rule.overhead
   rounds = [x / step for x in rule.round_costs()[1:]]  # widths 1..4
   assert rounds == pytest.approx(in_loop)

@@ -439,7 +439,10 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
           model, batch_size=batch_size, capacity=capacity,
           passes=[(min(t, capacity), shape.fill(model, t)) for t in widths],
           seconds=seconds, repeats=repeats)
-    base, *verify = times(target, range(1, gamma_max + 2))
+    # Calibrated, the loop's rounds price every width; the passes alone
+    # only price the probe round (1 and 2 tokens: a width-1 round).
+    base, *verify = times(target, range(1, (2 if calibrate else gamma_max + 1)
+                                        + 1))
     # Floors keep a noisy timing from producing a zero or inverted ratio.
     r = [1.0]
     for seconds_g in verify:
@@ -466,8 +469,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
       widths = range(1, gamma_max + 1)
       in_loop = measure.loop_round_steps(target, draft, shape, sampling,
                                          widths=widths, repeats=repeats)
+      r = [1.0]
       for g, steps in zip(widths, in_loop):
-        r[g] = max(steps * step - c_first - (g - 1) * c - overhead, r[g - 1])
+        r.append(max(steps * step - c_first - (g - 1) * c - overhead, r[-1]))
       # The probe round is a width-1 round with a 1-token verify: scaled as
       # the width-1 round is.
       probe *= in_loop[0] * step / alone
