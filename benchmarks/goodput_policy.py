@@ -21,7 +21,6 @@ Counts, not timings: the same numbers on any machine.
 """
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -101,11 +100,18 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None):
   return time
 
 
-def warm(rule, alpha, strength=16.0):
-  """`rule.warm_start` of a pilot whose pooled acceptance is `alpha`."""
+def warm(rule, alpha, judged=10_000):
+  """`rule.warm_start` (its default strength) of a pilot row that kept
+  `alpha` (clipped to [0.01, 0.99]: a pilot's alpha +- 0.1) of `judged`
+  drafts."""
   alpha = min(max(alpha, 0.01), 0.99)
-  return dataclasses.replace(
-      rule, prior=(alpha * strength, (1.0 - alpha) * strength))
+  stats = state.RowStats.zeros(1, 1).replace(
+      accepted=jnp.array([round(alpha * judged)], jnp.int32),
+      verified=jnp.array([judged], jnp.int32))
+  pilot = state.GenerationResult(tokens=jnp.zeros((1, 1), jnp.int32),
+                                 lengths=jnp.ones((1,), jnp.int32),
+                                 stats=stats)
+  return rule.warm_start(pilot)
 
 
 def main():
