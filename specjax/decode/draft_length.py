@@ -262,13 +262,13 @@ class Goodput(Rule):
     on other prompts), weighted as `strength` judged drafts, instead of at
     the uniform prior's 1/2. From 1/2 a row first plans short rounds or an
     off stretch and pays for what it learns: over 128 tokens at batch 1, a
-    few percent of the time even with exact costs
-    (`benchmarks/goodput_policy.py`). It is a batch-1 remedy: at batch 8
-    the plan follows the row the batch waits for, which a pooled prior
-    overrates, and the pilot's slowest row underrated it, so that off
-    stretches (one judged draft per `probe_every` tokens) kept the estimate
-    down (README, "Adaptive gamma"). Stopping stays
-    exact: the prior is fixed before the call.
+    few percent of the time on a text of constant acceptance, even with
+    exact costs (`benchmarks/goodput_policy.py`). Pilot on as many texts as
+    the calls will see: a pilot on one prompt starts every row at that
+    text's acceptance, and where it was low the rows learned slowly (short
+    rounds and off stretches judge few drafts): the quick job's distilled
+    draft lost 24% at batch 1 that way (README, "Adaptive gamma, side by
+    side"). Stopping stays exact: the prior is fixed before the call.
     """
     if not isinstance(previous, state_lib.GenerationResult):
       raise TypeError("previous must be the GenerationResult of an earlier "
