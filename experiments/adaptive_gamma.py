@@ -161,7 +161,7 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   step = 1.0 + loop.overhead
   row = {"c": auto.c, "r": list(auto.r), "c_first": auto.c_first,
          "overhead": auto.overhead, "loop_round_steps": [
-             cost / step for cost in loop.round_costs()[loop.min_width:]]}
+             cost / step for cost in loop.round_costs()[-loop.gamma_max:]]}
   steps = len(prompts_NxBxP) * max_new  # `generate`'s loop iterations
   for name in variants:
     stats = [fns[(name, i)]().summary() for i in range(len(keys))]
