@@ -1,8 +1,10 @@
 r"""What `Goodput` loses to learning the acceptance, with exact costs and no timer.
 
   python benchmarks/goodput_policy.py [--costs=1.56,1.89,...] [--tokens=128]
+      [--batch=1]
 
-Simulates, at batch 1, the rounds `speculative_generate(gamma=rule)` runs
+Simulates, at batch 1 (or `--batch` rows alike, every round run for the
+whole batch while any row is active), the rounds `speculative_generate(gamma=rule)` runs
 (`loop._planned_loop`: a width kept while `rule.keeps` it; off stretches of a
 probe round, then `probe_every - 1` autoregressive steps if the rule still
 keeps width 0) on a row whose every draft is accepted with probability
@@ -16,11 +18,14 @@ only handicap is what it does not know: alpha. Prints, per alpha, the
 speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
 rule from the uniform prior, warm-started at the true alpha
 (`Goodput.warm_start`, strength 16) and at alpha -+ 0.1, each with its
-ratio to the best fixed gamma; means over `--runs` rows.
+ratio to the best fixed gamma; means over `--runs` rows (batches). With
+`--batch` > 1 it adds a candidate the library does not have (`Shrunk`):
+each row's estimate shrunk toward the batch's pooled acceptance.
 Counts, not timings: the same numbers on any machine.
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -48,56 +53,82 @@ def make_rule(costs):
                               overhead=0.0, probe=PROBE)
 
 
-def decisions(rule):
-  """(accepted, verified, remaining) -> (best width, keeps per width)."""
-  active_B = jnp.ones((1,), bool)
+def decisions(rule, batch=1):
+  """(accepted_B, verified_B, remaining_B, active_B) -> (best width, keeps
+  per width), the rule's own `remaining_time` on the rows' counts."""
 
   @jax.jit
-  def fn(accepted, verified, remaining):
-    stats = state.RowStats.zeros(1, 1).replace(
-        accepted=accepted[None], verified=verified[None])
-    time_W = rule.remaining_time(stats, active_B, remaining[None])
+  def fn(accepted_B, verified_B, remaining_B, active_B):
+    stats = state.RowStats.zeros(batch, 1).replace(
+        accepted=accepted_B, verified=verified_B)
+    time_W = rule.remaining_time(stats, active_B, remaining_B)
     return (jnp.argmin(time_W) + rule.min_width,
             time_W <= (1.0 + rule.hysteresis) * jnp.min(time_W))
-  return lambda a, v, n: jax.device_get(fn(jnp.int32(a), jnp.int32(v),
-                                            jnp.int32(n)))
+  return lambda a, v, n, act: jax.device_get(fn(
+      jnp.asarray(a, jnp.int32), jnp.asarray(v, jnp.int32),
+      jnp.asarray(n, jnp.int32), jnp.asarray(act)))
 
 
-def simulate(rule, decide, alpha, tokens, rng, fixed=None):
-  """`generate` steps to emit `tokens` tokens with the rule (or a fixed
-  gamma): the planned loop's rounds, as in `loop._planned_loop`."""
+def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1):
+  """`generate` steps for `batch` rows to emit `tokens` tokens each with the
+  rule (or a fixed gamma): the planned loop's rounds, as in
+  `loop._planned_loop`; every round runs for the whole batch while any row
+  is active, as the loop does."""
   costs = rule.round_costs()  # width 0 (an off stretch's mean), 1..gamma_max
-  accepted = verified = emitted = 0
+  accepted, verified = np.zeros(batch, int), np.zeros(batch, int)
+  emitted = np.zeros(batch, int)
   time = 0.0
+  going = lambda: bool((emitted < tokens).any())
+  plan = lambda: decide(accepted, verified, tokens - emitted,
+                        emitted < tokens)
 
   def round_of(w):
-    nonlocal accepted, verified, emitted, time
-    k = 0
-    while k < w and rng.random() < alpha:
-      k += 1
-    accepted, verified = accepted + k, verified + min(k + 1, w)
-    emitted = min(tokens, emitted + k + 1)
+    nonlocal time
+    for b in np.flatnonzero(emitted < tokens):
+      k = 0
+      while k < w and rng.random() < alpha:
+        k += 1
+      accepted[b] += k
+      verified[b] += min(k + 1, w)
+      emitted[b] = min(tokens, emitted[b] + k + 1)
     time += costs[w]
 
-  while emitted < tokens:
+  while going():
     if fixed is not None:
       round_of(fixed)
       continue
-    w, _ = decide(accepted, verified, tokens - emitted)
+    w, _ = plan()
     if w:
       round_of(w)
-      while emitted < tokens and decide(accepted, verified,
-                                        tokens - emitted)[1][w]:
+      while going() and plan()[1][w]:
         round_of(w)
       continue
     # A probe round: one draft, judged by the 1-token pass, one token.
-    k = int(rng.random() < alpha)
-    accepted, verified, emitted = accepted + k, verified + 1, emitted + 1
+    for b in np.flatnonzero(emitted < tokens):
+      k = int(rng.random() < alpha)
+      accepted[b], verified[b], emitted[b] = (accepted[b] + k,
+                                              verified[b] + 1, emitted[b] + 1)
     time += rule.probe
-    if emitted < tokens and decide(accepted, verified, tokens - emitted)[1][0]:
-      off = min(rule.probe_every - 1, tokens - emitted)
-      emitted, time = emitted + off, time + off  # a step costs 1
+    if going() and plan()[1][0]:
+      off = min(rule.probe_every - 1, int((tokens - emitted).max()))
+      emitted[:] = np.minimum(tokens, emitted + off)
+      time += off  # a step costs 1
   return time
+
+
+@dataclasses.dataclass(frozen=True)
+class Shrunk(draft_length.Goodput):
+  """A candidate, not the library's rule: each row's estimate shrunk toward
+  the batch's pooled acceptance, worth `pool` judged drafts (empirical
+  Bayes), so that the row the plan waits for is not just the unluckiest."""
+  pool: float = 32.0
+
+  def alpha(self, stats):
+    a0, b0 = self.prior
+    accepted_B = stats.accepted.astype(jnp.float32)
+    verified_B = stats.verified.astype(jnp.float32)
+    pooled = (jnp.sum(accepted_B) + a0) / (jnp.sum(verified_B) + a0 + b0)
+    return (accepted_B + self.pool * pooled) / (verified_B + self.pool)
 
 
 def warm(rule, alpha, judged=10_000):
@@ -120,9 +151,11 @@ def main():
   parser.add_argument("--tokens", type=int, default=128)
   parser.add_argument("--runs", type=int, default=200)
   parser.add_argument("--alphas", default="0.3,0.6,0.8,0.9,0.97")
+  parser.add_argument("--batch", type=int, default=1)
   args = parser.parse_args()
   rule = make_rule([float(x) for x in args.costs.split(",")])
-  print(f"batch 1, {args.tokens} tokens, {args.runs} rows per cell; round "
+  print(f"batch {args.batch}, {args.tokens} tokens, {args.runs} "
+        f"{'rows' if args.batch == 1 else 'batches'} per cell; round "
         f"costs of widths 1..{rule.gamma_max} in generate steps: "
         f"{args.costs}; speedup over generate (ratio to the best fixed)")
   for alpha in (float(a) for a in args.alphas.split(",")):
@@ -134,11 +167,15 @@ def main():
         "auto warm": (warm(rule, alpha), None),
         "auto warm -0.1": (warm(rule, alpha - 0.1), None),
         "auto warm +0.1": (warm(rule, alpha + 0.1), None)})
+    if args.batch > 1:
+      variants["auto shrunk to the batch"] = (
+          Shrunk(**{f.name: getattr(rule, f.name)
+                    for f in dataclasses.fields(rule)}), None)
     speed = {}
     for name, (r, fixed) in variants.items():
-      decide = decisions(r)
+      decide = decisions(r, args.batch)
       speed[name] = args.tokens / np.mean(
-          [simulate(r, decide, alpha, args.tokens, rng, fixed)
+          [simulate(r, decide, alpha, args.tokens, rng, fixed, args.batch)
            for _ in range(args.runs)])
     best = max(v for k, v in speed.items() if k.startswith("gamma="))
     print(f"alpha {alpha:.2f}: " + "  ".join(
