@@ -3,6 +3,7 @@ each with a negative control), greedy equality, ragged stats, bad input."""
 
 import dataclasses
 import itertools
+import types
 
 import jax
 import jax.numpy as jnp
@@ -326,6 +327,12 @@ def test_goodput_probes_where_no_width_pays():
   assert np.asarray(go(True, True)).tolist() == [0, 0]
   assert int(go(False, True)[1]) >= 2
   assert draft_length.Goodput(c=0.05, r=(1.5, 1.7, 2.0)).min_width == 1
+  # A finished row does not turn the others' off stretch into a width-1
+  # round (it once counted as budget 1): the loop's next width is 0.
+  from specjax.decode import adaptive  # pylint: disable=import-outside-toplevel
+  state = types.SimpleNamespace(stats=stats, done=jnp.array([False, True]),
+                                generated=jnp.array([28, 128], jnp.int32))
+  assert int(adaptive.width(rule, state, 128)) == 0
 
 
 def test_goodput_charges_the_whole_round():

@@ -94,9 +94,11 @@ def _check_threshold(threshold) -> float | None:
 
 
 def widest(budget_B: jax.Array, active_B: jax.Array) -> jax.Array:
-  """int32 scalar: the largest budget among the active rows (1 if none), the
-  width of a round whose rows draft up to their budgets."""
-  return jnp.max(jnp.where(active_B, budget_B, 1)).astype(jnp.int32)
+  """int32 scalar: the largest budget among the active rows (0 if none), the
+  width of a round whose rows draft up to their budgets. A finished row
+  counts as 0, the least any rule plans, so that it never lifts an off
+  stretch (width 0) of the rows still going to a width-1 round."""
+  return jnp.max(jnp.where(active_B, budget_B, 0)).astype(jnp.int32)
 
 
 class Rule:
