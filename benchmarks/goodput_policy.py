@@ -4,11 +4,11 @@ r"""What `Goodput` loses to learning the acceptance, with exact costs and no tim
       [--batch=1]
 
 Simulates, at batch 1 (or `--batch` rows alike, every round run for the
-whole batch while any row is active), the rounds `speculative_generate(gamma=rule)` runs
-(`loop._planned_loop`: a width kept while `rule.keeps` it; off stretches of a
-probe round, then `probe_every - 1` autoregressive steps if the rule still
-keeps width 0) on a row whose every draft is accepted with probability
-alpha, independently, and charges each round the cost of its width from
+whole batch while any row is active), the rounds
+`speculative_generate(gamma=rule)` runs (`loop._planned_loop`: a width kept
+while `rule.keeps` it; off stretches of a probe round, then
+`probe_every - 1` autoregressive steps if the rule still keeps width 0) on
+rows whose every draft is accepted with probability alpha, independently, and charges each round the cost of its width from
 `--costs` (widths 1..gamma_max, in `generate` steps; the default is the
 loop's own rounds of the quick job's distilled draft at batch 1, from
 `python benchmarks/goodput_costs.py`). The decisions are the library's own
@@ -55,15 +55,17 @@ def make_rule(costs):
 
 def decisions(rule, batch=1):
   """(accepted_B, verified_B, remaining_B, active_B) -> (best width, keeps
-  per width), the rule's own `remaining_time` on the rows' counts."""
+  per width), the rule's own `plan` and `keeps` on the rows' counts."""
 
   @jax.jit
   def fn(accepted_B, verified_B, remaining_B, active_B):
     stats = state.RowStats.zeros(batch, 1).replace(
         accepted=accepted_B, verified=verified_B)
-    time_W = rule.remaining_time(stats, active_B, remaining_B)
-    return (jnp.argmin(time_W) + rule.min_width,
-            time_W <= (1.0 + rule.hysteresis) * jnp.min(time_W))
+    width = draft_length.widest(
+        rule.plan(stats, active_B, remaining_B), active_B)
+    return width, jnp.stack([
+        rule.keeps(w, stats, active_B, remaining_B)
+        for w in range(rule.min_width, rule.gamma_max + 1)])
   return lambda a, v, n, act: jax.device_get(fn(
       jnp.asarray(a, jnp.int32), jnp.asarray(v, jnp.int32),
       jnp.asarray(n, jnp.int32), jnp.asarray(act)))
