@@ -84,12 +84,16 @@ class TwoBlocksHead(eagle.EagleHead):
   module_type = TwoBlocksModule
 
 
-class ZeroFeaturesModule(eagle.EagleHeadModule):
-  """The library's head reading zeros where the target's features go."""
+class _ZeroFeatures:
+  """Mixin: a head module reading zeros where the target's features go."""
 
   def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
     return super().__call__(jnp.zeros_like(features_BxTxD), embeds_BxTxD,
                             positions_BxT, cache)
+
+
+class ZeroFeaturesModule(_ZeroFeatures, eagle.EagleHeadModule):
+  """The library's head, features zeroed."""
 
 
 class ZeroFeaturesHead(eagle.EagleHead):
@@ -99,7 +103,7 @@ class ZeroFeaturesHead(eagle.EagleHead):
 class NarrowModule(eagle.EagleHeadModule):
   """Depth at equal size: fc(2D -> 128), two blocks of width 128 (4 heads,
   MLP 640), fc(128 -> D) back to the target's feature space."""
-  width, mlp_dim, zero_features = 128, 640, False
+  width, mlp_dim = 128, 640
 
   def __init__(self, config, rngs):
     super().__init__(config, rngs)
@@ -113,8 +117,6 @@ class NarrowModule(eagle.EagleHeadModule):
 
   def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
     assert cache is None  # teacher-forced only
-    if self.zero_features:
-      features_BxTxD = jnp.zeros_like(features_BxTxD)
     x_BxTxW = self.fc(jnp.concatenate(
         [self.feature_norm(features_BxTxD), self.embed_norm(embeds_BxTxD)],
         -1))
@@ -127,8 +129,8 @@ class NarrowHead(eagle.EagleHead):
   module_type = NarrowModule
 
 
-class NarrowZeroFeaturesModule(NarrowModule):
-  zero_features = True
+class NarrowZeroFeaturesModule(_ZeroFeatures, NarrowModule):
+  """The narrow head, features zeroed."""
 
 
 class NarrowZeroFeaturesHead(eagle.EagleHead):
