@@ -1,27 +1,31 @@
 r"""What `Goodput` loses to learning the acceptance, with exact costs and no timer.
 
   python benchmarks/goodput_policy.py [--costs=1.56,1.89,...] [--tokens=128]
-      [--batch=1]
+      [--batch=1] [--spread=0.0] [--priors=1:1,...]
 
-Simulates, at batch 1 (or `--batch` rows alike, every round run for the
-whole batch while any row is active), the rounds
+Simulates, at batch 1 (or `--batch` rows, every round run for the whole
+batch while any row is active), the rounds
 `speculative_generate(gamma=rule)` runs (`loop._planned_loop`: a width kept
 while `rule.keeps` it; off stretches of a probe round, then
 `probe_every - 1` autoregressive steps if the rule still keeps width 0) on
-rows whose every draft is accepted with probability alpha, independently, and charges each round the cost of its width from
-`--costs` (widths 1..gamma_max, in `generate` steps; the default is the
-loop's own rounds of the quick job's distilled draft at batch 1, from
+rows whose every draft is accepted independently with probability alpha
+(with `--spread`, row b's own alpha_b, uniform in alpha +- spread), and
+charges each round the cost of its width from `--costs` (widths
+1..gamma_max, in `generate` steps; the default is the loop's own rounds of
+the quick job's distilled draft at batch 1, from
 `python benchmarks/goodput_costs.py`). The decisions are the library's own
-(`Goodput.remaining_time` and `Goodput.keeps` on the row's counts, as the
+(`Goodput.remaining_time` and `Goodput.keeps` on the rows' counts, as the
 loop's `RowStats` keeps them), priced with the same costs, so the rule's
 only handicap is what it does not know: alpha. Prints, per alpha, the
 speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
-rule from the uniform prior, warm-started at the true alpha
-(`Goodput.warm_start`, strength 16) and at alpha -+ 0.1, each with its
-ratio to the best fixed gamma; means over `--runs` rows (batches). With
-`--batch` > 1 it adds a candidate the library does not have (`Shrunk`):
-each row's estimate shrunk toward the batch's pooled acceptance.
-Counts, not timings: the same numbers on any machine.
+rule from its default prior, warm-started at the true alpha
+(`Goodput.warm_start`, strength 16), at alpha -+ 0.1, and from each prior
+of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior), each with
+its ratio to the best fixed gamma; means over `--runs` rows (batches),
+every variant on the same simulated rows. With `--batch` > 1 it adds a
+candidate the library does not have (`Shrunk`): each row's estimate shrunk
+toward the batch's pooled acceptance. Counts, not timings: the same
+numbers on any machine.
 """
 
 import argparse
@@ -71,11 +75,15 @@ def decisions(rule, batch=1):
       jnp.asarray(n, jnp.int32), jnp.asarray(act)))
 
 
-def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1):
+def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
+             spread=0.0):
   """`generate` steps for `batch` rows to emit `tokens` tokens each with the
   rule (or a fixed gamma): the planned loop's rounds, as in
   `loop._planned_loop`; every round runs for the whole batch while any row
-  is active, as the loop does."""
+  is active, as the loop does. Row b keeps each draft with probability
+  alpha_b, uniform in alpha +- spread (clipped to [0.01, 0.99])."""
+  alpha_B = np.clip(alpha + spread * rng.uniform(-1.0, 1.0, batch), 0.01,
+                    0.99)
   costs = rule.round_costs()  # width 0 (an off stretch's mean), 1..gamma_max
   accepted, verified = np.zeros(batch, int), np.zeros(batch, int)
   emitted = np.zeros(batch, int)
@@ -88,7 +96,7 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1):
     nonlocal time
     for b in np.flatnonzero(emitted < tokens):
       k = 0
-      while k < w and rng.random() < alpha:
+      while k < w and rng.random() < alpha_B[b]:
         k += 1
       accepted[b] += k
       verified[b] += min(k + 1, w)
@@ -107,7 +115,7 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1):
       continue
     # A probe round: one draft, judged by the 1-token pass, one token.
     for b in np.flatnonzero(emitted < tokens):
-      k = int(rng.random() < alpha)
+      k = int(rng.random() < alpha_B[b])
       accepted[b], verified[b], emitted[b] = (accepted[b] + k,
                                               verified[b] + 1, emitted[b] + 1)
     time += rule.probe
@@ -154,18 +162,23 @@ def main():
   parser.add_argument("--runs", type=int, default=200)
   parser.add_argument("--alphas", default="0.3,0.6,0.8,0.9,0.97")
   parser.add_argument("--batch", type=int, default=1)
+  parser.add_argument("--spread", type=float, default=0.0)
+  parser.add_argument("--priors", default="",
+                      help="extra uniform-start priors 'a:b,...' to compare")
+  parser.add_argument("--only", default="",
+                      help="comma-separated variant names to run (all: '')")
   args = parser.parse_args()
   rule = make_rule([float(x) for x in args.costs.split(",")])
   print(f"batch {args.batch}, {args.tokens} tokens, {args.runs} "
         f"{'rows' if args.batch == 1 else 'batches'} per cell; round "
         f"costs of widths 1..{rule.gamma_max} in generate steps: "
-        f"{args.costs}; speedup over generate (ratio to the best fixed)")
+        f"{args.costs}; row alphas uniform in alpha +- {args.spread}; "
+        "speedup over generate (ratio to the best fixed)")
   for alpha in (float(a) for a in args.alphas.split(",")):
-    rng = np.random.default_rng(0)
     variants = {f"gamma={g}": (rule, g) for g in (1, 2, 4, 8)
                 if g <= rule.gamma_max}
     variants.update({
-        "auto (prior 1/2)": (rule, None),
+        "auto": (rule, None),
         "auto warm": (warm(rule, alpha), None),
         "auto warm -0.1": (warm(rule, alpha - 0.1), None),
         "auto warm +0.1": (warm(rule, alpha + 0.1), None)})
@@ -173,11 +186,21 @@ def main():
       variants["auto shrunk to the batch"] = (
           Shrunk(**{f.name: getattr(rule, f.name)
                     for f in dataclasses.fields(rule)}), None)
+    for prior in filter(None, args.priors.split(",")):
+      a0, b0 = (float(x) for x in prior.split(":"))
+      variants[f"auto prior {prior}"] = (
+          dataclasses.replace(rule, prior=(a0, b0)), None)
+    if args.only:
+      keep = args.only.split(",")
+      variants = {k: v for k, v in variants.items()
+                  if k.startswith(("gamma=", "auto prior")) or k in keep}
     speed = {}
     for name, (r, fixed) in variants.items():
       decide = decisions(r, args.batch)
+      rng = np.random.default_rng(0)  # every variant sees the same rows
       speed[name] = args.tokens / np.mean(
-          [simulate(r, decide, alpha, args.tokens, rng, fixed, args.batch)
+          [simulate(r, decide, alpha, args.tokens, rng, fixed, args.batch,
+                    args.spread)
            for _ in range(args.runs)])
     best = max(v for k, v in speed.items() if k.startswith("gamma="))
     print(f"alpha {alpha:.2f}: " + "  ".join(

@@ -114,9 +114,10 @@ class _PeekTwoAhead(draft_length.Rule):
 
 # Width 1 priced out; width 2 at alpha 0.5 (1.75 tokens / 1.4) beats an off
 # stretch (a probe at 0.9 and a step at 1: 1 / 0.95), which beats width 2 at
-# alpha 1/3 (1.44 / 1.4).
+# alpha 1/3 (1.44 / 1.4). The uniform prior starts rows at 0.5, so that one
+# rejection in 3 tokens moves a row across.
 _MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9,
-                                     probe_every=2)
+                                     probe_every=2, prior=(1.0, 1.0))
 
 
 def _sample(target, draft, rule, sampling):
@@ -415,11 +416,12 @@ def test_warm_start_sets_the_prior_from_a_previous_generation():
   # A pilot that kept every draft still leaves both pseudo-counts positive.
   assert min(rule.warm_start(_result([5, 5], [5, 5])).prior) > 0
   # Before any round: the uniform prior (acceptance 1/2) plans 2 drafts,
-  # the warm one (~0.95) the widest round.
+  # the default one (3/4) 4, the warm one (~0.95) the widest round.
   fresh = sj.RowStats.zeros(1, 8)
   first = lambda r: int(r.plan(fresh, jnp.array([True]),
                                jnp.array([64], jnp.int32))[0])
-  assert first(rule) == 2 and first(warm) == 8
+  uniform = dataclasses.replace(rule, prior=(1.0, 1.0))
+  assert (first(uniform), first(rule), first(warm)) == (2, 4, 8)
 
 
 @pytest.mark.parametrize("previous, strength, error, match", [
