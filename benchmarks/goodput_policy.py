@@ -22,9 +22,10 @@ rule from its default prior, warm-started at the true alpha
 (`Goodput.warm_start`, strength 16), at alpha -+ 0.1, and from each prior
 of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior), each with
 its ratio to the best fixed gamma; means over `--runs` rows (batches),
-every variant on the same simulated rows. With `--batch` > 1 it adds a
-candidate the library does not have (`Shrunk`): each row's estimate shrunk
-toward the batch's pooled acceptance. Counts, not timings: the same
+every variant on the same simulated rows. With `--batch` > 1 it adds two
+candidates the library does not have, each row's estimate shrunk toward
+the batch's pooled acceptance: by a fixed weight (`Shrunk`) or by one
+estimated from the rows' spread (`Moments`). Counts, not timings: the same
 numbers on any machine.
 """
 
@@ -141,6 +142,35 @@ class Shrunk(draft_length.Goodput):
     return (accepted_B + self.pool * pooled) / (verified_B + self.pool)
 
 
+@dataclasses.dataclass(frozen=True)
+class Moments(draft_length.Goodput):
+  """A candidate, not the library's rule: `Shrunk` with the pool's weight
+  estimated from the rows themselves (beta-binomial, method of moments).
+  The spread of the rows' rates beyond what binomial noise explains is
+  the spread of their true alphas, tau^2; the pool is worth
+  p (1 - p) / tau^2 - 1 judged drafts (capped at `cap`): much where the
+  rows are alike, little where they differ, none at batch 1."""
+  cap: float = 256.0
+
+  def alpha(self, stats):
+    a0, b0 = self.prior
+    k_B = stats.accepted.astype(jnp.float32)
+    n_B = stats.verified.astype(jnp.float32)
+    total = jnp.maximum(jnp.sum(n_B), 1.0)
+    pooled = (jnp.sum(k_B) + a0) / (jnp.sum(n_B) + a0 + b0)
+    w_B = n_B / total
+    rate_B = k_B / jnp.maximum(n_B, 1.0)
+    spread = jnp.sum(w_B * (rate_B - pooled) ** 2)
+    judged_rows = jnp.sum(n_B > 0)
+    noise = pooled * (1.0 - pooled) * jnp.maximum(judged_rows - 1, 0) / total
+    tau2 = (spread - noise) / jnp.maximum(1.0 - jnp.sum(w_B ** 2), 1e-6)
+    pool = jnp.where(
+        judged_rows > 1,
+        jnp.clip(pooled * (1.0 - pooled) / jnp.maximum(tau2, 1e-9) - 1.0,
+                 0.0, self.cap), 0.0)
+    return (k_B + a0 + pool * pooled) / (n_B + a0 + b0 + pool)
+
+
 def warm(rule, alpha, judged=10_000):
   """`rule.warm_start` (its default strength) of a pilot row that kept
   `alpha` (clipped to [0.01, 0.99]: a pilot's alpha +- 0.1) of `judged`
@@ -186,6 +216,9 @@ def main():
       variants["auto shrunk to the batch"] = (
           Shrunk(**{f.name: getattr(rule, f.name)
                     for f in dataclasses.fields(rule)}), None)
+      variants["auto shrunk by moments"] = (
+          Moments(**{f.name: getattr(rule, f.name)
+                     for f in dataclasses.fields(rule)}), None)
     for prior in filter(None, args.priors.split(",")):
       a0, b0 = (float(x) for x in prior.split(":"))
       variants[f"auto prior {prior}"] = (
