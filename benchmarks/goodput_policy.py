@@ -194,7 +194,7 @@ def main():
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--spread", type=float, default=0.0)
   parser.add_argument("--priors", default="",
-                      help="extra uniform-start priors 'a:b,...' to compare")
+                      help="more priors to compare, pseudo-counts 'a:b,...'")
   parser.add_argument("--only", default="",
                       help="comma-separated variant names to run (all: '')")
   args = parser.parse_args()

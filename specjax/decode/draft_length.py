@@ -274,13 +274,14 @@ class Goodput(Rule):
     (a `GenerationResult` of the same target and draft, e.g. a pilot call
     on other prompts), weighted as `strength` judged drafts, instead of at
     the default prior's 3/4. A row pays for what it learns: over 128
-    tokens, one to three percent of the time on a text of constant
-    acceptance, even with exact costs (`benchmarks/goodput_policy.py`). Pilot on as many texts as
-    the calls will see: a pilot on one prompt starts every row at that
-    text's acceptance, and where it was low the rows learned slowly (short
-    rounds and off stretches judge few drafts): the quick job's distilled
-    draft lost 24% at batch 1 that way (README, "Adaptive gamma, side by
-    side"). Stopping stays exact: the prior is fixed before the call.
+    tokens, up to about 3% of the time on a text of constant acceptance,
+    even with exact costs (`benchmarks/goodput_policy.py`). Pilot on as
+    many texts as the calls will see: a pilot on one prompt starts every
+    row at that text's acceptance, and where it was low the rows learned
+    slowly (short rounds and off stretches judge few drafts): the quick
+    job's distilled draft lost 24% at batch 1 that way (README, "Adaptive
+    gamma, side by side"). Stopping stays exact: the prior is fixed before
+    the call.
     """
     if not isinstance(previous, state_lib.GenerationResult):
       raise TypeError("previous must be the GenerationResult of an earlier "
