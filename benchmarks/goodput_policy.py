@@ -196,7 +196,8 @@ def main():
   parser.add_argument("--priors", default="",
                       help="more priors to compare, pseudo-counts 'a:b,...'")
   parser.add_argument("--only", default="",
-                      help="comma-separated variant names to run (all: '')")
+                      help="comma-separated variant names to run besides "
+                      "the fixed gammas, which the ratios need (all: '')")
   args = parser.parse_args()
   rule = make_rule([float(x) for x in args.costs.split(",")])
   print(f"batch {args.batch}, {args.tokens} tokens, {args.runs} "
@@ -213,12 +214,10 @@ def main():
         "auto warm -0.1": (warm(rule, alpha - 0.1), None),
         "auto warm +0.1": (warm(rule, alpha + 0.1), None)})
     if args.batch > 1:
-      variants["auto shrunk to the batch"] = (
-          Shrunk(**{f.name: getattr(rule, f.name)
-                    for f in dataclasses.fields(rule)}), None)
-      variants["auto shrunk by moments"] = (
-          Moments(**{f.name: getattr(rule, f.name)
-                     for f in dataclasses.fields(rule)}), None)
+      fields = {f.name: getattr(rule, f.name)
+                for f in dataclasses.fields(rule)}
+      variants["auto shrunk to the batch"] = (Shrunk(**fields), None)
+      variants["auto shrunk by moments"] = (Moments(**fields), None)
     for prior in filter(None, args.priors.split(",")):
       a0, b0 = (float(x) for x in prior.split(":"))
       variants[f"auto prior {prior}"] = (
@@ -226,7 +225,7 @@ def main():
     if args.only:
       keep = args.only.split(",")
       variants = {k: v for k, v in variants.items()
-                  if k.startswith(("gamma=", "auto prior")) or k in keep}
+                  if k.startswith("gamma=") or k in keep}
     speed = {}
     for name, (r, fixed) in variants.items():
       decide = decisions(r, args.batch)

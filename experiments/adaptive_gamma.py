@@ -12,8 +12,9 @@ loop's shapes by `measure_goodput`), with auto priced by the loop's own
 round of every width ("auto+loop": `measure_goodput(calibrate=True)`), with
 that rule warm-started from a pilot call on other held-out prompts of the
 same batch ("auto+warm": `Goodput.warm_start`, so rows start from the
-pilot's acceptance instead of 1/2) and with auto plus a confidence stop
-(`--threshold`), over the same held-out prompts and keys. Per cell it prints
+pilot's acceptance instead of the default prior's 3/4) and with auto plus
+a confidence stop (`--threshold`), over the same held-out prompts and
+keys. Per cell it prints
 one line per variant, side by side: speedup over `generate`, the ratio to
 the cell's best fixed gamma, alpha, draft passes per round, and the speedup
 taken apart: tokens per row per loop round (a count; at batch > 1 the loop
