@@ -13,19 +13,32 @@ head's law from the target's true features of the text (what its first
 draft in a round sees; gamma = 1, T = 1) and the argmax agreement (T = 0),
 next to the zoo's distilled drafts of the same budget. Counts, not timings.
 
+Every variant but the library's own changes the head as it was before its
+output norm (MLP 320, 560,960 parameters), so the earlier rows reproduce:
+
   no input norms, 1 : 1   the head before the input norms, loss weights 1 : 1
-  norms, 1 : 1            input norms (the library's head), weights 1 : 1
-  norms, 10 : 1           the library's defaults (EAGLE's ratio)
+  norms, 1 : 1            input norms, weights 1 : 1
+  norms, 10 : 1           the loss's default weights (EAGLE's ratio)
   norms, 30 : 1           more regression still
   norms, KL only          no feature regression
-  ... MLP 1,024           a wider MLP than the zoo's 320 (more parameters)
+  ... MLP 1,024           a wider MLP (more parameters)
   ... two blocks          a second block (more parameters)
   ... lr 1e-2             the peak learning rate of 1e-2, not 3e-3
-  ... features zeroed     the library's head reading zeros for the target's
-                          features (a control: what the features add)
+  ... output norm         the library's head: a learned norm on the output,
+                          as the target's features leave its final norm
+                          (MLP 319, 560,959 parameters)
+  ... features zeroed     the head reading zeros for the target's features
+                          (a control: what the features add)
   narrow, two blocks      fc(2D -> 128), two blocks of width 128, fc(128 -> D):
-                          depth at the library head's size (562,048)
+                          depth at the head's size (562,048)
   ... features zeroed     the same, reading zeros for the features
+  ... no regression       the narrow head trained on the KL term alone
+  ... TV for KL           the narrow head with TV (1 - acceptance) in the
+                          KL's place, weights 10 : 1
+  narrow, three blocks    three blocks of width 128, MLP 336 (558,832)
+  ... output norm         the narrow head with an output norm (562,560)
+  ... 30 : 1              the narrow head with more regression
+  ... regression only     the narrow head without the KL term
 """
 
 import dataclasses
@@ -50,7 +63,26 @@ from specjax.train import trainer  # noqa: E402
 from experiments import eagle as eagle_experiment  # noqa: E402
 
 
-class NoNormsModule(eagle.EagleHeadModule):
+class PlainModule(eagle.EagleHeadModule):
+  """The library's head before its output norm (the rows measured before it
+  came; with MLP 320, 560,960 parameters)."""
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    del self.out_norm  # not counted, not trained
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    x_BxTxD = self.fc(jnp.concatenate(
+        [self.feature_norm(features_BxTxD), self.embed_norm(embeds_BxTxD)],
+        -1))
+    return self.block(x_BxTxD, positions_BxT, cache, 0)
+
+
+class PlainHead(eagle.EagleHead):
+  module_type = PlainModule
+
+
+class NoNormsModule(PlainModule):
   """The head without its input norms (fc reads the raw pair)."""
 
   def __init__(self, config, rngs):
@@ -66,7 +98,7 @@ class NoNormsHead(eagle.EagleHead):
   module_type = NoNormsModule
 
 
-class TwoBlocksModule(eagle.EagleHeadModule):
+class TwoBlocksModule(PlainModule):
   """The head with a second block after the first."""
 
   def __init__(self, config, rngs):
@@ -92,27 +124,29 @@ class _ZeroFeatures:
                             positions_BxT, cache)
 
 
-class ZeroFeaturesModule(_ZeroFeatures, eagle.EagleHeadModule):
-  """The library's head, features zeroed."""
+class ZeroFeaturesModule(_ZeroFeatures, PlainModule):
+  """The head without its output norm, features zeroed."""
 
 
 class ZeroFeaturesHead(eagle.EagleHead):
   module_type = ZeroFeaturesModule
 
 
-class NarrowModule(eagle.EagleHeadModule):
+class NarrowModule(PlainModule):
   """Depth at equal size: fc(2D -> 128), two blocks of width 128 (4 heads,
   MLP 640), fc(128 -> D) back to the target's feature space."""
-  width, mlp_dim = 128, 640
+  width, mlp_dim, num_blocks = 128, 640, 2
 
   def __init__(self, config, rngs):
     super().__init__(config, rngs)
     inner = dataclasses.replace(config, d_model=self.width, num_heads=4,
                                 num_kv_heads=4, head_dim=self.width // 4,
-                                mlp_dim=self.mlp_dim, num_layers=2)
+                                mlp_dim=self.mlp_dim,
+                                num_layers=self.num_blocks)
     del self.block  # replaced by the narrow blocks; not counted
     self.fc = transformer._linear(config, 2 * config.d_model, self.width, rngs)
-    self.blocks = nnx.List([transformer.Block(inner, rngs) for _ in range(2)])
+    self.blocks = nnx.List([transformer.Block(inner, rngs)
+                            for _ in range(self.num_blocks)])
     self.out = transformer._linear(inner, self.width, config.d_model, rngs)
 
   def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
@@ -127,6 +161,37 @@ class NarrowModule(eagle.EagleHeadModule):
 
 class NarrowHead(eagle.EagleHead):
   module_type = NarrowModule
+
+
+class _OutNorm:
+  """Mixin: a learned norm on the head's output, as the target's own features
+  come out of its final norm (+512 parameters)."""
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    self.out_norm = transformer._norm(config, rngs)
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    predicted_BxTxD, cache = super().__call__(features_BxTxD, embeds_BxTxD,
+                                              positions_BxT, cache)
+    return self.out_norm(predicted_BxTxD), cache
+
+
+class NarrowOutNormModule(_OutNorm, NarrowModule):
+  """The narrow head with an output norm."""
+
+
+class NarrowOutNormHead(eagle.EagleHead):
+  module_type = NarrowOutNormModule
+
+
+class NarrowThreeModule(NarrowModule):
+  """Three blocks of width 128 (MLP 336) at the same size (558,832)."""
+  mlp_dim, num_blocks = 336, 3
+
+
+class NarrowThreeHead(eagle.EagleHead):
+  module_type = NarrowThreeModule
 
 
 class NarrowZeroFeaturesModule(_ZeroFeatures, NarrowModule):
@@ -169,23 +234,37 @@ def main():
   config = eagle_train.train_config(target.config)
   config.update_from_flattened_dict(eagle_experiment.head_budget(num_steps))
   config.progress = False
-  default = dict(head_type=eagle.EagleHead,
+  # The variants change the head as it was before its output norm.
+  default = dict(head_type=PlainHead,
                  feature_weight=eagle_train.FEATURE_WEIGHT,
-                 mlp_dim=recipes.EAGLE_HEAD_MLP_DIM, lr=config.optim.lr)
+                 mlp_dim=320, lr=config.optim.lr,
+                 divergence="forward_kl", kl_weight=eagle_train.KL_WEIGHT)
   variants = [
       ("no input norms, 1 : 1", dict(head_type=NoNormsHead,
                                      feature_weight=1.0)),
       ("norms, 1 : 1", dict(feature_weight=1.0)),
-      ("norms, 10 : 1 (the library's head)", {}),
+      ("norms, 10 : 1 (the head before the output norm)", {}),
       ("norms, 30 : 1", dict(feature_weight=30.0)),
       ("norms, KL only", dict(feature_weight=0.0)),
       ("norms, 10 : 1, MLP 1,024", dict(mlp_dim=1024)),
       ("norms, 10 : 1, two blocks", dict(head_type=TwoBlocksHead)),
       ("norms, 10 : 1, lr 1e-2", dict(lr=1e-2)),
+      ("norms, 10 : 1, output norm (the library's head)",
+       dict(head_type=eagle.EagleHead, mlp_dim=recipes.EAGLE_HEAD_MLP_DIM)),
       ("norms, 10 : 1, features zeroed", dict(head_type=ZeroFeaturesHead)),
       ("narrow, two blocks", dict(head_type=NarrowHead)),
       ("narrow, two blocks, features zeroed",
        dict(head_type=NarrowZeroFeaturesHead)),
+      ("narrow, two blocks, no regression (KL only)",
+       dict(head_type=NarrowHead, feature_weight=0.0)),
+      ("narrow, two blocks, TV for KL",
+       dict(head_type=NarrowHead, divergence="tv")),
+      ("narrow, three blocks", dict(head_type=NarrowThreeHead)),
+      ("narrow, two blocks, output norm", dict(head_type=NarrowOutNormHead)),
+      ("narrow, two blocks, 30 : 1", dict(head_type=NarrowHead,
+                                          feature_weight=30.0)),
+      ("narrow, two blocks, regression only (no KL)",
+       dict(head_type=NarrowHead, kl_weight=0.0)),
   ]
   if only:
     variants = [v for v in variants if any(w in v[0] for w in only)]
@@ -201,7 +280,9 @@ def main():
           head_config, nnx.Rngs(config.seed)))
       head, _ = trainer.train(
           config, workdir, aux=target, model=model,
-          loss_fn=eagle_train.eagle_loss(feature_weight=v["feature_weight"]))
+          loss_fn=eagle_train.eagle_loss(feature_weight=v["feature_weight"],
+                                         kl_weight=v["kl_weight"],
+                                         divergence=v["divergence"]))
     finally:
       shutil.rmtree(workdir)
     rows.append((f"head: {name}", head.param_count(),

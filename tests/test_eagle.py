@@ -134,6 +134,14 @@ def test_training_reads_the_pairs_drafting_reads(target):
   log_p = jax.nn.log_softmax(logits_p)
   kl = (jnp.exp(log_p) * (log_p - jax.nn.log_softmax(logits_q))).sum(-1)
   np.testing.assert_allclose(metrics["kl"], kl.mean(), rtol=1e-4)
+  # With TV in the KL's place, the loss is the TV metric (KL still reported).
+  loss, tv_metrics = eagle_train.eagle_loss(feature_weight=0.0,
+                                            divergence="tv")(
+      draft.head.module(), {"tokens": tokens}, jax.random.key(0), target)
+  np.testing.assert_allclose(loss, tv_metrics["tv"], rtol=1e-6)
+  np.testing.assert_allclose(tv_metrics["kl"], metrics["kl"], rtol=1e-6)
+  with pytest.raises(ValueError, match="divergence must be one of"):
+    eagle_train.eagle_loss(divergence="kl")
 
 
 @pytest.mark.parametrize("flavour, gamma, eos", [

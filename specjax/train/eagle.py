@@ -11,6 +11,9 @@ features) and predicts f_j. The loss is EAGLE's two terms (default weights
                                            target's shared head; at
                                            `temperature`)
 
+(`divergence` swaps the KL for another of `distill.DIVERGENCES`, e.g. "tv",
+1 - acceptance itself, as DistillSpec does for token drafts.)
+
 averaged over non-PAD targets. The KL term trains the head for what the
 coupling pays for (distribution match, as `distill` does for token drafts);
 the regression keeps f on the target's feature manifold, which is what the
@@ -51,10 +54,11 @@ KIND = "eagle-head"  # recorded in every head checkpoint's metadata
 # .947, KL alone lower.
 FEATURE_WEIGHT = 10.0
 KL_WEIGHT = 1.0
-# The head's inputs (`specjax.models.eagle`), also in the metadata. Heads
+# The head's layout (`specjax.models.eagle`), also in the metadata. Heads
 # saved before it was recorded had no input norms and read the bare token
-# embedding (no position embedding on a 'gpt2' target).
-INPUTS = "norm(features), norm(embed_inputs)"
+# embedding (no position embedding on a 'gpt2' target); heads saved with
+# "norm(features), norm(embed_inputs)" had no output norm.
+INPUTS = "norm(features), norm(embed_inputs); norm(output)"
 # The training schedule a head takes by default: a draft of about its size.
 RECIPE_OF = "draft-0.5m"
 
@@ -67,11 +71,14 @@ def _smooth_l1(x):
 
 def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
                kl_weight: float = KL_WEIGHT,
-               temperature: float = 1.0) -> losses.LossFn:
+               temperature: float = 1.0,
+               divergence: str = "forward_kl") -> losses.LossFn:
   """A `LossFn` for an `EagleHeadModule`; its `aux` is the frozen target.
 
-  Metrics: `feature_loss` (smooth L1), `kl` and `tv` (1 - acceptance of the
-  head's first draft under teacher forcing, at `temperature`).
+  `kl_weight` weighs `divergence` (one of `distill.DIVERGENCES`; forward KL
+  by default). Metrics: `feature_loss` (smooth L1), `kl` (forward KL) and
+  `tv` (1 - acceptance of the head's first draft under teacher forcing, at
+  `temperature`), whatever the divergence trained.
   """
   feature_weight = _checks.check_float("feature_weight", feature_weight)
   kl_weight = _checks.check_float("kl_weight", kl_weight)
@@ -81,6 +88,9 @@ def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
                      f"0, got {feature_weight}, {kl_weight}.")
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}.")
+  if divergence not in distill.DIVERGENCES:
+    raise ValueError(f"divergence must be one of {distill.DIVERGENCES}, got "
+                     f"{divergence!r}.")
 
   def loss_fn(module, batch, rng, target):
     del rng
@@ -103,11 +113,13 @@ def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
     feature = mean(jnp.mean(_smooth_l1(
         predicted_BxTxD.astype(jnp.float32)
         - hidden_BxTxD.astype(jnp.float32)), axis=-1))
-    kl = mean(distill.divergence_BxT("forward_kl", teacher_BxTxV / temperature,
-                                     student_BxTxV / temperature))
-    tv = mean(distill.divergence_BxT("tv", teacher_BxTxV / temperature,
-                                     student_BxTxV / temperature))
-    loss = feature_weight * feature + kl_weight * kl
+    between = lambda name: mean(distill.divergence_BxT(
+        name, teacher_BxTxV / temperature, student_BxTxV / temperature))
+    kl, tv = between("forward_kl"), between("tv")
+    trained = {"forward_kl": kl, "tv": tv}.get(divergence)
+    if trained is None:
+      trained = between(divergence)
+    loss = feature_weight * feature + kl_weight * trained
     return loss, {"feature_loss": jax.lax.stop_gradient(feature),
                   "kl": jax.lax.stop_gradient(kl),
                   "tv": jax.lax.stop_gradient(tv)}
@@ -179,7 +191,7 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
   """The `EagleDraft` of a head checkpoint (a `train_head` workdir) for `target`.
 
   Raises `CheckpointError` if the checkpoint is not a head (or a head of an
-  earlier input layout, `INPUTS`), and ValueError if its width or
+  earlier layout, `INPUTS`), and ValueError if its width or
   vocabulary is not the target's.
   """
   ckpt = checkpoint_lib.Checkpointer(
@@ -195,10 +207,10 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
     inputs = metadata["extra"].get("inputs", "features, embed (no norms)")
     if inputs != INPUTS:
       raise checkpoint_lib.CheckpointError(
-          f"{ckpt.step_dir(metadata['step'])!r} is a head whose inputs are "
-          f"{inputs!r}, but heads now read {INPUTS!r} (input norms, and the "
-          "target's position embedding with its token embedding); retrain "
-          "it with specjax.train.eagle.train_head.")
+          f"{ckpt.step_dir(metadata['step'])!r} is a head whose layout is "
+          f"{inputs!r}, but heads now are {INPUTS!r} (input norms, the "
+          "target's position embedding with its token embedding, an output "
+          "norm); retrain it with specjax.train.eagle.train_head.")
     graphdef, abstract = nnx.split(nnx.eval_shape(
         lambda: eagle.EagleHeadModule(config, nnx.Rngs(0))))
     state, metadata = ckpt.restore({"params": abstract},
