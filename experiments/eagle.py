@@ -7,10 +7,10 @@ Loads from the zoo (training into the cache when missing) the quick job's
 target-3m (configs/reproduce.py:quick) and, each with the same budget as the
 quick job's distilled draft (300 steps of 16 x 256 bytes):
 
-  eagle-head@target-3m             the feature-level head (560,959 parameters
-                                   of its own: input norms, fc, one block,
-                                   output norm; the target's embedding and
-                                   LM head are shared)
+  eagle-head@target-3m             the feature-level head (560,960 parameters
+                                   of its own: input norms, fc, one block;
+                                   the target's embedding and LM head are
+                                   shared)
   distilled-draft-0.5m@target-3m   an independent draft of the same size
                                    (561,024 parameters, all its own),
                                    distilled from the target (forward KL)

@@ -12,7 +12,7 @@ be blind to order):
 
   fc(concat[norm(h_{j-1}), norm(e_j)])   2D -> D
   -> one pre-norm Transformer block (its own small KV cache)
-  -> norm: f_j, a prediction of h_j
+  -> f_j, a prediction of h_j
   -> the target's own LM head (shared, not copied)  -> q over t_{j+1}.
 
 The two norms (the target flavour's, learned; as in EAGLE-3) put both
@@ -20,9 +20,7 @@ halves on one scale: h is a final-norm output of RMS about 1, while an
 embedding's RMS is a few hundredths, and without them the token's half of
 the fc's input is drowned (on the quick target, teacher-forced acceptance
 .924 without, .941 with, after the same 300 steps:
-benchmarks/eagle_head_ablation.py). The output norm (learned, of the
-target's flavour) does for f what the target's final norm does for h, so f
-leaves the head on h's scale (.948 without it, .952 with it, same budget).
+benchmarks/eagle_head_ablation.py).
 
 While drafting, the head's own f replaces the target's h for the next step.
 Its positions are the token positions, so its cache is aligned with the
@@ -78,8 +76,7 @@ def head_config(target_config: TransformerConfig, *,
 
 
 class EagleHeadModule(nnx.Module):
-  """Norms, fc(2D -> D), one `Block`, a norm: (feature, embedding) pairs to
-  features."""
+  """Norms, fc(2D -> D), one `Block`: (feature, embedding) pairs to features."""
 
   def __init__(self, config: TransformerConfig, rngs: nnx.Rngs):
     self.config = config
@@ -88,7 +85,6 @@ class EagleHeadModule(nnx.Module):
     self.fc = transformer_lib._linear(config, 2 * config.d_model,
                                       config.d_model, rngs)
     self.block = transformer_lib.Block(config, rngs)
-    self.out_norm = transformer_lib._norm(config, rngs)
 
   def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT,
                cache: KVCache | None):
@@ -96,8 +92,7 @@ class EagleHeadModule(nnx.Module):
     x_BxTxD = self.fc(jnp.concatenate(
         [self.feature_norm(features_BxTxD.astype(embeds_BxTxD.dtype)),
          self.embed_norm(embeds_BxTxD)], axis=-1))
-    x_BxTxD, cache = self.block(x_BxTxD, positions_BxT, cache, 0)
-    return self.out_norm(x_BxTxD), cache
+    return self.block(x_BxTxD, positions_BxT, cache, 0)
 
 
 class EagleHead(wrapped.WrapsModule, struct.PyTreeNode):

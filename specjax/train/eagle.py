@@ -11,13 +11,12 @@ features) and predicts f_j. The loss is EAGLE's two terms (default weights
                                            target's shared head; at
                                            `temperature`)
 
-(`divergence` swaps the KL for another of `distill.DIVERGENCES`, e.g. "tv",
-1 - acceptance itself, as DistillSpec does for token drafts.)
-
 averaged over non-PAD targets. The KL term trains the head for what the
 coupling pays for (distribution match, as `distill` does for token drafts);
 the regression keeps f on the target's feature manifold, which is what the
 head reads back as input while drafting.
+`divergence` puts another of `distill.DIVERGENCES` in the KL's place, e.g.
+"tv", 1 - acceptance itself, DistillSpec's choice for token drafts.
 
 `train_head` runs `trainer.train` (same batches, optimizer, orbax
 checkpoints and resume) on the head's parameters, with the target as the
@@ -54,11 +53,10 @@ KIND = "eagle-head"  # recorded in every head checkpoint's metadata
 # .947, KL alone lower.
 FEATURE_WEIGHT = 10.0
 KL_WEIGHT = 1.0
-# The head's layout (`specjax.models.eagle`), also in the metadata. Heads
+# The head's inputs (`specjax.models.eagle`), also in the metadata. Heads
 # saved before it was recorded had no input norms and read the bare token
-# embedding (no position embedding on a 'gpt2' target); heads saved with
-# "norm(features), norm(embed_inputs)" had no output norm.
-INPUTS = "norm(features), norm(embed_inputs); norm(output)"
+# embedding (no position embedding on a 'gpt2' target).
+INPUTS = "norm(features), norm(embed_inputs)"
 # The training schedule a head takes by default: a draft of about its size.
 RECIPE_OF = "draft-0.5m"
 
@@ -191,7 +189,7 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
   """The `EagleDraft` of a head checkpoint (a `train_head` workdir) for `target`.
 
   Raises `CheckpointError` if the checkpoint is not a head (or a head of an
-  earlier layout, `INPUTS`), and ValueError if its width or
+  earlier input layout, `INPUTS`), and ValueError if its width or
   vocabulary is not the target's.
   """
   ckpt = checkpoint_lib.Checkpointer(
@@ -207,10 +205,10 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
     inputs = metadata["extra"].get("inputs", "features, embed (no norms)")
     if inputs != INPUTS:
       raise checkpoint_lib.CheckpointError(
-          f"{ckpt.step_dir(metadata['step'])!r} is a head whose layout is "
-          f"{inputs!r}, but heads now are {INPUTS!r} (input norms, the "
-          "target's position embedding with its token embedding, an output "
-          "norm); retrain it with specjax.train.eagle.train_head.")
+          f"{ckpt.step_dir(metadata['step'])!r} is a head whose inputs are "
+          f"{inputs!r}, but heads now read {INPUTS!r} (input norms, and the "
+          "target's position embedding with its token embedding); retrain "
+          "it with specjax.train.eagle.train_head.")
     graphdef, abstract = nnx.split(nnx.eval_shape(
         lambda: eagle.EagleHeadModule(config, nnx.Rngs(0))))
     state, metadata = ckpt.restore({"params": abstract},

@@ -84,9 +84,9 @@ TRAIN_TOKENS_PER_S = {
 }
 
 # The MLP width of the zoo's EAGLE head (`specjax.models.eagle`): with it, a
-# head for target-3m (D = 256) has 560,959 parameters of its own, the size
+# head for target-3m (D = 256) has 560,960 parameters of its own, the size
 # of draft-0.5m (561,024), so the two compare at equal size.
-EAGLE_HEAD_MLP_DIM = 319
+EAGLE_HEAD_MLP_DIM = 320
 
 _FIELD_TYPES = {"num_kv_heads": int, "head_dim": int, "mlp_dim": int,
                 "tie_embeddings": bool}
