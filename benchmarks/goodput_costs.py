@@ -1,6 +1,7 @@
 r"""What `measure_goodput` prices each round width at, timed two ways.
 
-  python benchmarks/goodput_costs.py [DRAFT] [BATCH] [TIMES]  # distilled... 1 2
+  python benchmarks/goodput_costs.py [DRAFT] [BATCH] [TIMES] [SECONDS REPEATS]
+                                     [alone]         # distilled... 1 2 0.05 3
 
 On the quick job's models (cached by `python -m experiments.reproduce`),
 64 + 128 tokens, gamma_max 8: measures the `Goodput` rule TIMES times in this
@@ -9,8 +10,11 @@ from the passes timed alone, and as `measure_goodput(calibrate=True)` does,
 from the loop's own round of every width (`measure.loop_round_steps`, on
 rows of random tokens: low acceptance, so a call runs many rounds and its
 fixed costs spread thin). Prints each measurement's round cost for widths
-1..8 in units of the rule's autoregressive step (1 + overhead). Run it twice
-to see the spread between processes too.
+1..8 in units of the rule's autoregressive step (1 + overhead), and under
+it the rule's parts in 1-token target passes (c, c_first, overhead, r), to
+see which of them moved. Run it twice to see the spread between processes
+too. SECONDS and REPEATS are `measure_goodput`'s timing budget (its
+defaults: 0.05 s a timed call, best of 3); `alone` skips the loop's rounds.
 """
 
 import os
@@ -28,21 +32,30 @@ def main():
   name = sys.argv[1] if len(sys.argv) > 1 else "distilled-draft-0.1m@target-3m"
   batch = int(sys.argv[2]) if len(sys.argv) > 2 else 1
   times = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+  seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05
+  repeats = int(sys.argv[5]) if len(sys.argv) > 5 else 3
+  pricings = (False,) if sys.argv[6:] == ["alone"] else (False, True)
   config = reproduce.get_config("quick")
   config.drafts = [d for d in config.drafts if d.name == name]
   target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
   print(f"{name}, batch {batch}: round costs of widths 1..8 in "
-        "autoregressive steps")
+        f"autoregressive steps (timed calls of {seconds} s, best of "
+        f"{repeats})")
   for i in range(times):
-    for calibrate in (False, True):
+    for calibrate in pricings:
       draft_length._MEASURED.clear()  # pylint: disable=protected-access
       rule = sj.measure_goodput(target, draft.model, batch_size=batch,
                                 gamma_max=8, prompt_len=64, max_new_tokens=128,
-                                calibrate=calibrate)
+                                calibrate=calibrate, seconds=seconds,
+                                repeats=repeats)
       costs = rule.round_costs()[1 - rule.min_width:]  # widths 1..8
       step = 1.0 + rule.overhead
       what = "the loop's rounds" if calibrate else "passes timed alone"
       print(f"{i} {what:>18}:", " ".join(f"{x / step:.2f}" for x in costs),
+            flush=True)
+      # The parts, in 1-token target passes: which of them moved.
+      print(f"{'':>21}c {rule.c:.3f}, c_first {rule.c_first:.3f}, overhead "
+            f"{rule.overhead:.3f}, r", " ".join(f"{x:.2f}" for x in rule.r),
             flush=True)
 
 

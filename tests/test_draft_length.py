@@ -348,6 +348,27 @@ def test_goodput_charges_the_whole_round():
   assert best(full) > best(bare)
 
 
+def test_monotone_fit_pools_a_slow_timing():
+  """Measured costs are fitted non-decreasing by pooling, not a running max:
+  one slow timing moves the fit by its share, not every wider width to it."""
+  fit = draft_length.monotone_fit
+  assert fit([1.1, 1.3, 1.3, 2.0]) == (1.1, 1.3, 1.3, 2.0)  # already monotone
+  # The 2-token pass timed slow (2.0): a running max would price widths 2..5
+  # at 2.0; pooled, the violators share their mean.
+  assert fit([2.0, 1.3, 1.4, 1.5]) == pytest.approx((1.55,) * 4)
+  assert fit([1.2, 1.9, 1.3, 1.6, 2.4]) == pytest.approx(
+      (1.2, 1.6, 1.6, 1.6, 2.4))
+  assert fit([0.8, 0.9, 1.2], low=1.0) == pytest.approx((1.0, 1.0, 1.2))
+  # Least squares among non-decreasing fits: no small monotone move helps.
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=12)
+  y = np.asarray(fit(x, low=-np.inf))
+  assert (np.diff(y) >= 0).all()
+  for _ in range(200):
+    z = np.maximum.accumulate(y + rng.normal(scale=0.05, size=12))
+    assert ((z - x) ** 2).sum() >= ((y - x) ** 2).sum() - 1e-12
+
+
 def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   """`measure_goodput(calibrate=True)` (timings stubbed): every width's round
   costs what the loop's own round of that width does, in `generate` steps

@@ -94,6 +94,24 @@ def _check_threshold(threshold) -> float | None:
   return threshold
 
 
+def monotone_fit(values, low: float = 0.0) -> tuple[float, ...]:
+  """The non-decreasing sequence nearest `values` in least squares (pool
+  adjacent violators), each at least `low`.
+
+  Timed costs of wider rounds must not fall, but a noisy timing can. A
+  running maximum would let one slow timing lift every wider width to it;
+  pooling averages a violator with its neighbours instead, so one outlier
+  moves the fit by its share. Host-side floats, for measured costs.
+  """
+  blocks: list[list[float]] = []  # [mean, count] of each pooled run
+  for x in values:
+    blocks.append([float(x), 1.0])
+    while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+      (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop()
+      blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+  return tuple(max(m, low) for m, n in blocks for _ in range(int(n)))
+
+
 def widest(budget_B: jax.Array, active_B: jax.Array) -> jax.Array:
   """int32 scalar: the largest budget among the active rows (0 if none), the
   width of a round whose rows draft up to their budgets. A finished row
@@ -456,10 +474,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     # only price the probe round (1 and 2 tokens: a width-1 round).
     base, *verify = times(target, range(1, (2 if calibrate else gamma_max + 1)
                                         + 1))
-    # Floors keep a noisy timing from producing a zero or inverted ratio.
-    r = [1.0]
-    for seconds_g in verify:
-      r.append(max(seconds_g / base, r[-1]))
+    # A monotone fit keeps a noisy timing from producing an inverted ratio
+    # without letting one slow timing price every wider round.
+    r = [1.0, *monotone_fit([t / base for t in verify], low=1.0)]
     # A draft sharing the target's cache feeds 1 token first, else 2.
     shares = bool(getattr(draft, "reads_target_cache", False))
     one, *two = times(draft, (1,) if shares else (1, 2))
@@ -482,9 +499,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
       widths = range(1, gamma_max + 1)
       in_loop = measure.loop_round_steps(target, draft, shape, sampling,
                                          widths=widths, repeats=repeats)
-      r = [1.0]
-      for g, steps in zip(widths, in_loop):
-        r.append(max(steps * step - c_first - (g - 1) * c - overhead, r[-1]))
+      r = [1.0, *monotone_fit(
+          [steps * step - c_first - (g - 1) * c - overhead
+           for g, steps in zip(widths, in_loop)], low=1.0)]
       # The probe round is a width-1 round with a 1-token verify: scaled as
       # the width-1 round is.
       probe *= in_loop[0] * step / alone
