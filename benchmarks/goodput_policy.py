@@ -1,7 +1,8 @@
 r"""What `Goodput` loses to learning the acceptance, with exact costs and no timer.
 
   python benchmarks/goodput_policy.py [--costs=1.56,1.89,...] [--tokens=128]
-      [--batch=1] [--spread=0.0] [--priors=1:1,...]
+      [--batch=1] [--spread=0.0] [--burst=0.0 --switch=0.05]
+      [--priors=1:1,...]
 
 Simulates, at batch 1 (or `--batch` rows, every round run for the whole
 batch while any row is active), the rounds
@@ -9,7 +10,8 @@ batch while any row is active), the rounds
 while `rule.keeps` it; off stretches of a probe round, then
 `probe_every - 1` autoregressive steps if the rule still keeps width 0) on
 rows whose every draft is accepted independently with probability alpha
-(with `--spread`, row b's own alpha_b, uniform in alpha +- spread), and
+(with `--spread`, row b's own alpha_b, uniform in alpha +- spread; with
+`--burst`, in easy and hard runs of alpha_b +- burst), and
 charges each round the cost of its width from `--costs` (widths
 1..gamma_max, in `generate` steps; the default is the loop's own rounds of
 the quick job's distilled draft at batch 1, from
@@ -22,11 +24,12 @@ rule from its default prior, warm-started at the true alpha
 (`Goodput.warm_start`, strength 16), at alpha -+ 0.1, and from each prior
 of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior), each with
 its ratio to the best fixed gamma; means over `--runs` rows (batches),
-every variant on the same simulated rows. With `--batch` > 1 it adds two
-candidates the library does not have, each row's estimate shrunk toward
-the batch's pooled acceptance: by a fixed weight (`Shrunk`) or by one
-estimated from the rows' spread (`Moments`). Counts, not timings: the same
-numbers on any machine.
+every variant on the same simulated rows. Candidates the library does not
+have: expected tokens averaged over each row's posterior (`Posterior`),
+and with `--batch` > 1 each row's estimate shrunk toward the batch's
+pooled acceptance, by a fixed weight (`Shrunk`) or by one estimated from
+the rows' spread (`Moments`). Counts, not timings: the same numbers on any
+machine.
 """
 
 import argparse
@@ -77,14 +80,24 @@ def decisions(rule, batch=1):
 
 
 def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
-             spread=0.0):
+             spread=0.0, burst=0.0, switch=0.05):
   """`generate` steps for `batch` rows to emit `tokens` tokens each with the
   rule (or a fixed gamma): the planned loop's rounds, as in
   `loop._planned_loop`; every round runs for the whole batch while any row
   is active, as the loop does. Row b keeps each draft with probability
-  alpha_b, uniform in alpha +- spread (clipped to [0.01, 0.99])."""
+  alpha_b, uniform in alpha +- spread (clipped to [0.01, 0.99]); with
+  `burst`, the row's text alternates between easy and hard stretches
+  (alpha_b + burst and alpha_b - burst, clipped; each judged draft
+  switches with probability `switch`), so its acceptance comes in runs at
+  the same mean, as a text's easy and hard passages give it."""
   alpha_B = np.clip(alpha + spread * rng.uniform(-1.0, 1.0, batch), 0.01,
                     0.99)
+  easy_B = rng.random(batch) < 0.5
+  def keeps_draft(b):
+    if rng.random() < switch:
+      easy_B[b] = not easy_B[b]
+    a = alpha_B[b] + (burst if easy_B[b] else -burst)
+    return rng.random() < min(max(a, 0.01), 0.99)
   costs = rule.round_costs()  # width 0 (an off stretch's mean), 1..gamma_max
   accepted, verified = np.zeros(batch, int), np.zeros(batch, int)
   emitted = np.zeros(batch, int)
@@ -97,7 +110,7 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
     nonlocal time
     for b in np.flatnonzero(emitted < tokens):
       k = 0
-      while k < w and rng.random() < alpha_B[b]:
+      while k < w and keeps_draft(b):
         k += 1
       accepted[b] += k
       verified[b] += min(k + 1, w)
@@ -116,7 +129,7 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
       continue
     # A probe round: one draft, judged by the 1-token pass, one token.
     for b in np.flatnonzero(emitted < tokens):
-      k = int(rng.random() < alpha_B[b])
+      k = int(keeps_draft(b))
       accepted[b], verified[b], emitted[b] = (accepted[b] + k,
                                               verified[b] + 1, emitted[b] + 1)
     time += rule.probe
@@ -171,6 +184,31 @@ class Moments(draft_length.Goodput):
     return (k_B + a0 + pool * pooled) / (n_B + a0 + b0 + pool)
 
 
+@dataclasses.dataclass(frozen=True)
+class Posterior(draft_length.Goodput):
+  """A candidate, not the library's rule: a round's expected tokens averaged
+  over the row's Beta posterior of alpha instead of taken at its mean.
+  Tokens a round, sum_{i <= g} alpha^i, are convex in alpha, so what the
+  row does not yet know (or a text whose acceptance comes in runs) is
+  worth more to a long round than the mean says; under Beta(a, b),
+  E[alpha^i] = prod_{j < i} (a + j) / (a + b + j)."""
+
+  def remaining_time(self, stats, active_B, remaining_B):
+    a0, b0 = self.prior
+    a_B = stats.accepted.astype(jnp.float32) + a0
+    n_B = stats.verified.astype(jnp.float32) + a0 + b0
+    j_G = jnp.arange(self.gamma_max, dtype=jnp.float32)
+    moments_BxG = jnp.cumprod((a_B[:, None] + j_G) / (n_B[:, None] + j_G),
+                              axis=1)  # E[alpha^1], ..., E[alpha^G]
+    tokens_BxG = 1.0 + jnp.cumsum(moments_BxG, axis=1)  # widths 1..G
+    if self.min_width == 0:  # a probe round emits exactly one
+      tokens_BxG = jnp.concatenate(
+          [jnp.ones_like(tokens_BxG[:, :1]), tokens_BxG], axis=1)
+    rounds_BxG = remaining_B.astype(jnp.float32)[:, None] / tokens_BxG
+    worst_G = jnp.max(jnp.where(active_B[:, None], rounds_BxG, 0.0), axis=0)
+    return worst_G * jnp.asarray(self.round_costs(), jnp.float32)
+
+
 def warm(rule, alpha, judged=10_000):
   """`rule.warm_start` (its default strength) of a pilot row that kept
   `alpha` (clipped to [0.01, 0.99]: a pilot's alpha +- 0.1) of `judged`
@@ -193,6 +231,8 @@ def main():
   parser.add_argument("--alphas", default="0.3,0.6,0.8,0.9,0.97")
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--spread", type=float, default=0.0)
+  parser.add_argument("--burst", type=float, default=0.0)
+  parser.add_argument("--switch", type=float, default=0.05)
   parser.add_argument("--priors", default="",
                       help="more priors to compare, pseudo-counts 'a:b,...'")
   parser.add_argument("--only", default="",
@@ -203,7 +243,9 @@ def main():
   print(f"batch {args.batch}, {args.tokens} tokens, {args.runs} "
         f"{'rows' if args.batch == 1 else 'batches'} per cell; round "
         f"costs of widths 1..{rule.gamma_max} in generate steps: "
-        f"{args.costs}; row alphas uniform in alpha +- {args.spread}; "
+        f"{args.costs}; row alphas uniform in alpha +- {args.spread}"
+        + (f", in runs of +- {args.burst} (switch {args.switch} a judged draft)"
+           if args.burst else "") + "; "
         "speedup over generate (ratio to the best fixed)")
   for alpha in (float(a) for a in args.alphas.split(",")):
     variants = {f"gamma={g}": (rule, g) for g in (1, 2, 4, 8)
@@ -212,7 +254,10 @@ def main():
         "auto": (rule, None),
         "auto warm": (warm(rule, alpha), None),
         "auto warm -0.1": (warm(rule, alpha - 0.1), None),
-        "auto warm +0.1": (warm(rule, alpha + 0.1), None)})
+        "auto warm +0.1": (warm(rule, alpha + 0.1), None),
+        "auto posterior": (Posterior(**{
+            f.name: getattr(rule, f.name)
+            for f in dataclasses.fields(rule)}), None)})
     if args.batch > 1:
       fields = {f.name: getattr(rule, f.name)
                 for f in dataclasses.fields(rule)}
@@ -232,7 +277,7 @@ def main():
       rng = np.random.default_rng(0)  # every variant sees the same rows
       speed[name] = args.tokens / np.mean(
           [simulate(r, decide, alpha, args.tokens, rng, fixed, args.batch,
-                    args.spread)
+                    args.spread, args.burst, args.switch)
            for _ in range(args.runs)])
     best = max(v for k, v in speed.items() if k.startswith("gamma="))
     print(f"alpha {alpha:.2f}: " + "  ".join(
