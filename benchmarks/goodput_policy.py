@@ -250,17 +250,14 @@ def main():
   for alpha in (float(a) for a in args.alphas.split(",")):
     variants = {f"gamma={g}": (rule, g) for g in (1, 2, 4, 8)
                 if g <= rule.gamma_max}
+    fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)}
     variants.update({
         "auto": (rule, None),
         "auto warm": (warm(rule, alpha), None),
         "auto warm -0.1": (warm(rule, alpha - 0.1), None),
         "auto warm +0.1": (warm(rule, alpha + 0.1), None),
-        "auto posterior": (Posterior(**{
-            f.name: getattr(rule, f.name)
-            for f in dataclasses.fields(rule)}), None)})
+        "auto posterior": (Posterior(**fields), None)})
     if args.batch > 1:
-      fields = {f.name: getattr(rule, f.name)
-                for f in dataclasses.fields(rule)}
       variants["auto shrunk to the batch"] = (Shrunk(**fields), None)
       variants["auto shrunk by moments"] = (Moments(**fields), None)
     for prior in filter(None, args.priors.split(",")):
