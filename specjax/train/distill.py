@@ -60,6 +60,15 @@ def divergence_BxT(divergence: str, teacher_logits_BxTxV: jax.Array,
                    f"{divergence!r}.")
 
 
+def check_divergence(divergence) -> str:
+  """`divergence` if it is one of `DIVERGENCES`; a ValueError naming them if
+  not (before tracing: `divergence_BxT` would raise only inside a trace)."""
+  if divergence not in DIVERGENCES:
+    raise ValueError(f"divergence must be one of {DIVERGENCES}, got "
+                     f"{divergence!r}.")
+  return divergence
+
+
 def distillation_loss(divergence: str = "tv", *,
                       temperature: float = 1.0) -> losses.LossFn:
   """A `LossFn` whose `aux` is the frozen teacher `TransformerLM`.
@@ -68,9 +77,7 @@ def distillation_loss(divergence: str = "tv", *,
   metrics add `tv` (always) so runs with different divergences compare on
   the quantity that sets acceptance.
   """
-  if divergence not in DIVERGENCES:
-    raise ValueError(f"divergence must be one of {DIVERGENCES}, got "
-                     f"{divergence!r}.")
+  check_divergence(divergence)
   temperature = _checks.check_float("temperature", temperature)
   if temperature <= 0:
     raise ValueError("temperature must be > 0 for distillation (greedy "

@@ -86,9 +86,7 @@ def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
                      f"0, got {feature_weight}, {kl_weight}.")
   if temperature <= 0:
     raise ValueError(f"temperature must be > 0, got {temperature}.")
-  if divergence not in distill.DIVERGENCES:
-    raise ValueError(f"divergence must be one of {distill.DIVERGENCES}, got "
-                     f"{divergence!r}.")
+  distill.check_divergence(divergence)
 
   def loss_fn(module, batch, rng, target):
     del rng

@@ -82,9 +82,7 @@ def train_exit_adapter(target: transformer_lib.TransformerLM, layers: Any,
     next-token distributions at temperature 1, over held-out windows).
   """
   _check_target(target)
-  if divergence not in distill.DIVERGENCES:
-    raise ValueError(f"divergence must be one of {distill.DIVERGENCES}, got "
-                     f"{divergence!r}.")
+  distill.check_divergence(divergence)
   config = recipes.exit_adapter_config() if config is None else config
   trainer.check_config(config)
   adapter = exit_adapter_lib.ExitAdapter.create(target, layers,
