@@ -193,20 +193,17 @@ class Posterior(draft_length.Goodput):
   worth more to a long round than the mean says; under Beta(a, b),
   E[alpha^i] = prod_{j < i} (a + j) / (a + b + j)."""
 
-  def remaining_time(self, stats, active_B, remaining_B):
+  def row_tokens(self, stats):
     a0, b0 = self.prior
     a_B = stats.accepted.astype(jnp.float32) + a0
     n_B = stats.verified.astype(jnp.float32) + a0 + b0
     j_G = jnp.arange(self.gamma_max, dtype=jnp.float32)
     moments_BxG = jnp.cumprod((a_B[:, None] + j_G) / (n_B[:, None] + j_G),
                               axis=1)  # E[alpha^1], ..., E[alpha^G]
-    tokens_BxG = 1.0 + jnp.cumsum(moments_BxG, axis=1)  # widths 1..G
-    if self.min_width == 0:  # a probe round emits exactly one
-      tokens_BxG = jnp.concatenate(
-          [jnp.ones_like(tokens_BxG[:, :1]), tokens_BxG], axis=1)
-    rounds_BxG = remaining_B.astype(jnp.float32)[:, None] / tokens_BxG
-    worst_G = jnp.max(jnp.where(active_B[:, None], rounds_BxG, 0.0), axis=0)
-    return worst_G * jnp.asarray(self.round_costs(), jnp.float32)
+    # Widths 0..G: sum_{i <= g} E[alpha^i] (width 0, a probe round: one).
+    tokens_BxW = jnp.cumsum(jnp.concatenate(
+        [jnp.ones_like(moments_BxG[:, :1]), moments_BxG], axis=1), axis=1)
+    return tokens_BxW[:, self.min_width:]
 
 
 def warm(rule, alpha, judged=10_000):
@@ -247,10 +244,10 @@ def main():
         + (f", in runs of +- {args.burst} (switch {args.switch} a judged draft)"
            if args.burst else "") + "; "
         "speedup over generate (ratio to the best fixed)")
+  fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)}
   for alpha in (float(a) for a in args.alphas.split(",")):
     variants = {f"gamma={g}": (rule, g) for g in (1, 2, 4, 8)
                 if g <= rule.gamma_max}
-    fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)}
     variants.update({
         "auto": (rule, None),
         "auto warm": (warm(rule, alpha), None),

@@ -354,6 +354,11 @@ class Goodput(Rule):
     tokens_BxW = (1.0 - a_Bx1 ** (g_W + 1)) / (1.0 - a_Bx1)
     return jnp.where(g_W == 0, 1.0, tokens_BxW)
 
+  def row_tokens(self, stats) -> jax.Array:
+    """float32 `[B, W]`: each row's expected tokens a round of width g =
+    min_width..G, at its running acceptance estimate."""
+    return self.expected_tokens(self.alpha(stats))
+
   def alpha(self, stats) -> jax.Array:
     """float32 `[B]`: each row's running acceptance estimate."""
     a0, b0 = self.prior
@@ -373,7 +378,7 @@ class Goodput(Rule):
     (results/adaptive_sweep).
     """
     rounds_BxG = (remaining_B.astype(jnp.float32)[:, None]
-                  / self.expected_tokens(self.alpha(stats)))
+                  / self.row_tokens(stats))
     worst_G = jnp.max(jnp.where(active_B[:, None], rounds_BxG, 0.0), axis=0)
     return worst_G * jnp.asarray(self.round_costs(), jnp.float32)
 
