@@ -35,6 +35,10 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
   ... output norm         the narrow head with an output norm (562,560)
   ... 30 : 1              the narrow head with more regression
   ... regression only     the narrow head without the KL term
+  ... output norm from the target's   the output norm starts as a copy of
+                          the target's final norm (then trained)
+  small: width 64 / 48    narrow heads at distilled-draft-0.1m's size
+                          (117,440 / 118,016); width 64 also features zeroed
 """
 
 import dataclasses
@@ -112,12 +116,14 @@ class ZeroFeaturesHead(eagle.EagleHead):
 class NarrowModule(eagle.EagleHeadModule):
   """Depth at equal size: fc(2D -> 128), two blocks of width 128 (4 heads,
   MLP 640), fc(128 -> D) back to the target's feature space."""
-  width, mlp_dim, num_blocks = 128, 640, 2
+  width, mlp_dim, num_blocks, num_heads = 128, 640, 2, 4
 
   def __init__(self, config, rngs):
     super().__init__(config, rngs)
-    inner = dataclasses.replace(config, d_model=self.width, num_heads=4,
-                                num_kv_heads=4, head_dim=self.width // 4,
+    inner = dataclasses.replace(config, d_model=self.width,
+                                num_heads=self.num_heads,
+                                num_kv_heads=self.num_heads,
+                                head_dim=self.width // self.num_heads,
                                 mlp_dim=self.mlp_dim,
                                 num_layers=self.num_blocks)
     del self.block  # replaced by the narrow blocks; not counted
@@ -179,6 +185,33 @@ class NarrowThreeHead(eagle.EagleHead):
   module_type = NarrowThreeModule
 
 
+class Small64Module(NarrowModule):
+  """At distilled-draft-0.1m's size: width 64, two blocks, MLP 128 (117,440)."""
+  width, mlp_dim = 64, 128
+
+
+class Small64Head(eagle.EagleHead):
+  module_type = Small64Module
+
+
+class Small64ZeroFeaturesModule(_ZeroFeatures, Small64Module):
+  """The width-64 head, features zeroed."""
+
+
+class Small64ZeroFeaturesHead(eagle.EagleHead):
+  module_type = Small64ZeroFeaturesModule
+
+
+class Small48Module(NarrowModule):
+  """At distilled-draft-0.1m's size: width 48 (3 heads, as the draft), two
+  blocks, MLP 312 (118,016)."""
+  width, mlp_dim, num_heads = 48, 312, 3
+
+
+class Small48Head(eagle.EagleHead):
+  module_type = Small48Module
+
+
 class NarrowZeroFeaturesModule(_ZeroFeatures, NarrowModule):
   """The narrow head, features zeroed."""
 
@@ -222,7 +255,8 @@ def main():
   default = dict(head_type=eagle.EagleHead,
                  feature_weight=eagle_train.FEATURE_WEIGHT,
                  mlp_dim=recipes.EAGLE_HEAD_MLP_DIM, lr=config.optim.lr,
-                 divergence="forward_kl", kl_weight=eagle_train.KL_WEIGHT)
+                 divergence="forward_kl", kl_weight=eagle_train.KL_WEIGHT,
+                 target_norm=False)
   variants = [
       ("no input norms, 1 : 1", dict(head_type=NoNormsHead,
                                      feature_weight=1.0)),
@@ -250,6 +284,12 @@ def main():
                                           feature_weight=30.0)),
       ("narrow, two blocks, regression only (no KL)",
        dict(head_type=NarrowHead, kl_weight=0.0)),
+      ("narrow, two blocks, output norm from the target's",
+       dict(head_type=NarrowOutNormHead, target_norm=True)),
+      ("small: width 64, two blocks", dict(head_type=Small64Head)),
+      ("small: width 64, two blocks, features zeroed",
+       dict(head_type=Small64ZeroFeaturesHead)),
+      ("small: width 48, two blocks", dict(head_type=Small48Head)),
   ]
   if only:
     variants = [v for v in variants if any(w in v[0] for w in only)]
@@ -261,8 +301,11 @@ def main():
     head_type = v["head_type"]
     workdir = tempfile.mkdtemp()
     try:
-      model = head_type.from_module(head_type.module_type(
-          head_config, nnx.Rngs(config.seed)))
+      module = head_type.module_type(head_config, nnx.Rngs(config.seed))
+      if v["target_norm"]:  # start where the target's h leaves its norm
+        nnx.update(module.out_norm,
+                   nnx.state(target.module().final_norm, nnx.Param))
+      model = head_type.from_module(module)
       head, _ = trainer.train(
           config, workdir, aux=target, model=model,
           loss_fn=eagle_train.eagle_loss(feature_weight=v["feature_weight"],
