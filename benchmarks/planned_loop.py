@@ -12,7 +12,12 @@ and of a `Goodput` rule priced so that width 4 always wins ("goodput 4 of
 8"), which plans as `gamma="auto"` does every round, so its row against
 "plan 4 of 8" is the cost of the rule's own per-round work; "... each
 round" is that rule planning again inside every round, as the loop did
-before `Rule.plans_one_width`. The planned
+before `Rule.plans_one_width`. "4/8 each round" and "4/8 each 4" plan 4
+and 8 in turn, changing width every round or every 4 rounds: against the
+mean of "plan 4 of 8" and "plan 8 of 8", the price of a change of width
+(before the loops of each width ran in sequence: a `lax.switch` that
+copied both caches twice, and a wide catch-up window on each stretch's
+first round). The planned
 rows should cost what the fixed rows of the same width do, and the off
 row what a `generate` step does.
 """
@@ -51,6 +56,19 @@ class Plan(draft_length.Rule):
 
 
 @dataclasses.dataclass(frozen=True)
+class Alternate(Plan):
+  """Plans width g for `every` rounds, then width h for `every`, and so on:
+  a change of width each `every` rounds (the switch `Goodput.keeps` damps)."""
+  h: int = 8
+  every: int = 1
+
+  def plan(self, stats, active_B, remaining_B):
+    phase = (jnp.max(stats.rounds) // self.every) % 2
+    return jnp.full(active_B.shape, jnp.where(phase == 0, self.g, self.h),
+                    jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
 class GoodputEachRound(draft_length.Goodput):
   """`Goodput` planning again inside every round (per-row budgets)."""
   plans_one_width = False
@@ -70,6 +88,8 @@ def main():
   cases = {"fixed 1": 1, "plan 1 of 8": Plan(1, 8),
            "fixed 4": 4, "plan 4 of 4": Plan(4, 4), "plan 4 of 8": Plan(4, 8),
            "fixed 8": 8, "plan 8 of 8": Plan(8, 8), "off of 8": Plan(0, 8),
+           "4/8 each round": Alternate(4, 8, h=8, every=1),
+           "4/8 each 4": Alternate(4, 8, h=8, every=4),
            # Width 4 costs 1 target pass, any other 50: it always wins.
            "goodput 4 of 8": draft_length.Goodput(
                c=0.0, r=(50.0,) * 3 + (1.0,) + (50.0,) * 4),

@@ -213,8 +213,8 @@ class Goodput(Rule):
     c_first: the round's first draft pass; None means c.
     overhead: a round's work outside the model passes (>= 0).
     hysteresis: without a threshold, the loop keeps a round width while its
-      expected time is within this fraction of the best width's (a change
-      of width is a switch between compiled loops; see `keeps`).
+      expected time is within this fraction of the best width's (see
+      `keeps`).
     probe: the cost of a probe round (one draft pass, the target's pass on 1
       token, the round's other work), or None. With it the rule may plan
       width 0, an off stretch: a probe round, which judges one draft so that
@@ -388,10 +388,9 @@ class Goodput(Rule):
                     jnp.int32)
 
   def keeps(self, width, stats, active_B, remaining_B):
-    # A change of width costs the loop a switch (a per-round switch was
-    # slower than fixed gamma on the quick target), and a row's estimate
-    # moves every round: keep the width while it is within `hysteresis` of
-    # the best.
+    # A row's estimate moves every round, and widths of nearly equal time
+    # would trade places on noise: keep the width while it is within
+    # `hysteresis` of the best.
     time_G = self.remaining_time(stats, active_B, remaining_B)
     return (time_G[width - self.min_width]
             <= (1.0 + self.hysteresis) * jnp.min(time_G))

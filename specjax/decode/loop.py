@@ -97,13 +97,8 @@ def _prefill_features(target, draft, prompts_BxP, buffer_len, lengths_B,
   return cache.replace(lengths=lengths_B - 1), draft_cache, features_BxWxD
 
 
-def _propose(draft, state, gamma, keys_BxG, sampling, window=2):
-  """gamma draft tokens per row, and the q each was drawn from.
-
-  `window` (static, >= 2): the tokens a draft with its own cache re-reads
-  before drafting, ending at the last committed one. 2 covers the lag a
-  round leaves; the first round after an off stretch (`_planned_loop`)
-  re-reads the stretch's tokens too."""
+def _propose(draft, state, gamma, keys_BxG, sampling):
+  """gamma draft tokens per row, and the q each was drawn from."""
   n_B = state.lengths
   # Draw i of row b uses uniform(keys_BxG[b, i], (1,)), drawn for all i at
   # once (unused, and so compiled away, when the draft's q is one-hot).
@@ -137,12 +132,12 @@ def _propose(draft, state, gamma, keys_BxG, sampling, window=2):
                                             u_BxG[:, 0], sampling)
   else:
     # The draft may lag one token behind (it never saw x_gamma when all
-    # drafts were kept), so it always re-reads a window (two tokens, or
-    # more after an off stretch) ending at the last committed token;
+    # drafts were kept), so it always re-reads the two tokens ending at the
+    # last committed one (after off steps, `_catch_up` has read theirs);
     # `select` picks the logits of that last token.
-    start_B = jnp.maximum(n_B - window, 0)
+    start_B = jnp.maximum(n_B - 2, 0)
     window_BxW = jnp.take_along_axis(
-        state.tokens, start_B[:, None] + jnp.arange(window)[None, :], axis=1)
+        state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
     cache = state.draft_cache.replace(lengths=start_B)
     x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_BxW,
                                             u_BxG[:, 0], sampling,
@@ -164,14 +159,13 @@ def _propose(draft, state, gamma, keys_BxG, sampling, window=2):
 
 
 def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
-           coupling_rule, verifier=None, draft_length=None, width=None,
-           window=2):
+           coupling_rule, verifier=None, draft_length=None, width=None):
   """One speculative round for every row (gamma = 0: one autoregressive step).
 
   With a `draft_length` rule, gamma is its gamma_max and each row drafts
   (and keeps) at most its own number of tokens (see `adaptive`); a rule that
-  only plans runs with a static `width`, the round's draft passes, and the
-  draft's catch-up `window` (see `_propose`). `width=-1` is an off round:
+  only plans runs with a static `width`, the round's draft passes.
+  `width=-1` is an off round:
   an autoregressive step that leaves the draft alone (`_planned_loop`). A
   `TreeVerifier` runs a tree round instead (`tree_round`, gamma = depth)."""
   n_B = state.lengths
@@ -212,7 +206,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
         target, draft, state, draft_length, width, remaining_B, last_B,
         draft_keys_BxG, verify_keys_B, sampling, coupling_rule, verifier,
         features, lambda keys: _propose(draft, state, max(width, 1), keys,
-                                        sampling, window))
+                                        sampling))
     return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
                    features, max_new_tokens=max_new_tokens,
                    eos_id=eos_id)
@@ -383,53 +377,83 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
 def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
   """The rounds of a rule that fixes each round's width before drafting.
 
-  A `lax.switch` over the width W picks a loop of fixed-width rounds, which
-  runs while the rule keeps W (`rule.keeps`): the branch's rounds are the
-  fixed gamma = W loop's own program, and the switch (whose operands, the
-  caches among them, XLA may copy: measured slower than fixed gamma on the
-  quick target when it ran once per round) is paid once per change.
+  Each sweep of the outer loop runs, for W = min_width..gamma_max in turn, a
+  loop of fixed-width rounds of width W, entered when the rule plans W and
+  run while it keeps W (`rule.keeps`): the rounds are the fixed gamma = W
+  loop's own program. A loop whose width is not planned runs no round, so a
+  sweep runs the same rounds, in the same order, as picking the planned
+  width's loop with a `lax.switch`, which this replaced: XLA copied the
+  whole carry, both KV caches among them, into the branch it entered and
+  again in the outer loop (two copies per change of width; measured at
+  batch 8, T = 1 on the quick job, a change every round cost 15-20% over
+  the two widths' mean: `benchmarks/planned_loop.py`). Loops in sequence
+  hand the carry on in place.
 
   W = 0 (a rule with `min_width` 0) is an off stretch: a probe round
   (`adaptive.planned`), then, if the rule still keeps 0, up to
   `rule.probe_every - 1` autoregressive steps that leave the draft alone
   (decided once, after the probe: the steps judge no drafts, so they leave
-  a rule's acceptance estimate as it was). A draft with its
-  own cache catches up on the first round of the next stretch, which
-  re-reads a window of `probe_every` tokens. A draft reading the target's
-  features cannot (the steps' features are not kept), so it probes every
-  round of an off stretch.
+  a rule's acceptance estimate as it was), repeated while the rule plans 0.
+  A draft with its own cache then re-reads the steps' tokens in one pass
+  (`_catch_up`), so every round starts from the usual two-token window. A
+  draft reading the target's features cannot (the steps' features are not
+  kept), so it probes every round of an off stretch.
   """
   width = lambda s: adaptive.width(rule, s, max_new_tokens)
   every = getattr(rule, "probe_every", 1)
   if getattr(draft, "reads_target_features", False):
     every = 1
-  window = max(every, 2)
+  step = sharding.constrain_decode_state
 
-  def stretch(w):
-    step = sharding.constrain_decode_state
-    first = lambda s: step(round_fn(s, width=w, window=window))
-    keeps = lambda s: going(s) & rule.keeps(w, s.stats, ~s.done,
-                                            max_new_tokens - s.generated)
-    # At least one round per entry, so the outer loop always progresses.
-    if w:
-      return lambda s: jax.lax.while_loop(
-          keeps, lambda s: step(round_fn(s, width=w)), first(s))
+  def stretch(s, w):
+    def cond(c):
+      s, started = c
+      return going(s) & jnp.where(
+          started, rule.keeps(w, s.stats, ~s.done, max_new_tokens - s.generated),
+          width(s) == w)
+    return jax.lax.while_loop(
+        cond, lambda c: (step(round_fn(c[0], width=w)), jnp.bool_(True)),
+        (s, jnp.bool_(False)))[0]
+
+  def off_stretch(s):
+    s = step(round_fn(s, width=0))  # the probe round
+    remaining = lambda s: max_new_tokens - s.generated
+    n_off = jnp.where(rule.keeps(0, s.stats, ~s.done, remaining(s)),
+                      every - 1, 0)
     off = lambda c: (step(round_fn(c[0], width=-1)), c[1] + 1)
+    s, ran = jax.lax.while_loop(lambda c: going(c[0]) & (c[1] < n_off), off,
+                                (s, jnp.int32(0)))
+    if every == 1 or getattr(draft, "reads_target_cache", False):
+      return s  # nothing to catch up on
+    # A loop of at most one trip: a conditional would copy the carry.
+    return jax.lax.while_loop(
+        lambda c: c[1] > 0,
+        lambda c: (step(_catch_up(draft, c[0], every)), jnp.int32(0)),
+        (s, ran))[0]
 
-    def off_stretch(s):
-      s = first(s)
-      # Off steps judge no drafts, so the rule's estimate stands still: it
-      # decides once, after the probe, whether the stretch goes on.
-      n_off = jnp.where(keeps(s), every - 1, 0)
-      return jax.lax.while_loop(lambda c: going(c[0]) & (c[1] < n_off), off,
-                                (s, jnp.int32(0)))[0]
-    return off_stretch
+  def sweep(s):
+    for w in range(rule.min_width, rule.gamma_max + 1):
+      if w:
+        s = stretch(s, w)
+      else:
+        s = jax.lax.while_loop(lambda s: going(s) & (width(s) == 0),
+                               off_stretch, s)
+    return s
 
-  branches = [stretch(w) for w in range(rule.min_width, rule.gamma_max + 1)]
-  return jax.lax.while_loop(
-      going, lambda s: jax.lax.switch(width(s) - rule.min_width, branches, s),
-      state)
+  return jax.lax.while_loop(going, sweep, state)
 
+
+def _catch_up(draft, state, window):
+  """The draft's cache after it reads the last `window` committed tokens of
+  each row (after off steps, which leave the draft alone): it then lags as
+  a round leaves it, and the next round re-reads the usual two tokens. A
+  pass that drafts nothing; `stats` does not count it."""
+  n_B = state.lengths
+  start_B = jnp.maximum(n_B - window, 0)
+  window_BxW = jnp.take_along_axis(
+      state.tokens, start_B[:, None] + jnp.arange(window)[None, :], axis=1)
+  _, cache = draft(window_BxW, state.draft_cache.replace(lengths=start_B))
+  return state.replace(draft_cache=cache.replace(lengths=n_B))
 
 def _lookahead(gamma, verifier):
   """Cache slots a round writes past the root: gamma, or a tree's nodes."""
