@@ -403,23 +403,21 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
   every = getattr(rule, "probe_every", 1)
   if getattr(draft, "reads_target_features", False):
     every = 1
+  keeps = lambda w, s: rule.keeps(w, s.stats, ~s.done,
+                                  max_new_tokens - s.generated)
   step = sharding.constrain_decode_state
 
   def stretch(s, w):
     def cond(c):
       s, started = c
-      return going(s) & jnp.where(
-          started, rule.keeps(w, s.stats, ~s.done, max_new_tokens - s.generated),
-          width(s) == w)
+      return going(s) & jnp.where(started, keeps(w, s), width(s) == w)
     return jax.lax.while_loop(
         cond, lambda c: (step(round_fn(c[0], width=w)), jnp.bool_(True)),
         (s, jnp.bool_(False)))[0]
 
   def off_stretch(s):
     s = step(round_fn(s, width=0))  # the probe round
-    remaining = lambda s: max_new_tokens - s.generated
-    n_off = jnp.where(rule.keeps(0, s.stats, ~s.done, remaining(s)),
-                      every - 1, 0)
+    n_off = jnp.where(keeps(0, s), every - 1, 0)
     off = lambda c: (step(round_fn(c[0], width=-1)), c[1] + 1)
     s, ran = jax.lax.while_loop(lambda c: going(c[0]) & (c[1] < n_off), off,
                                 (s, jnp.int32(0)))
