@@ -419,6 +419,44 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
                                      / (0.15 + 1.2 + 0.25))
 
 
+def test_pass_times_that_break_subadditivity_are_retimed(target, monkeypatch):
+  """A target pass on t tokens cannot cost more than t single-token passes:
+  `measure_goodput` (timings stubbed) retimes passes that break that (a
+  1-token pass timed 5x too cheap, the unit of every cost), warns when every
+  attempt breaks it, and refuses a 1-token pass of 0 s; sub-linear times
+  (the control) are taken at once."""
+  from specjax import measure  # pylint: disable=import-outside-toplevel
+  good = [1.0, 1.05, 1.1, 1.6]  # the target's passes on 1..4 tokens
+  bad = [0.2, 1.05, 1.1, 1.6]
+  def measured(target_times):
+    calls = []
+    def stub(model, *, passes, **kwargs):
+      del model, kwargs
+      if len(passes) == 4:
+        calls.append(1)
+        return target_times[min(len(calls), len(target_times)) - 1]
+      return [0.1, 0.15][:len(passes)]  # the draft's passes
+    monkeypatch.setattr(measure, "passes_seconds", stub)
+    monkeypatch.setattr(measure, "null_loop_seconds",
+                        lambda *a, **k: (0.25, 0.0))
+    try:
+      rule = draft_length.measure_goodput(
+          target, target, batch_size=2, gamma_max=3, prompt_len=8,
+          max_new_tokens=16)
+    finally:
+      draft_length._MEASURED.clear()  # stubbed: not for later calls
+    return rule, len(calls)
+  rule, attempts = measured([good])
+  assert attempts == 1 and rule.r == pytest.approx((1.05, 1.1, 1.6))
+  rule, attempts = measured([bad, good])
+  assert attempts == 2 and rule.r == pytest.approx((1.05, 1.1, 1.6))
+  with pytest.warns(RuntimeWarning, match="subadditivity"):
+    rule, attempts = measured([bad])
+  assert attempts == 3 and rule.r[0] == pytest.approx(1.05 / 0.2)
+  with pytest.raises(RuntimeError, match="gamma=<int>"):
+    measured([[0.0, 1.05, 1.1, 1.6]])
+
+
 def _result(accepted, verified):
   stats = sj.RowStats.zeros(2, 4).replace(
       accepted=jnp.array(accepted, jnp.int32),
