@@ -63,6 +63,12 @@ from specjax.train import trainer  # noqa: E402
 from experiments import eagle as eagle_experiment  # noqa: E402
 
 
+def head_of(module_type):
+  """An `EagleHead` whose module is `module_type`."""
+  return type(module_type.__name__.replace("Module", "Head"),
+              (eagle.EagleHead,), {"module_type": module_type})
+
+
 class NoNormsModule(eagle.EagleHeadModule):
   """The head without its input norms (fc reads the raw pair)."""
 
@@ -75,8 +81,7 @@ class NoNormsModule(eagle.EagleHeadModule):
     return self.block(x_BxTxD, positions_BxT, cache, 0)
 
 
-class NoNormsHead(eagle.EagleHead):
-  module_type = NoNormsModule
+NoNormsHead = head_of(NoNormsModule)
 
 
 class TwoBlocksModule(eagle.EagleHeadModule):
@@ -93,8 +98,7 @@ class TwoBlocksModule(eagle.EagleHeadModule):
     return self.second(x_BxTxD, positions_BxT, None, 0)
 
 
-class TwoBlocksHead(eagle.EagleHead):
-  module_type = TwoBlocksModule
+TwoBlocksHead = head_of(TwoBlocksModule)
 
 
 class _ZeroFeatures:
@@ -109,8 +113,7 @@ class ZeroFeaturesModule(_ZeroFeatures, eagle.EagleHeadModule):
   """The library's head, features zeroed."""
 
 
-class ZeroFeaturesHead(eagle.EagleHead):
-  module_type = ZeroFeaturesModule
+ZeroFeaturesHead = head_of(ZeroFeaturesModule)
 
 
 class NarrowModule(eagle.EagleHeadModule):
@@ -142,8 +145,7 @@ class NarrowModule(eagle.EagleHeadModule):
     return self.out(x_BxTxW), None
 
 
-class NarrowHead(eagle.EagleHead):
-  module_type = NarrowModule
+NarrowHead = head_of(NarrowModule)
 
 
 class _OutNorm:
@@ -164,16 +166,14 @@ class OutNormModule(_OutNorm, eagle.EagleHeadModule):
   """The library's head with an output norm."""
 
 
-class OutNormHead(eagle.EagleHead):
-  module_type = OutNormModule
+OutNormHead = head_of(OutNormModule)
 
 
 class NarrowOutNormModule(_OutNorm, NarrowModule):
   """The narrow head with an output norm."""
 
 
-class NarrowOutNormHead(eagle.EagleHead):
-  module_type = NarrowOutNormModule
+NarrowOutNormHead = head_of(NarrowOutNormModule)
 
 
 class NarrowThreeModule(NarrowModule):
@@ -181,8 +181,7 @@ class NarrowThreeModule(NarrowModule):
   mlp_dim, num_blocks = 336, 3
 
 
-class NarrowThreeHead(eagle.EagleHead):
-  module_type = NarrowThreeModule
+NarrowThreeHead = head_of(NarrowThreeModule)
 
 
 class Small64Module(NarrowModule):
@@ -190,16 +189,14 @@ class Small64Module(NarrowModule):
   width, mlp_dim = 64, 128
 
 
-class Small64Head(eagle.EagleHead):
-  module_type = Small64Module
+Small64Head = head_of(Small64Module)
 
 
 class Small64ZeroFeaturesModule(_ZeroFeatures, Small64Module):
   """The width-64 head, features zeroed."""
 
 
-class Small64ZeroFeaturesHead(eagle.EagleHead):
-  module_type = Small64ZeroFeaturesModule
+Small64ZeroFeaturesHead = head_of(Small64ZeroFeaturesModule)
 
 
 class Small48Module(NarrowModule):
@@ -208,16 +205,14 @@ class Small48Module(NarrowModule):
   width, mlp_dim, num_heads = 48, 312, 3
 
 
-class Small48Head(eagle.EagleHead):
-  module_type = Small48Module
+Small48Head = head_of(Small48Module)
 
 
 class NarrowZeroFeaturesModule(_ZeroFeatures, NarrowModule):
   """The narrow head, features zeroed."""
 
 
-class NarrowZeroFeaturesHead(eagle.EagleHead):
-  module_type = NarrowZeroFeaturesModule
+NarrowZeroFeaturesHead = head_of(NarrowZeroFeaturesModule)
 
 
 def teacher_forced(target, logits_fn, windows_NxT):
