@@ -437,7 +437,8 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   `specjax.measure`: target passes on 1..gamma_max + 1 tokens, the draft's
   first pass (2 tokens, or 1 when it shares the target's cache) and its
   1-token pass (`pass_seconds`), and the round's work outside the passes
-  (`null_loop_seconds`, the fixed-gamma_max loop with null models). With
+  (`null_loop_seconds`, the fixed-gamma_max loop with null models); target
+  pass times that break subadditivity are retimed (`_target_passes`). With
   `calibrate`, every width's round is priced by the loop's own round of
   that width instead, in `generate` steps (`measure.loop_round_steps`):
   r takes up the difference, and the probe round is scaled as the width-1
