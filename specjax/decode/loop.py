@@ -135,10 +135,7 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
     # drafts were kept), so it always re-reads the two tokens ending at the
     # last committed one (after off steps, `_catch_up` has read theirs);
     # `select` picks the logits of that last token.
-    start_B = jnp.maximum(n_B - 2, 0)
-    window_BxW = jnp.take_along_axis(
-        state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
-    cache = state.draft_cache.replace(lengths=start_B)
+    window_BxW, cache, start_B = steps._draft_window(state, 2)
     x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_BxW,
                                             u_BxG[:, 0], sampling,
                                             select_B=n_B - 1 - start_B)
@@ -446,12 +443,10 @@ def _catch_up(draft, state, window):
   each row (after off steps, which leave the draft alone): it then lags as
   a round leaves it, and the next round re-reads the usual two tokens. A
   pass that drafts nothing; `stats` does not count it."""
-  n_B = state.lengths
-  start_B = jnp.maximum(n_B - window, 0)
-  window_BxW = jnp.take_along_axis(
-      state.tokens, start_B[:, None] + jnp.arange(window)[None, :], axis=1)
-  _, cache = draft(window_BxW, state.draft_cache.replace(lengths=start_B))
-  return state.replace(draft_cache=cache.replace(lengths=n_B))
+  window_BxW, cache, _ = steps._draft_window(state, window)
+  _, cache = draft(window_BxW, cache)
+  return state.replace(draft_cache=cache.replace(lengths=state.lengths))
+
 
 def _lookahead(gamma, verifier):
   """Cache slots a round writes past the root: gamma, or a tree's nodes."""

@@ -94,6 +94,18 @@ def _draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
   return _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B)
 
 
+def _draft_window(state, window):
+  """`(tokens_BxW, cache, start_B)`: each row's last `window` committed
+  tokens (from position 0 where it has fewer), and the draft's cache rolled
+  back to where they start, so that a draft pass over them rewrites it from
+  there. A draft with its own cache re-reads such a window each round
+  (it may lag), and after off steps (`loop._catch_up`)."""
+  start_B = jnp.maximum(state.lengths - window, 0)
+  tokens_BxW = jnp.take_along_axis(
+      state.tokens, start_B[:, None] + jnp.arange(window)[None, :], axis=1)
+  return tokens_BxW, state.draft_cache.replace(lengths=start_B), start_B
+
+
 def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
   """`_draft_step` on a pre-drawn uniform per row (`u_B[b]` is what
   `_row_uniforms(keys_B, 1)` draws), so the decode loop can draw a whole

@@ -88,11 +88,8 @@ def propose(draft, state, verifier, key_B, sampling):
   sample = lambda u_x, probs_xV: steps._sample(u_x, probs_xV, sampling)
 
   # Level 0: the chain's two-token catch-up window ending at the root.
-  start_B = jnp.maximum(n_B - 2, 0)
-  window_Bx2 = jnp.take_along_axis(
-      state.tokens, start_B[:, None] + jnp.arange(2)[None, :], axis=1)
-  logits_Bx2xV, cache = draft(window_Bx2,
-                              state.draft_cache.replace(lengths=start_B))
+  window_Bx2, cache, start_B = steps._draft_window(state, 2)
+  logits_Bx2xV, cache = draft(window_Bx2, cache)
   logits_Bx1xV = jnp.take_along_axis(
       logits_Bx2xV, (n_B - 1 - start_B)[:, None, None], axis=1)
   cache = cache.replace(lengths=n_B - 1)
