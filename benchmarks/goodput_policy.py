@@ -2,7 +2,7 @@ r"""What `Goodput` loses to learning the acceptance, with exact costs and no tim
 
   python benchmarks/goodput_policy.py [--costs=1.56,1.89,...] [--tokens=128]
       [--batch=1] [--spread=0.0] [--burst=0.0 --switch=0.05]
-      [--priors=1:1,...]
+      [--priors=1:1,...] [--hystereses=0,0.1,...]
 
 Simulates, at batch 1 (or `--batch` rows, every round run for the whole
 batch while any row is active), the rounds
@@ -22,8 +22,9 @@ only handicap is what it does not know: alpha. Prints, per alpha, the
 speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
 rule from its default prior, warm-started at the true alpha
 (`Goodput.warm_start`, strength 16), at alpha -+ 0.1, and from each prior
-of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior), each with
-its ratio to the best fixed gamma; means over `--runs` rows (batches),
+of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior)
+and with each margin of `--hystereses` as its `hysteresis`, each with its
+ratio to the best fixed gamma; means over `--runs` rows (batches),
 every variant on the same simulated rows. Candidates the library does not
 have: expected tokens averaged over each row's posterior (`Posterior`),
 and with `--batch` > 1 each row's estimate shrunk toward the batch's
@@ -232,6 +233,8 @@ def main():
   parser.add_argument("--switch", type=float, default=0.05)
   parser.add_argument("--priors", default="",
                       help="more priors to compare, pseudo-counts 'a:b,...'")
+  parser.add_argument("--hystereses", default="",
+                      help="more hysteresis margins to compare, 'h,...'")
   parser.add_argument("--only", default="",
                       help="comma-separated variant names to run besides "
                       "the fixed gammas, which the ratios need (all: '')")
@@ -261,6 +264,9 @@ def main():
       a0, b0 = (float(x) for x in prior.split(":"))
       variants[f"auto prior {prior}"] = (
           dataclasses.replace(rule, prior=(a0, b0)), None)
+    for h in filter(None, args.hystereses.split(",")):
+      variants[f"auto hysteresis {h}"] = (
+          dataclasses.replace(rule, hysteresis=float(h)), None)
     if args.only:
       keep = args.only.split(",")
       variants = {k: v for k, v in variants.items()
