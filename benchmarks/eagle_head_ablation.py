@@ -39,12 +39,6 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
                           the target's final norm (then trained)
   small: width 64 / 48    narrow heads at distilled-draft-0.1m's size
                           (117,440 / 118,016); width 64 also features zeroed
-  fused: narrow ...       EAGLE-3's fused features: the residual stream after
-                          the target's blocks 1 and 2 beside h, each normed,
-                          all in the fc's input (MLP 512: 562,816)
-  fused mix: narrow       a learned softmax mix of the normed taps and h
-                          where the narrow head reads h (563,075)
-  fused mix: small ...    the same at width 64, MLP 120 (116,403)
 """
 
 import dataclasses
@@ -63,8 +57,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from specjax import data  # noqa: E402
 from specjax.models import eagle  # noqa: E402
 from specjax.models import transformer  # noqa: E402
-from specjax.train import distill  # noqa: E402
-from specjax.train import losses  # noqa: E402
 from specjax.train import recipes  # noqa: E402
 from specjax.train import eagle as eagle_train  # noqa: E402
 from specjax.train import trainer  # noqa: E402
@@ -223,128 +215,6 @@ class NarrowZeroFeaturesModule(_ZeroFeatures, NarrowModule):
 NarrowZeroFeaturesHead = head_of(NarrowZeroFeaturesModule)
 
 
-# EAGLE-3's fused features: the residual stream after these blocks (of the
-# target's four), beside the final-norm output the library's head reads.
-FUSED_LAYERS = (0, 1)
-
-
-def fused_features(frozen, tokens_BxT, positions_BxT):
-  """(final-norm features h `[B, T, D]`, the taps and h side by side
-  `[B, T, (len(FUSED_LAYERS) + 1) D]`), full-sequence, no cache."""
-  x_BxTxD = frozen.embed_inputs(tokens_BxT, positions_BxT)
-  taps = []
-  for layer, block in enumerate(frozen.blocks):
-    x_BxTxD, _ = block(x_BxTxD, positions_BxT, None, layer)
-    if layer in FUSED_LAYERS:
-      taps.append(x_BxTxD)
-  hidden_BxTxD = frozen.final_norm(x_BxTxD)
-  return hidden_BxTxD, jnp.concatenate([*taps, hidden_BxTxD], -1)
-
-
-class FusedModule(NarrowModule):
-  """The narrow head reading EAGLE-3's fused features: each tap (and h)
-  normed, then fc(concat[taps, h, e] -> 128); MLP 512 keeps it at the narrow
-  head's size (562,560)."""
-  mlp_dim = 512
-
-  def __init__(self, config, rngs):
-    super().__init__(config, rngs)
-    d, k = config.d_model, len(FUSED_LAYERS)
-    self.tap_norms = nnx.List([transformer._norm(config, rngs)
-                               for _ in range(k)])
-    self.fc = transformer._linear(config, (k + 2) * d, self.width, rngs)
-
-  def __call__(self, features_BxTxKD, embeds_BxTxD, positions_BxT, cache):
-    assert cache is None  # teacher-forced only
-    *taps, hidden_BxTxD = jnp.split(features_BxTxKD, len(FUSED_LAYERS) + 1,
-                                    axis=-1)
-    x_BxTxW = self.fc(jnp.concatenate(
-        [*(norm(t) for norm, t in zip(self.tap_norms, taps)),
-         self.feature_norm(hidden_BxTxD), self.embed_norm(embeds_BxTxD)], -1))
-    for layer, block in enumerate(self.blocks):
-      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
-    return self.out(x_BxTxW), None
-
-
-FusedHead = head_of(FusedModule)
-
-
-class FusedMixModule(NarrowModule):
-  """The narrow head reading a learned mix of the fused features: softmax
-  weights over the normed taps and h, summed to one D-vector where the
-  narrow head reads h (+1,027 parameters)."""
-
-  def __init__(self, config, rngs):
-    super().__init__(config, rngs)
-    k = len(FUSED_LAYERS)
-    self.tap_norms = nnx.List([transformer._norm(config, rngs)
-                               for _ in range(k)])
-    self.mix = nnx.Param(jnp.zeros((k + 1,), jnp.float32))
-
-  def __call__(self, features_BxTxKD, embeds_BxTxD, positions_BxT, cache):
-    *taps, hidden_BxTxD = jnp.split(features_BxTxKD, len(FUSED_LAYERS) + 1,
-                                    axis=-1)
-    normed = [*(norm(t) for norm, t in zip(self.tap_norms, taps)),
-              self.feature_norm(hidden_BxTxD)]
-    weights = jax.nn.softmax(self.mix[...])
-    mixed_BxTxD = sum(w * x for w, x in zip(weights, normed))
-    # feature_norm is applied again inside: an affine of a normed vector.
-    return super().__call__(mixed_BxTxD, embeds_BxTxD, positions_BxT, cache)
-
-
-FusedMixHead = head_of(FusedMixModule)
-
-
-class SmallFusedMixModule(FusedMixModule):
-  """The fused mix at distilled-draft-0.1m's size: width 64, MLP 120."""
-  width, mlp_dim = 64, 120
-
-
-SmallFusedMixHead = head_of(SmallFusedMixModule)
-
-
-def fused_loss(feature_weight, kl_weight):
-  """`eagle_train.eagle_loss` (forward KL) with the fused features as the
-  head's input; the regression target stays h."""
-
-  def loss_fn(module, batch, rng, target):
-    del rng
-    inputs_BxT, targets_BxT = losses.split_inputs_targets(batch["tokens"])
-    frozen = target.module()
-    b, t = inputs_BxT.shape
-    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    hidden_BxTxD, fused_BxTxKD = jax.lax.stop_gradient(
-        fused_features(frozen, inputs_BxT, positions_BxT))
-    teacher_BxTxV = jax.lax.stop_gradient(frozen.head(hidden_BxTxD))
-    embeds_BxTxD = jax.lax.stop_gradient(
-        frozen.embed_inputs(inputs_BxT, positions_BxT))
-    predicted_BxTxD, _ = module(eagle.shift_features(fused_BxTxKD),
-                                embeds_BxTxD, positions_BxT, None)
-    student_BxTxV = frozen.head(predicted_BxTxD)
-    mask_BxT = losses.target_mask(targets_BxT)
-    count = jnp.maximum(mask_BxT.sum(), 1.0)
-    mean = lambda x_BxT: (x_BxT * mask_BxT).sum() / count
-    feature = mean(jnp.mean(eagle_train._smooth_l1(
-        predicted_BxTxD - hidden_BxTxD), axis=-1))
-    kl = mean(distill.divergence_BxT("forward_kl", teacher_BxTxV,
-                                     student_BxTxV))
-    return feature_weight * feature + kl_weight * kl, {
-        "feature_loss": feature, "kl": kl}
-
-  return loss_fn
-
-
-def fused_logits(head):
-  def fn(module, hidden_NxTxD, windows_NxT, positions_NxT):
-    del hidden_NxTxD
-    _, fused_NxTxKD = fused_features(module, windows_NxT, positions_NxT)
-    predicted_NxTxD, _ = head.module()(
-        eagle.shift_features(fused_NxTxKD),
-        module.embed_inputs(windows_NxT, positions_NxT), positions_NxT, None)
-    return module.head(predicted_NxTxD)
-  return fn
-
-
 def teacher_forced(target, logits_fn, windows_NxT):
   """(mean sum_x min(p, q), argmax agreement) past each window's 8th byte."""
   module = target.module()
@@ -381,7 +251,7 @@ def main():
                  feature_weight=eagle_train.FEATURE_WEIGHT,
                  mlp_dim=recipes.EAGLE_HEAD_MLP_DIM, lr=config.optim.lr,
                  divergence="forward_kl", kl_weight=eagle_train.KL_WEIGHT,
-                 target_norm=False, fused=False)
+                 target_norm=False)
   variants = [
       ("no input norms, 1 : 1", dict(head_type=NoNormsHead,
                                      feature_weight=1.0)),
@@ -415,11 +285,6 @@ def main():
       ("small: width 64, two blocks, features zeroed",
        dict(head_type=Small64ZeroFeaturesHead)),
       ("small: width 48, two blocks", dict(head_type=Small48Head)),
-      ("fused: narrow, taps after blocks 1, 2 and h", dict(
-          head_type=FusedHead, fused=True)),
-      ("fused mix: narrow", dict(head_type=FusedMixHead, fused=True)),
-      ("fused mix: small, width 64", dict(head_type=SmallFusedMixHead,
-                                          fused=True)),
   ]
   if only:
     variants = [v for v in variants if any(w in v[0] for w in only)]
@@ -436,19 +301,15 @@ def main():
         nnx.update(module.out_norm,
                    nnx.state(target.module().final_norm, nnx.Param))
       model = head_type.from_module(module)
-      if v["fused"]:
-        loss_fn = fused_loss(v["feature_weight"], v["kl_weight"])
-      else:
-        loss_fn = eagle_train.eagle_loss(feature_weight=v["feature_weight"],
+      head, _ = trainer.train(
+          config, workdir, aux=target, model=model,
+          loss_fn=eagle_train.eagle_loss(feature_weight=v["feature_weight"],
                                          kl_weight=v["kl_weight"],
-                                         divergence=v["divergence"])
-      head, _ = trainer.train(config, workdir, aux=target, model=model,
-                              loss_fn=loss_fn)
+                                         divergence=v["divergence"]))
     finally:
       shutil.rmtree(workdir)
     rows.append((f"head: {name}", head.param_count(),
-                 *teacher_forced(target, (fused_logits if v["fused"] else
-                                          head_logits)(head), windows_NxT)))
+                 *teacher_forced(target, head_logits(head), windows_NxT)))
     print(*rows[-1], flush=True)
   for name, draft in drafts.items():
     if name != "eagle-head":
