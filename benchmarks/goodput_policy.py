@@ -20,7 +20,8 @@ the quick job's distilled draft at batch 1, from
 loop's `RowStats` keeps them), priced with the same costs, so the rule's
 only handicap is what it does not know: alpha. Prints, per alpha, the
 speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
-rule from its default prior, warm-started at the true alpha
+rule from its default prior (and, as "auto counts", with
+`estimator="accepted"`: kept drafts counted, not their keep probabilities), warm-started at the true alpha
 (`Goodput.warm_start`, strength 16), at alpha -+ 0.1, and from each prior
 of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior)
 and with each margin of `--hystereses` as its `hysteresis`, each with its
@@ -63,21 +64,23 @@ def make_rule(costs):
 
 
 def decisions(rule, batch=1):
-  """(accepted_B, verified_B, remaining_B, active_B) -> (best width, keeps
-  per width), the rule's own `plan` and `keeps` on the rows' counts."""
+  """(accepted_B, verified_B, overlap_B, remaining_B, active_B) -> (best
+  width, keeps per width), the rule's own `plan` and `keeps` on the rows'
+  counts."""
 
   @jax.jit
-  def fn(accepted_B, verified_B, remaining_B, active_B):
+  def fn(accepted_B, verified_B, overlap_B, remaining_B, active_B):
     stats = state.RowStats.zeros(batch, 1).replace(
-        accepted=accepted_B, verified=verified_B)
+        accepted=accepted_B, verified=verified_B, overlap_sum=overlap_B)
     width = draft_length.widest(
         rule.plan(stats, active_B, remaining_B), active_B)
     return width, jnp.stack([
         rule.keeps(w, stats, active_B, remaining_B)
         for w in range(rule.min_width, rule.gamma_max + 1)])
-  return lambda a, v, n, act: jax.device_get(fn(
+  return lambda a, v, o, n, act: jax.device_get(fn(
       jnp.asarray(a, jnp.int32), jnp.asarray(v, jnp.int32),
-      jnp.asarray(n, jnp.int32), jnp.asarray(act)))
+      jnp.asarray(o, jnp.float32), jnp.asarray(n, jnp.int32),
+      jnp.asarray(act)))
 
 
 def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
@@ -90,21 +93,26 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
   `burst`, the row's text alternates between easy and hard stretches
   (alpha_b + burst and alpha_b - burst, clipped; each judged draft
   switches with probability `switch`), so its acceptance comes in runs at
-  the same mean, as a text's easy and hard passages give it."""
+  the same mean, as a text's easy and hard passages give it. Each judged
+  draft adds its keep probability to the row's overlap sum (what the
+  library's `estimator="overlap"` counts; here a draft's sum_x min(p, q)
+  is its stretch's alpha, with no spread among the stretch's drafts)."""
   alpha_B = np.clip(alpha + spread * rng.uniform(-1.0, 1.0, batch), 0.01,
                     0.99)
   easy_B = rng.random(batch) < 0.5
   def keeps_draft(b):
     if rng.random() < switch:
       easy_B[b] = not easy_B[b]
-    a = alpha_B[b] + (burst if easy_B[b] else -burst)
-    return rng.random() < min(max(a, 0.01), 0.99)
+    a = min(max(alpha_B[b] + (burst if easy_B[b] else -burst), 0.01), 0.99)
+    overlap[b] += a  # the draft is judged
+    return rng.random() < a
   costs = rule.round_costs()  # width 0 (an off stretch's mean), 1..gamma_max
   accepted, verified = np.zeros(batch, int), np.zeros(batch, int)
+  overlap = np.zeros(batch)
   emitted = np.zeros(batch, int)
   time = 0.0
   going = lambda: bool((emitted < tokens).any())
-  plan = lambda: decide(accepted, verified, tokens - emitted,
+  plan = lambda: decide(accepted, verified, overlap, tokens - emitted,
                         emitted < tokens)
 
   def round_of(w):
@@ -253,6 +261,8 @@ def main():
                 if g <= rule.gamma_max}
     variants.update({
         "auto": (rule, None),
+        "auto counts": (dataclasses.replace(rule, estimator="accepted"),
+                        None),
         "auto warm": (warm(rule, alpha), None),
         "auto warm -0.1": (warm(rule, alpha - 0.1), None),
         "auto warm +0.1": (warm(rule, alpha + 0.1), None),

@@ -115,9 +115,12 @@ class _PeekTwoAhead(draft_length.Rule):
 # Width 1 priced out; width 2 at alpha 0.5 (1.75 tokens / 1.4) beats an off
 # stretch (a probe at 0.9 and a step at 1: 1 / 0.95), which beats width 2 at
 # alpha 1/3 (1.44 / 1.4). The uniform prior starts rows at 0.5, so that one
-# rejection in 3 tokens moves a row across.
+# rejection in 3 tokens moves a row across: counted as kept drafts, which
+# move in whole steps (the default overlap estimate moves by each draft's
+# acceptance probability, which on these toys keeps rows above 1/3).
 _MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9,
-                                     probe_every=2, prior=(1.0, 1.0))
+                                     probe_every=2, prior=(1.0, 1.0),
+                                     estimator="accepted")
 
 
 def _sample(target, draft, rule, sampling):
@@ -131,10 +134,9 @@ def _sample(target, draft, rule, sampling):
 @pytest.mark.optimized
 @pytest.mark.parametrize("rule", [
     draft_length.Confidence(threshold=0.6, gamma_max=3),
-    # No threshold: the planned path (whole fixed-length rounds, switched);
-    # opt-in, as the rule below runs that path too, with probe rounds.
-    pytest.param(draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0)),
-                 marks=pytest.mark.slow),
+    # No threshold: the planned path (whole fixed-length rounds, switched),
+    # planned on the default estimate (each judged draft's sum_x min(p, q)).
+    draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0)),
     # With probe rounds: width 2 while the estimate is the prior's 0.5, then
     # probes once the batch's worst row has been rejected (see below).
     _MIXED_PROBES,
@@ -213,7 +215,8 @@ def test_goodput_picks_longer_drafts_for_better_rows():
   want = (1 - 0.9 ** 4) / (1 - 0.9) / (3 * 0.1 + 1.3)
   assert rates[1, 2] == pytest.approx(want, rel=1e-5)
   stats = sj.RowStats.zeros(2, 6).replace(
-      accepted=jnp.array([30, 90]), verified=jnp.array([100, 100]))
+      accepted=jnp.array([30, 90]), verified=jnp.array([100, 100]),
+      overlap_sum=jnp.array([30.0, 90.0]))
   # One row: its own best. Both: one budget for the batch (shared passes),
   # set by the row the batch waits for: the worse one when both have as many
   # tokens to go, the better one when the worse is nearly done.
@@ -313,6 +316,30 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
     assert s["accepted"] <= s["verified"] <= s["draft_calls"]
 
 
+def test_goodput_estimates_acceptance_from_overlaps():
+  """By default each judged draft adds its keep probability sum_x min(p, q)
+  to the kept count (Rao-Blackwellised); estimator='accepted' counts the
+  drafts kept. Both start from the prior's pseudo-counts."""
+  rule = draft_length.Goodput(c=0.1, r=(1.0, 1.1))
+  stats = sj.RowStats.zeros(2, 2).replace(
+      accepted=jnp.array([3, 0]), verified=jnp.array([4, 0]),
+      overlap_sum=jnp.array([3.6, 0.0]))
+  np.testing.assert_allclose(rule.alpha(stats), [6.6 / 8, 3 / 4], rtol=1e-6)
+  counts = dataclasses.replace(rule, estimator="accepted")
+  np.testing.assert_allclose(counts.alpha(stats), [6 / 8, 3 / 4], rtol=1e-6)
+
+
+def test_overlap_estimate_needs_the_exact_token_verifier(target):
+  """A lossy verifier keeps drafts more often than sum_x min(p, q) says:
+  the loop refuses the overlap estimate there, before compiling."""
+  prompts, lengths = _prompts(2)
+  rule = draft_length.Goodput(c=0.1, r=(1.0, 1.1))
+  with pytest.raises(ValueError, match="estimator='accepted'"):
+    sj.speculative_generate(target, target, prompts, lengths,
+                            jax.random.key(0), gamma=rule, max_new_tokens=4,
+                            verifier="lenient:0.5")
+
+
 def test_goodput_probes_where_no_width_pays():
   """The rule plans a probe round (0) for a batch waiting on a row whose
   draft is mostly rejected, and speculates again for a row it predicts."""
@@ -322,7 +349,8 @@ def test_goodput_probes_where_no_width_pays():
   # An off stretch: one probe and three steps of 1 + overhead.
   assert rule.round_costs()[0] == pytest.approx((1.1 + 3 * 1.05) / 4)
   stats = sj.RowStats.zeros(2, 3).replace(
-      accepted=jnp.array([25, 95]), verified=jnp.array([100, 100]))
+      accepted=jnp.array([25, 95]), verified=jnp.array([100, 100]),
+      overlap_sum=jnp.array([25.0, 95.0]))
   go = lambda *active: rule.plan(stats, jnp.array(active),
                                  jnp.array([100, 100], jnp.int32))
   assert np.asarray(go(True, True)).tolist() == [0, 0]
@@ -533,6 +561,8 @@ def test_auto_measures_costs_once(target):
      ValueError, "probe"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe=1.0, probe_every=0),
      ValueError, "probe_every"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), estimator="kept"),
+     ValueError, "estimator"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):

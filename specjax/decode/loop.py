@@ -13,6 +13,7 @@ autoregressive sample, so baseline and speculative runs share every piece.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -581,6 +582,16 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         f"verifier={verifier.spec!r} judges a draft block as a whole and "
         "cannot run with an adaptive draft length (gamma='auto' or a "
         "draft-length rule); use an int gamma, or verifier='token'.")
+  # A judged draft's sum_x min(p, q) is its chance of being kept only under
+  # the exact token verifier (the maximal coupling).
+  overlap_is_acceptance = (isinstance(verifier, verifiers_lib.TokenVerifier)
+                           and verifier.exact)
+  if (getattr(rule, "estimator", None) == "overlap"
+      and not overlap_is_acceptance):
+    raise ValueError(
+        f"verifier={verifier.spec!r} keeps a draft with another probability "
+        "than sum_x min(p, q), which the rule's estimator='overlap' counts; "
+        "pass dataclasses.replace(rule, estimator='accepted').")
   prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=_lookahead(gamma, verifier), sampling=sampling, eos_id=eos_id,
@@ -591,6 +602,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         target, draft, batch_size=prompts.shape[0], gamma_max=gamma,
         prompt_len=int(np.max(lengths)), max_new_tokens=max_new_tokens,
         sampling=sampling)
+    if not overlap_is_acceptance:
+      rule = dataclasses.replace(rule, estimator="accepted")
   mesh = sharding.as_mesh(mesh)
   (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (target, draft), (prompts, lengths, keys))
