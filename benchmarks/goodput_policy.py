@@ -20,17 +20,18 @@ the quick job's distilled draft at batch 1, from
 loop's `RowStats` keeps them), priced with the same costs, so the rule's
 only handicap is what it does not know: alpha. Prints, per alpha, the
 speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
-rule from its default prior (and, as "auto counts", with
-`estimator="accepted"`: kept drafts counted, not their keep probabilities), warm-started at the true alpha
-(`Goodput.warm_start`, strength 16), at alpha -+ 0.1, and from each prior
-of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior)
-and with each margin of `--hystereses` as its `hysteresis`, each with its
+rule: from its default prior; counting kept drafts instead of their keep
+probabilities ("auto counts", `estimator="accepted"`); warm-started at the
+true alpha (`Goodput.warm_start`, strength 16) and at alpha -+ 0.1; from
+each prior of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior);
+with each margin of `--hystereses` as its `hysteresis`. Each with its
 ratio to the best fixed gamma; means over `--runs` rows (batches),
 every variant on the same simulated rows. Candidates the library does not
 have: expected tokens averaged over each row's posterior (`Posterior`),
 and with `--batch` > 1 each row's estimate shrunk toward the batch's
 pooled acceptance, by a fixed weight (`Shrunk`) or by one estimated from
-the rows' spread (`Moments`). Counts, not timings: the same numbers on any
+the rows' spread (`Moments`); these count kept drafts, as the library did
+before `estimator="overlap"`. Counts, not timings: the same numbers on any
 machine.
 """
 

@@ -1,9 +1,11 @@
 r"""Why `Goodput` counts overlaps: the variance of the two acceptance estimates.
 
-  python benchmarks/overlap_variance.py [DRAFTS]   # bigram,distilled-draft-0.1m@target-3m
+  python benchmarks/overlap_variance.py [DRAFTS]   # comma-separated
 
-Teacher-forced on 16 held-out windows of 192 bytes of the quick job's
-target-3m at T = 1 (past each window's 8th byte), per position: the
+DRAFTS as `experiments.adaptive_gamma --drafts` names them (default:
+bigram,distilled-draft-0.1m@target-3m). On 16 held-out windows of 192
+bytes, teacher-forced, the quick job's target-3m against each draft at
+T = 1, per position past each window's 8th byte: the
 overlap o = sum_x min(p, q), a draft's keep probability under the exact
 token verifier. A kept-or-not count is a Bernoulli(o) draw, of variance
 alpha (1 - alpha) per draft (alpha the mean o); the overlap itself varies

@@ -235,10 +235,10 @@ class Goodput(Rule):
       mean with far less variance when sampling: teacher-forced on the
       quick job's target at T = 1, per judged draft, the count's variance
       is .0557 and the overlap's .0017 for distilled-draft-0.1m, .155 and
-      .018 for the bigram (`benchmarks/overlap_variance.py`). Greedy, the overlap is the count (p and q are
-      one-hot). "accepted": the drafts kept, for a verifier that keeps
-      drafts with other probabilities (the lossy ones); the loop refuses
-      "overlap" with such a verifier.
+      .018 for the bigram (`benchmarks/overlap_variance.py`). Greedy, the
+      overlap is the count (p and q are one-hot). "accepted": the drafts
+      kept, for a verifier that keeps drafts with other probabilities (the
+      lossy ones); the loop refuses "overlap" with such a verifier.
   """
   c: float
   r: tuple[float, ...]
