@@ -116,8 +116,8 @@ class _PeekTwoAhead(draft_length.Rule):
 # stretch (a probe at 0.9 and a step at 1: 1 / 0.95), which beats width 2 at
 # alpha 1/3 (1.44 / 1.4). The uniform prior starts rows at 0.5, so that one
 # rejection in 3 tokens moves a row across: counted as kept drafts, which
-# move in whole steps (the default overlap estimate moves by each draft's
-# acceptance probability, which on these toys keeps rows above 1/3).
+# move in whole steps (on the default overlap estimate, which moves by each
+# draft's keep probability, no row crossed here and no off round ran).
 _MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9,
                                      probe_every=2, prior=(1.0, 1.0),
                                      estimator="accepted")
