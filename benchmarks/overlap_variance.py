@@ -17,22 +17,16 @@ E[o (1 - o)], is what counting o instead of the draw removes
 import os
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from absl import flags  # noqa: E402
+import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
+from specjax import distortion  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
-
-
-def logits(model, windows_NxT):
-  if hasattr(model, "module"):  # a Transformer
-    return model.module()(windows_NxT)
-  n, t = windows_NxT.shape  # an n-gram: causal by construction
-  return model(windows_NxT, model.init_cache(n, t))[0]
 
 
 def main():
@@ -42,10 +36,11 @@ def main():
   target, _ = adaptive_gamma._load("quick")
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   windows_NxT = jnp.asarray(data.prompts(heldout, 16, 192, 1))
-  p_NxTxV = jax.nn.softmax(logits(target, windows_NxT), -1)
+  sampling = sj.SamplingConfig(temperature=1.0)
+  p_NxTxV = distortion._laws(target, windows_NxT, sampling)
   for name in drafts:
     draft = adaptive_gamma._draft(name, target)
-    q_NxTxV = jax.nn.softmax(logits(draft, windows_NxT), -1)
+    q_NxTxV = distortion._laws(draft, windows_NxT, sampling)
     o = np.asarray(jnp.minimum(p_NxTxV, q_NxTxV).sum(-1)[:, 8:]).ravel()
     alpha = o.mean()
     print(f"{name}: alpha {alpha:.3f}; per judged draft, variance of the "
