@@ -15,6 +15,7 @@ from specjax import lab
 from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import draft_length
+from specjax.decode import verifiers
 from specjax.lab import stopping
 from specjax.models import TransformerConfig, TransformerLM
 
@@ -332,6 +333,10 @@ def test_goodput_estimates_acceptance_from_overlaps():
 def test_overlap_estimate_needs_the_exact_token_verifier(target):
   """A lossy verifier keeps drafts more often than sum_x min(p, q) says:
   the loop refuses the overlap estimate there, before compiling."""
+  get = verifiers.get_verifier
+  assert get("token").keeps_with_overlap
+  assert not any(get(v).keeps_with_overlap
+                 for v in ("lenient:0.5", "block", "always_accept"))
   prompts, lengths = _prompts(2)
   rule = draft_length.Goodput(c=0.1, r=(1.0, 1.1))
   with pytest.raises(ValueError, match="estimator='accepted'"):

@@ -582,12 +582,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         f"verifier={verifier.spec!r} judges a draft block as a whole and "
         "cannot run with an adaptive draft length (gamma='auto' or a "
         "draft-length rule); use an int gamma, or verifier='token'.")
-  # A judged draft's sum_x min(p, q) is its chance of being kept only under
-  # the exact token verifier (the maximal coupling).
-  overlap_is_acceptance = (isinstance(verifier, verifiers_lib.TokenVerifier)
-                           and verifier.exact)
   if (getattr(rule, "estimator", None) == "overlap"
-      and not overlap_is_acceptance):
+      and not verifier.keeps_with_overlap):
     raise ValueError(
         f"verifier={verifier.spec!r} keeps a draft with another probability "
         "than sum_x min(p, q), which the rule's estimator='overlap' counts; "
@@ -602,7 +598,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         target, draft, batch_size=prompts.shape[0], gamma_max=gamma,
         prompt_len=int(np.max(lengths)), max_new_tokens=max_new_tokens,
         sampling=sampling)
-    if not overlap_is_acceptance:
+    if not verifier.keeps_with_overlap:
       rule = dataclasses.replace(rule, estimator="accepted")
   mesh = sharding.as_mesh(mesh)
   (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(

@@ -41,10 +41,17 @@ class Verifier:
       drafting after d tokens can keep min(kept, d) (adaptive draft lengths,
       `specjax.decode.draft_length`). Block verification judges the block as
       a whole and cannot.
+    keeps_with_overlap: True when a judged draft is kept with probability
+      exactly sum_x min(p, q), so that `Goodput(estimator="overlap")` may
+      count that overlap in place of the draft's fate.
   """
   name: ClassVar[str] = ""
   exact: ClassVar[bool] = True
   supports_draft_length: ClassVar[bool] = False
+
+  @property
+  def keeps_with_overlap(self) -> bool:
+    return False
 
   @property
   def spec(self) -> str:

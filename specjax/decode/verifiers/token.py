@@ -38,6 +38,10 @@ class TokenVerifier(base.Verifier):
     return self.coupling_rule is coupling._coupling
 
   @property
+  def keeps_with_overlap(self) -> bool:  # the maximal coupling's keep law
+    return self.exact
+
+  @property
   def spec(self) -> str:
     if self.coupling_rule is coupling._coupling:
       return "token"
