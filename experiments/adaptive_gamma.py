@@ -7,14 +7,13 @@ r"""gamma="auto" (and the confidence rule) against every fixed gamma, per draft 
 For every (draft, batch) cell it times, after compilation and interleaved
 call by call, `generate` and `speculative_generate` with each fixed gamma,
 with
-gamma="auto" (the Goodput rule, every cost measured at that batch on the
-loop's shapes by `measure_goodput`), with auto priced by the loop's own
-round of every width ("auto+loop": `measure_goodput(calibrate=True)`), with
-that rule warm-started from a pilot call on other held-out prompts of the
-same batch ("auto+warm": `Goodput.warm_start`, so rows start from the
-pilot's acceptance instead of the default prior's 3/4), with auto counting
-kept drafts instead of their keep probabilities ("auto counts":
-`estimator="accepted"`) and with auto plus
+gamma="auto" (the Goodput rule, every width's round priced at that batch
+by the loop's own round, `measure_goodput`), with auto priced by the
+verify passes timed alone ("auto alone": `measure_goodput(calibrate=False)`,
+the default before), with auto warm-started from a pilot call on other
+held-out prompts of the same batch ("auto+warm": `Goodput.warm_start`, so
+rows start from the pilot's acceptance instead of the default prior's
+3/4) and with auto plus
 a confidence stop (`--threshold`), over the same held-out prompts, every
 call (warm-up and repeats) drawing its own sample. Per cell it prints
 one line per variant, side by side: speedup over `generate` (total time
@@ -22,8 +21,8 @@ over every call, as a ratio), the ratio to the cell's best fixed gamma,
 alpha, draft passes per round, and the speedup taken apart: tokens per row
 per loop round (a count over every repeat's samples; at batch > 1 the loop
 runs its slowest row's rounds) over a loop round's cost in `generate` steps
-(timed, the call's fixed costs included), beside the cost that auto+loop's
-calibration priced each fixed gamma's round at. Then the issue's target:
+(timed, the call's fixed costs included), beside the cost that auto's
+pricing put each fixed gamma's round at. Then the issue's target:
 auto >= 1.08 x the best fixed gamma, or within 2% of it when no fixed gamma
 can be beaten, with a 95% bootstrap interval of the ratio: the calls are
 resampled by (prompt, repeat), the units every variant was timed in
@@ -122,21 +121,19 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   batch, width = prompts_NxBxP.shape[1:]
   lengths = np.full((batch,), width, np.int32)
   keys = [jax.random.key(i) for i in range(len(prompts_NxBxP))]
-  auto = sj.measure_goodput(target, draft, batch_size=batch,
-                            gamma_max=max(gammas), prompt_len=width,
-                            max_new_tokens=max_new, sampling=sampling)
+  measured = lambda **kw: sj.measure_goodput(
+      target, draft, batch_size=batch, gamma_max=max(gammas),
+      prompt_len=width, max_new_tokens=max_new, sampling=sampling, **kw)
+  # What gamma="auto" runs: every width priced by the loop's own round.
+  auto = measured()
   variants = {f"gamma={g}": g for g in gammas}
   variants["auto"] = auto
-  # The estimate before `estimator="overlap"`: kept drafts counted.
-  variants["auto counts"] = dataclasses.replace(auto, estimator="accepted")
-  variants["auto+loop"] = sj.measure_goodput(
-      target, draft, batch_size=batch, gamma_max=max(gammas),
-      prompt_len=width, max_new_tokens=max_new, sampling=sampling,
-      calibrate=True)
+  # The default before: verify passes priced as timed alone.
+  variants["auto alone"] = measured(calibrate=False)
   pilot = sj.speculative_generate(
       target, draft, pilot_BxP, lengths, jax.random.key(len(keys)),
-      gamma=variants["auto+loop"], max_new_tokens=max_new, sampling=sampling)
-  variants["auto+warm"] = variants["auto+loop"].warm_start(pilot)
+      gamma=auto, max_new_tokens=max_new, sampling=sampling)
+  variants["auto+warm"] = auto.warm_start(pilot)
   variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
                                              probe=None)
 
@@ -174,13 +171,13 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
            for name, g in everyone.items()}
   per_call = measure.interleaved_times(
       {cell: fn for cell, (fn, _) in calls.items()}, repeats)
-  loop = variants["auto+loop"]
-  # A `generate` step in the calibrated rule's units (target passes on 1
-  # token): what its round costs are priced against below.
-  step = 1.0 + loop.overhead
+  # A `generate` step in the rule's units (target passes on 1 token): what
+  # its round costs are priced against below.
+  step = 1.0 + auto.overhead
   row = {"c": auto.c, "r": list(auto.r), "c_first": auto.c_first,
-         "overhead": auto.overhead, "loop_round_steps": [
-             cost / step for cost in loop.round_costs()[-loop.gamma_max:]]}
+         "overhead": auto.overhead,
+         "r_alone": list(variants["auto alone"].r), "loop_round_steps": [
+             cost / step for cost in auto.round_costs()[-auto.gamma_max:]]}
   # One unit is a prompt in one repeat, where every variant was timed in
   # one spell: seconds_UxN and, from the timed calls' own results (each
   # call's first run was the warm-up), the loop rounds each one ran.
@@ -229,14 +226,15 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   return row
 
 
-_AUTO = ["auto", "auto counts", "auto+loop", "auto+warm", "auto+conf"]
+_AUTO = ["auto", "auto alone", "auto+warm", "auto+conf"]
 
 
 def report(row, gammas) -> str:
   """The cell's variants side by side, and the issue's target for auto."""
   lines = [f"{row['draft']}, batch {row['batch']}: c={row['c']:.3f} "
            f"c_first={row['c_first']:.3f} overhead={row['overhead']:.3f} "
-           f"r={['%.2f' % x for x in row['r']]}",
+           f"r={['%.2f' % x for x in row['r']]} (timed alone: "
+           f"{['%.2f' % x for x in row['r_alone']]})",
            f"  {'variant':>11} {'speedup':>8} {'/best':>6} {'alpha':>6} "
            f"{'drafts/round':>12} {'tokens/round':>12} {'steps/round':>11}"
            f" {'(priced)':>8}"]
@@ -250,7 +248,7 @@ def report(row, gammas) -> str:
                  f" {v['alpha']:6.3f} {v['draft_passes_per_round']:12.2f}"
                  f" {v['tokens_per_round']:12.2f} {v['steps_per_round']:11.2f}"
                  f" {priced:>8}{mark}")
-  for name in ("auto", "auto counts", "auto+loop", "auto+warm"):
+  for name in ("auto", "auto alone", "auto+warm"):
     ratio = row[name]["vs_best_fixed"]
     low, high = row[name]["vs_best_fixed_95"]
     verdict = ("beats the best fixed gamma by >= 8%" if ratio >= 1.08 else
@@ -276,8 +274,7 @@ def plot(rows, gammas, path):
     fixed = [row[f"gamma={g}"]["speedup"] for g in gammas]
     ax.plot(gammas, fixed, "o-", label="fixed gamma")
     for name, style, color in (("auto", "--", "C1"),
-                               ("auto counts", (0, (1, 3)), "C5"),
-                               ("auto+loop", "-.", "C3"),
+                               ("auto alone", "-.", "C3"),
                                ("auto+warm", "-", "C4"),
                                ("auto+conf", ":", "C2")):
       ax.axhline(row[name]["speedup"], ls=style, color=color, label=name)

@@ -434,7 +434,12 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
         max_new_tokens=16, calibrate=calibrate)
   rule = measured(True)
   alone = measured(False)
+  # The default, and so gamma="auto": the loop's own rounds (memoised).
+  default = draft_length.measure_goodput(
+      target, target, batch_size=3, gamma_max=4, prompt_len=8,
+      max_new_tokens=16)
   draft_length._MEASURED.clear()  # stubbed: not for later calls
+  assert default is rule
   assert asked == [(1, 2, 3, 4)]
   # Calibrated, the target's passes are timed only for the probe round.
   assert timed == {True: [1, 2], False: [1, 2, 3, 4, 5]}
@@ -475,7 +480,7 @@ def test_pass_times_that_break_subadditivity_are_retimed(target, monkeypatch):
     try:
       rule = draft_length.measure_goodput(
           target, target, batch_size=2, gamma_max=3, prompt_len=8,
-          max_new_tokens=16)
+          max_new_tokens=16, calibrate=False)
     finally:
       draft_length._MEASURED.clear()  # stubbed: not for later calls
     return rule, len(calls)

@@ -451,32 +451,37 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
                     prompt_len: int = 64, max_new_tokens: int = 128,
                     threshold: float | None = None, sampling: Any = None,
                     seconds: float = 0.05, repeats: int = 3,
-                    calibrate: bool = False) -> Goodput:
+                    calibrate: bool = True) -> Goodput:
   """A `Goodput` rule with every cost measured on the loop's own shapes.
 
   The shapes are those `speculative_generate(..., gamma=<rule with
   gamma_max>)` builds for `batch_size` rows of `prompt_len` tokens and
   `max_new_tokens` new ones (`specjax.measure.LoopShape`: prompt bucket,
   cache capacity, a fill from the middle of the generation). Timed with
-  `specjax.measure`: target passes on 1..gamma_max + 1 tokens, the draft's
-  first pass (2 tokens, or 1 when it shares the target's cache) and its
-  1-token pass (`pass_seconds`), and the round's work outside the passes
-  (`null_loop_seconds`, the fixed-gamma_max loop with null models); target
-  pass times that break subadditivity are retimed (`_target_passes`). With
-  `calibrate`, every width's round is priced by the loop's own round of
-  that width instead, in `generate` steps (`measure.loop_round_steps`):
-  r takes up the difference, and the probe round is scaled as the width-1
-  round is. The passes timed alone priced the quick job's rounds neither
-  at the loop's level nor in its shape (code comment below). It compiles
+  `specjax.measure`: the draft's first pass (2 tokens, or 1 when it shares
+  the target's cache) and its 1-token pass (`pass_seconds`), the round's
+  work outside the passes (`null_loop_seconds`, the fixed-gamma_max loop
+  with null models), and the target's passes; target pass times that break
+  subadditivity are retimed (`_target_passes`).
+
+  With `calibrate` (the default, and what `gamma="auto"` uses) every
+  width's round is priced by the loop's own round of that width, in
+  `generate` steps (`measure.loop_round_steps`): r takes up the difference,
+  and the probe round is scaled as the width-1 round is. This compiles
   gamma_max fixed-gamma loops and `generate` on these shapes and times
   them: about a minute on the first call at gamma_max 8 on a 2-core CPU.
-  Without
-  a threshold the rule may plan off stretches (width 0): a probe round,
-  costed as the first draft pass plus a 1-token target pass plus the round's
-  other work, then autoregressive steps (a 1-token pass plus that work).
-  Memoised per (model structures, batch, gamma_max, shapes, threshold,
-  sampling, calibrate) for this process: the first call takes a few
-  seconds.
+  With `calibrate=False` the verify passes on 2..gamma_max + 1 tokens are
+  timed alone instead (a few seconds). Those prices missed the loop's
+  rounds in level and in shape (code comment below), and side by side at
+  T = 1 the calibrated rule reached .935-1.036 of the best fixed gamma in
+  the quick job's cells, the passes alone .914-.994
+  (results/adaptive_gamma/T1_fresh).
+
+  Without a threshold the rule may plan off stretches (width 0): a probe
+  round, costed as the first draft pass plus a 1-token target pass plus
+  the round's other work, then autoregressive steps (a 1-token pass plus
+  that work). Memoised per (model structures, batch, gamma_max, shapes,
+  threshold, sampling, calibrate) for this process.
   """
   from specjax import measure  # pylint: disable=import-outside-toplevel
   # pylint: disable-next=import-outside-toplevel

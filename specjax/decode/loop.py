@@ -517,8 +517,10 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     gamma: draft tokens proposed per round (>= 1); or a draft-length rule
       (`specjax.Confidence`, `specjax.Goodput`) under which each row stops
       drafting early, up to the rule's gamma_max; or "auto": the `Goodput`
-      rule with gamma_max = AUTO_GAMMA_MAX and c, r measured on this machine
-      at this batch size on the first call (a few seconds; memoised). With a
+      rule with gamma_max = AUTO_GAMMA_MAX, every width's round priced by
+      the loop's own round on this machine at this batch size
+      (`measure_goodput`; on the first call at these shapes, about a
+      minute on a 2-core CPU; memoised). With a
       tree verifier gamma is the tree's depth: None (implied) or that int.
     max_new_tokens: generation budget per row (>= 1).
     sampling: the transform applied to target and draft logits alike.
