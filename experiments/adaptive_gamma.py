@@ -207,8 +207,8 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   fixed = [names.index(f"gamma={g}") for g in gammas]
   best = gammas[int(np.argmax(speedup_N[fixed]))]
   row["best_fixed"] = best
-  # The verdict's noise: a call's time moves by 15-25% on the 2-core box
-  # (the same call, back to back), and at T > 0 each call samples its own
+  # The verdict's noise: a call's time moves between identical calls on a
+  # shared CPU box (the repeats), and at T > 0 each call samples its own
   # text. Resampling the units, with the best fixed gamma picked again in
   # each resample (its pick is as noisy as the rest), gives a 95% interval
   # of each ratio.
