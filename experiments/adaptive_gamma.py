@@ -180,13 +180,14 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
              cost / step for cost in auto.round_costs()[-auto.gamma_max:]]}
   # One unit is a prompt in one repeat, where every variant was timed in
   # one spell: seconds_UxN and, from the timed calls' own results (each
-  # call's first run was the warm-up), the loop rounds each one ran.
+  # call's last `repeats` runs were the timed ones, after its warm-up), the
+  # loop rounds each one ran.
   units = [(i, t) for t in range(repeats) for i in range(len(keys))]
   names = list(everyone)
   seconds_UxN = np.array([[per_call[(name, i)][t] for name in names]
                           for i, t in units])
-  summaries = {name: [calls[(name, i)][1][1 + t].summary() for i, t in units]
-               for name in variants}
+  summaries = {name: [calls[(name, i)][1][t - repeats].summary()
+                      for i, t in units] for name in variants}
   # Every row of every call generates max_new tokens: a speedup is a ratio
   # of total times, and it is tokens per loop round (a count over every
   # repeat's samples, no timer) over a round's cost in `generate` steps.
