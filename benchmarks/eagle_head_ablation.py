@@ -39,6 +39,12 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
                           the target's final norm (then trained)
   small: width 64 / 48    narrow heads at distilled-draft-0.1m's size
                           (117,440 / 118,016); width 64 also features zeroed
+  narrow, whitened output the narrow head's output g mapped to features by
+                          a fixed f = V diag(1 / max(s, 0.05)) g, from the
+                          SVD W = U diag(s) V^T of the target's LM head, so
+                          that logits W f = U g are as well conditioned as a
+                          draft's own unembedding (s spans 6.66 to 0.001 on
+                          the quick target): KL only, and 10 : 1
 """
 
 import dataclasses
@@ -215,6 +221,32 @@ class NarrowZeroFeaturesModule(_ZeroFeatures, NarrowModule):
 NarrowZeroFeaturesHead = head_of(NarrowZeroFeaturesModule)
 
 
+class WhitenedNarrowModule(NarrowModule):
+  """The narrow head whose output g becomes features through `whitening`
+  (a fixed [D, D] array the script sets from the target: not a parameter)."""
+  whitening = None
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    g_BxTxD, cache = super().__call__(features_BxTxD, embeds_BxTxD,
+                                      positions_BxT, cache)
+    return g_BxTxD @ self.whitening.T, cache
+
+
+WhitenedNarrowHead = head_of(WhitenedNarrowModule)
+
+
+def whitening(target, floor: float = 0.05):
+  """M with W M = U diag(s / max(s, floor)), for W = U diag(s) V^T the
+  target's tied LM head `[V, D]`: logits of M g are U g (rotated) where s
+  is above `floor`."""
+  w_VxD = np.asarray(target.module().embed.embedding[...], np.float32)
+  _, s_D, vt_DxD = np.linalg.svd(w_VxD, full_matrices=False)
+  print("the target's LM head, singular values:", " ".join(
+      f"{x:.3f}" for x in s_D[[0, 1, 2, 50, 100, 200, -1]]),
+        "(1st, 2nd, 3rd, 51st, 101st, 201st, last)", flush=True)
+  return jnp.asarray(vt_DxD.T / np.maximum(s_D, floor))
+
+
 def teacher_forced(target, logits_fn, windows_NxT):
   """(mean sum_x min(p, q), argmax agreement) past each window's 8th byte."""
   module = target.module()
@@ -285,9 +317,14 @@ def main():
       ("small: width 64, two blocks, features zeroed",
        dict(head_type=Small64ZeroFeaturesHead)),
       ("small: width 48, two blocks", dict(head_type=Small48Head)),
+      ("narrow, whitened output, KL only",
+       dict(head_type=WhitenedNarrowHead, feature_weight=0.0)),
+      ("narrow, whitened output, 10 : 1", dict(head_type=WhitenedNarrowHead)),
   ]
   if only:
     variants = [v for v in variants if any(w in v[0] for w in only)]
+  if any("whitened" in name for name, _ in variants):
+    WhitenedNarrowModule.whitening = whitening(target)
   rows = []
   for name, changes in variants:
     v = dict(default, **changes)
