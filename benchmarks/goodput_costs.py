@@ -1,7 +1,7 @@
 r"""What `measure_goodput` prices each round width at, timed two ways.
 
   python benchmarks/goodput_costs.py [DRAFT] [BATCH] [TIMES] [SECONDS REPEATS]
-                                     [alone]         # distilled... 1 2 0.05 3
+                                     [alone|text]    # distilled... 1 2 0.05 3
 
 On the quick job's models (cached by `python -m experiments.reproduce`),
 64 + 128 tokens, gamma_max 8: measures the `Goodput` rule TIMES times in this
@@ -15,6 +15,10 @@ it the rule's parts in 1-token target passes (c, c_first, overhead, r), to
 see which of them moved. Run it twice to see the spread between processes
 too. SECONDS and REPEATS are `measure_goodput`'s timing budget (its
 defaults: 0.05 s a timed call, best of 3); `alone` skips the loop's rounds.
+`text` instead times the loop's own rounds (`measure.loop_round_steps`)
+TIMES times on the random rows the calibration uses and on held-out text
+(64-token windows of the corpus: high acceptance, fewer rounds a call),
+alternately, to see whether the prompts move the prices beyond the spread.
 """
 
 import os
@@ -22,8 +26,10 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import numpy as np  # noqa: E402
+
 import specjax as sj  # noqa: E402
-from specjax import data, sweep  # noqa: E402
+from specjax import data, measure, sweep  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
 from configs import reproduce  # noqa: E402
 
@@ -38,6 +44,20 @@ def main():
   config = reproduce.get_config("quick")
   config.drafts = [d for d in config.drafts if d.name == name]
   target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
+  if sys.argv[6:] == ["text"]:
+    heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+    shape = measure.LoopShape(batch, 64, 128, 8)
+    print(f"{name}, batch {batch}, T=1: the loop's rounds of widths 1..8 in "
+          f"generate steps (measure.loop_round_steps, median of 3 trials)")
+    for i in range(times):
+      for what, prompts in (("random rows", None), ("held-out text",
+                            data.prompts(heldout, batch, 64, seed=i))):
+        steps = measure.loop_round_steps(
+            target, draft.model, shape, sj.SamplingConfig(temperature=1.0),
+            widths=range(1, 9), prompts_BxP=prompts)
+        print(f"{i} {what:>13}:", " ".join(f"{x:.2f}" for x in steps),
+              flush=True)
+    return
   print(f"{name}, batch {batch}: round costs of widths 1..8 in "
         f"autoregressive steps (timed calls of {seconds} s, best of "
         f"{repeats})")
