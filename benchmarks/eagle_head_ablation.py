@@ -45,6 +45,20 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
                           that logits W f = U g are as well conditioned as a
                           draft's own unembedding (s spans 6.66 to 0.001 on
                           the quick target): KL only, and 10 : 1
+  narrow, own unembedding a diagnostic, not a head: the narrow head with a
+                          final norm and its own unembedding (width -> V,
+                          33,411 in place of the 32,992 of fc(128 -> D)),
+                          scoring tokens itself as a draft does, KL only;
+                          also with the features zeroed (a token model
+                          reading the target's embeddings)
+  narrow, token and position normed apart   the target's token and
+                          position embeddings each through a norm of its
+                          own, not their sum through one (fc(3D -> 128),
+                          MLP 576: 562,432), 10 : 1
+  narrow, own token embedding   a token embedding of the head's own
+                          (V x 128, trained) in place of the target's; the
+                          target's position embedding stays (MLP 576:
+                          562,304), 10 : 1, the target's LM head
 """
 
 import dataclasses
@@ -63,6 +77,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from specjax import data  # noqa: E402
 from specjax.models import eagle  # noqa: E402
 from specjax.models import transformer  # noqa: E402
+from specjax.train import distill  # noqa: E402
+from specjax.train import losses  # noqa: E402
 from specjax.train import recipes  # noqa: E402
 from specjax.train import eagle as eagle_train  # noqa: E402
 from specjax.train import trainer  # noqa: E402
@@ -235,6 +251,127 @@ class WhitenedNarrowModule(NarrowModule):
 WhitenedNarrowHead = head_of(WhitenedNarrowModule)
 
 
+class OwnUnembedModule(NarrowModule):
+  """The narrow head scoring tokens itself: final norm, own unembedding.
+  Returns logits `[B, T, V]`, not features (see `ablation_loss`)."""
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    inner = dataclasses.replace(config, d_model=self.width)
+    del self.out  # replaced by the unembedding; not counted
+    self.final_norm = transformer._norm(inner, rngs)
+    self.unembed = transformer._linear(inner, self.width, config.vocab_size,
+                                       rngs)
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    assert cache is None  # teacher-forced only
+    x_BxTxW = self.fc(jnp.concatenate(
+        [self.feature_norm(features_BxTxD), self.embed_norm(embeds_BxTxD)],
+        -1))
+    for layer, block in enumerate(self.blocks):
+      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
+    return self.unembed(self.final_norm(x_BxTxW)), None
+
+
+OwnUnembedHead = head_of(OwnUnembedModule)
+
+
+class OwnUnembedZeroFeaturesModule(_ZeroFeatures, OwnUnembedModule):
+  """The own-unembedding narrow head, features zeroed."""
+
+
+OwnUnembedZeroFeaturesHead = head_of(OwnUnembedZeroFeaturesModule)
+
+
+class SplitEmbedsModule(NarrowModule):
+  """The narrow head reading the target's token and position embeddings
+  through norms of their own (not their sum through one): fc(3D -> 128),
+  MLP 576 to stay at the narrow head's size. `embeds` is (token, position)."""
+  mlp_dim = 576
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    self.position_norm = transformer._norm(config, rngs)
+    self.fc = transformer._linear(config, 3 * config.d_model, self.width, rngs)
+
+  def __call__(self, features_BxTxD, embeds, positions_BxT, cache):
+    assert cache is None  # teacher-forced only
+    tokens_BxTxD, table_BxTxD = embeds
+    x_BxTxW = self.fc(jnp.concatenate(
+        [self.feature_norm(features_BxTxD), self.embed_norm(tokens_BxTxD),
+         self.position_norm(table_BxTxD)], -1))
+    for layer, block in enumerate(self.blocks):
+      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
+    return self.out(x_BxTxW), None
+
+
+SplitEmbedsHead = head_of(SplitEmbedsModule)
+
+
+class OwnTokensModule(NarrowModule):
+  """The narrow head with a token embedding of its own (V x 128, trained)
+  added after fc, which reads the target's position embedding in the
+  token embedding's place; MLP 576 to stay at the narrow head's size.
+  `embeds` is (token ids, position embedding)."""
+  mlp_dim = 576
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    self.tokens = nnx.Embed(config.vocab_size, self.width,
+                            embedding_init=nnx.initializers.normal(0.02),
+                            rngs=rngs)
+
+  def __call__(self, features_BxTxD, embeds, positions_BxT, cache):
+    assert cache is None  # teacher-forced only
+    ids_BxT, table_BxTxD = embeds
+    x_BxTxW = self.fc(jnp.concatenate(
+        [self.feature_norm(features_BxTxD), self.embed_norm(table_BxTxD)],
+        -1)) + self.tokens(ids_BxT)
+    for layer, block in enumerate(self.blocks):
+      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
+    return self.out(x_BxTxW), None
+
+
+OwnTokensHead = head_of(OwnTokensModule)
+
+
+def head_inputs(frozen, tokens_BxT, positions_BxT, split):
+  """The embeddings a head reads: their sum; (token, position) "split";
+  or (token ids, position) for "own tokens"."""
+  if split == "own tokens":
+    return tokens_BxT, frozen.pos_embed(positions_BxT)
+  if split:
+    return frozen.embed(tokens_BxT), frozen.pos_embed(positions_BxT)
+  return frozen.embed_inputs(tokens_BxT, positions_BxT)
+
+
+def ablation_loss(feature_weight, scores_itself, split):
+  """`eagle_loss` (forward KL, weight 1) for the modules above that score
+  tokens themselves (KL only) or read split embeddings."""
+  def loss_fn(module, batch, rng, target):
+    del rng
+    inputs_BxT, targets_BxT = losses.split_inputs_targets(batch["tokens"])
+    frozen = target.module()
+    b, t = inputs_BxT.shape
+    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    hidden_BxTxD, _ = frozen.features(inputs_BxT, positions_BxT, None)
+    hidden_BxTxD = jax.lax.stop_gradient(hidden_BxTxD)
+    teacher_BxTxV = jax.lax.stop_gradient(frozen.head(hidden_BxTxD))
+    out, _ = module(eagle.shift_features(hidden_BxTxD), jax.lax.stop_gradient(
+        head_inputs(frozen, inputs_BxT, positions_BxT, split)),
+                    positions_BxT, None)
+    mask_BxT = losses.target_mask(targets_BxT)
+    mean = lambda x_BxT: ((x_BxT * mask_BxT).sum()
+                          / jnp.maximum(mask_BxT.sum(), 1.0))
+    loss = mean(distill.divergence_BxT(
+        "forward_kl", teacher_BxTxV, out if scores_itself else frozen.head(out)))
+    if feature_weight and not scores_itself:
+      loss += feature_weight * mean(jnp.mean(
+          eagle_train._smooth_l1(out - hidden_BxTxD), -1))  # pylint: disable=protected-access
+    return loss, {}
+  return loss_fn
+
+
 def whitening(target, floor: float = 0.05):
   """M with W M = U diag(s / max(s, floor)), for W = U diag(s) V^T the
   target's tied LM head `[V, D]`: logits of M g are U g (rotated) where s
@@ -261,12 +398,13 @@ def teacher_forced(target, logits_fn, windows_NxT):
   return float(overlap.mean()), float(agree.mean())
 
 
-def head_logits(head):
+def head_logits(head, scores_itself=False, split=False):
   def fn(module, hidden_NxTxD, windows_NxT, positions_NxT):
     predicted_NxTxD, _ = head.module()(
         eagle.shift_features(hidden_NxTxD),
-        module.embed_inputs(windows_NxT, positions_NxT), positions_NxT, None)
-    return module.head(predicted_NxTxD)
+        head_inputs(module, windows_NxT, positions_NxT, split),
+        positions_NxT, None)
+    return predicted_NxTxD if scores_itself else module.head(predicted_NxTxD)
   return fn
 
 
@@ -283,7 +421,7 @@ def main():
                  feature_weight=eagle_train.FEATURE_WEIGHT,
                  mlp_dim=recipes.EAGLE_HEAD_MLP_DIM, lr=config.optim.lr,
                  divergence="forward_kl", kl_weight=eagle_train.KL_WEIGHT,
-                 target_norm=False)
+                 target_norm=False, scores_itself=False, split=False)
   variants = [
       ("no input norms, 1 : 1", dict(head_type=NoNormsHead,
                                      feature_weight=1.0)),
@@ -320,6 +458,14 @@ def main():
       ("narrow, whitened output, KL only",
        dict(head_type=WhitenedNarrowHead, feature_weight=0.0)),
       ("narrow, whitened output, 10 : 1", dict(head_type=WhitenedNarrowHead)),
+      ("narrow, own unembedding (KL only)",
+       dict(head_type=OwnUnembedHead, scores_itself=True)),
+      ("narrow, own unembedding, features zeroed (KL only)",
+       dict(head_type=OwnUnembedZeroFeaturesHead, scores_itself=True)),
+      ("narrow, token and position normed apart",
+       dict(head_type=SplitEmbedsHead, split=True)),
+      ("narrow, own token embedding",
+       dict(head_type=OwnTokensHead, split="own tokens")),
   ]
   if only:
     variants = [v for v in variants if any(w in v[0] for w in only)]
@@ -340,13 +486,17 @@ def main():
       model = head_type.from_module(module)
       head, _ = trainer.train(
           config, workdir, aux=target, model=model,
-          loss_fn=eagle_train.eagle_loss(feature_weight=v["feature_weight"],
-                                         kl_weight=v["kl_weight"],
-                                         divergence=v["divergence"]))
+          loss_fn=ablation_loss(v["feature_weight"], v["scores_itself"],
+                                v["split"])
+          if v["scores_itself"] or v["split"] else eagle_train.eagle_loss(feature_weight=v["feature_weight"],
+                                 kl_weight=v["kl_weight"],
+                                 divergence=v["divergence"]))
     finally:
       shutil.rmtree(workdir)
     rows.append((f"head: {name}", head.param_count(),
-                 *teacher_forced(target, head_logits(head), windows_NxT)))
+                 *teacher_forced(target, head_logits(
+                     head, v["scores_itself"], v["split"]),
+                                 windows_NxT)))
     print(*rows[-1], flush=True)
   for name, draft in drafts.items():
     if name != "eagle-head":
