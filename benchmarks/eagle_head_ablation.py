@@ -59,6 +59,9 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
                           (V x 128, trained) in place of the target's; the
                           target's position embedding stays (MLP 576:
                           562,304), 10 : 1, the target's LM head
+  narrow, small fc init   fc initialised at std 0.001 (not 0.02), so that
+                          the residual stream starts at a draft's
+                          embedding scale (RMS about 0.02, not 0.45)
 """
 
 import dataclasses
@@ -335,6 +338,20 @@ class OwnTokensModule(NarrowModule):
 OwnTokensHead = head_of(OwnTokensModule)
 
 
+class SmallFcModule(NarrowModule):
+  """The narrow head with fc initialised at std 0.001, not 0.02: its output
+  then starts at an RMS of about 0.02, as a draft's embeddings do, where
+  0.02 over 2D = 512 unit-RMS inputs starts it at about 0.45."""
+
+  def __init__(self, config, rngs):
+    super().__init__(config, rngs)
+    self.fc = transformer._linear(config, 2 * config.d_model, self.width, rngs,
+                                  std=0.001)
+
+
+SmallFcHead = head_of(SmallFcModule)
+
+
 def head_inputs(frozen, tokens_BxT, positions_BxT, split):
   """The embeddings a head reads: their sum; (token, position) "split";
   or (token ids, position) for "own tokens"."""
@@ -466,6 +483,7 @@ def main():
        dict(head_type=SplitEmbedsHead, split=True)),
       ("narrow, own token embedding",
        dict(head_type=OwnTokensHead, split="own tokens")),
+      ("narrow, small fc init", dict(head_type=SmallFcHead)),
   ]
   if only:
     variants = [v for v in variants if any(w in v[0] for w in only)]
