@@ -42,12 +42,13 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
   narrow, whitened output the narrow head's output g mapped to features by
                           a fixed f = V diag(1 / max(s, 0.05)) g, from the
                           SVD W = U diag(s) V^T of the target's LM head, so
-                          that logits W f = U g are as well conditioned as a
-                          draft's own unembedding (s spans 6.66 to 0.001 on
-                          the quick target): KL only, and 10 : 1
+                          that logits W f (U g where s >= 0.05) are about
+                          as well conditioned as a draft's own unembedding
+                          (s spans 6.66 to 0.001 on the quick target): KL
+                          only, and 10 : 1
   narrow, own unembedding a diagnostic, not a head: the narrow head with a
-                          final norm and its own unembedding (width -> V,
-                          33,411 in place of the 32,992 of fc(128 -> D)),
+                          final norm and its own unembedding (width -> V:
+                          256 + 33,411 in place of fc(128 -> D)'s 33,024),
                           scoring tokens itself as a draft does, KL only;
                           also with the features zeroed (a token model
                           reading the target's embeddings)
@@ -66,6 +67,7 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
 
 import dataclasses
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -504,16 +506,17 @@ def main():
       model = head_type.from_module(module)
       head, _ = trainer.train(
           config, workdir, aux=target, model=model,
-          loss_fn=ablation_loss(v["feature_weight"], v["scores_itself"],
-                                v["split"])
-          if v["scores_itself"] or v["split"] else eagle_train.eagle_loss(feature_weight=v["feature_weight"],
-                                 kl_weight=v["kl_weight"],
-                                 divergence=v["divergence"]))
+          loss_fn=(ablation_loss(v["feature_weight"], v["scores_itself"],
+                                 v["split"])
+                   if v["scores_itself"] or v["split"] else
+                   eagle_train.eagle_loss(feature_weight=v["feature_weight"],
+                                          kl_weight=v["kl_weight"],
+                                          divergence=v["divergence"])))
     finally:
       shutil.rmtree(workdir)
     rows.append((f"head: {name}", head.param_count(),
-                 *teacher_forced(target, head_logits(
-                     head, v["scores_itself"], v["split"]),
+                 *teacher_forced(target, head_logits(head, v["scores_itself"],
+                                                     v["split"]),
                                  windows_NxT)))
     print(*rows[-1], flush=True)
   for name, draft in drafts.items():
@@ -523,7 +526,7 @@ def main():
   print(f"\nTeacher-forced on 32 held-out windows of 256 bytes, quick "
         f"target-3m, every model trained {num_steps} steps of 16 x 256 "
         f"bytes.\nCommand: python benchmarks/eagle_head_ablation.py "
-        f"{num_steps}{' ' + ','.join(only) if only else ''}\n")
+        f"{num_steps}{' ' + shlex.quote(','.join(only)) if only else ''}\n")
   print("| model | own params | sum min(p, q) (T = 1) | argmax agreement "
         "(T = 0) |\n| --- | --- | --- | --- |")
   for name, params, overlap, agree in rows:
