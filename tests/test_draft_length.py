@@ -495,6 +495,34 @@ def test_pass_times_that_break_subadditivity_are_retimed(target, monkeypatch):
     measured([[0.0, 1.05, 1.1, 1.6]])
 
 
+def test_measured_rule_damps_width_changes_less_for_a_batch(target,
+                                                           monkeypatch):
+  """`measure_goodput` (timings stubbed) keeps the default margin at batch 1,
+  where a change of width costs up to 7% a round, and gives a batch of more
+  rows `BATCHED_HYSTERESIS`; the margin is what `keeps` reads."""
+  from specjax import measure  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(measure, "passes_seconds",
+                      lambda model, *, passes, **k: [1.0 + 0.1 * t
+                                                     for t, _ in passes])
+  monkeypatch.setattr(measure, "null_loop_seconds",
+                      lambda *a, **k: (0.25, 0.0))
+  try:
+    one, eight = (draft_length.measure_goodput(
+        target, target, batch_size=b, gamma_max=3, prompt_len=8,
+        max_new_tokens=16, calibrate=False) for b in (1, 8))
+  finally:
+    draft_length._MEASURED.clear()  # stubbed: not for later calls
+  assert one.hysteresis == draft_length.Goodput.hysteresis == 0.05
+  assert eight.hysteresis == draft_length.BATCHED_HYSTERESIS == 0.02
+  # Width 1 within 3% of the best width: kept at 5%, left at 2%.
+  time_G = jnp.array([1.03, 1.0, 1.1])
+  for rule, kept in ((one, True), (eight, False)):
+    rule = dataclasses.replace(rule, probe=None)
+    monkeypatch.setattr(type(rule), "remaining_time",
+                        lambda self, *a: time_G)
+    assert bool(rule.keeps(1, None, None, None)) is kept
+
+
 def _result(accepted, verified):
   stats = sj.RowStats.zeros(2, 4).replace(
       accepted=jnp.array(accepted, jnp.int32),

@@ -217,7 +217,8 @@ class Goodput(Rule):
     overhead: a round's work outside the model passes (>= 0).
     hysteresis: without a threshold, the loop keeps a round width while its
       expected time is within this fraction of the best width's (see
-      `keeps`).
+      `keeps`). `measure_goodput` sets `BATCHED_HYSTERESIS` for a batch
+      of more than one row.
     probe: the cost of a probe round (one draft pass, the target's pass on 1
       token, the round's other work), or None. With it the rule may plan
       width 0, an off stretch: a probe round, which judges one draft so that
@@ -447,6 +448,21 @@ def check_rule(rule: Any) -> Rule:
 _MEASURED: dict[Any, Goodput] = {}
 
 
+# The margin `measure_goodput` gives a batch of more than one row. There a
+# change of width costs little: at batch 8 on the quick job, rounds that
+# alternate widths 4 and 8 cost within 1% of the two widths' mean, against
+# up to 7% at batch 1 (`benchmarks/planned_loop.py`,
+# results/adaptive_gamma/planned_loop_switch.txt). And the width a batch
+# should run moves with its slowest rows: on simulated batches of 8 rows
+# whose acceptances differ (alpha +- 0.15) and come in easy and hard runs
+# (+- 0.2), with exact costs (the quick job's self:1 and distilled drafts),
+# the rule at 0.02 reached .976-1.174 of the best fixed gamma at alpha
+# .6-.95 where 0.05 reached .951-1.174, and it was never below 0.05 in 12
+# cells (`benchmarks/goodput_policy.py --batch=8 --spread=0.15 --burst=0.2`,
+# results/adaptive_gamma/goodput_policy.txt).
+BATCHED_HYSTERESIS = 0.02
+
+
 def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
                     prompt_len: int = 64, max_new_tokens: int = 128,
                     threshold: float | None = None, sampling: Any = None,
@@ -476,6 +492,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   T = 1 the calibrated rule reached .935-1.036 of the best fixed gamma in
   the quick job's cells, the passes alone .914-.994
   (results/adaptive_gamma/T1_fresh).
+
+  Its `hysteresis` is the default at batch 1 and `BATCHED_HYSTERESIS`
+  above, where changing width costs about nothing.
 
   Without a threshold the rule may plan off stretches (width 0): a probe
   round, costed as the first draft pass plus a 1-token target pass plus
@@ -545,6 +564,7 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
         c=c, r=tuple(r[1:]), gamma_max=gamma_max, threshold=threshold,
         c_first=c_first, overhead=overhead,
         probe=None if threshold is not None else probe,
+        **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
         **({"probe_every": 1}
            if getattr(draft, "reads_target_features", False) else {}))
   return _MEASURED[key]
