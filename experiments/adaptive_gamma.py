@@ -13,8 +13,10 @@ verify passes timed alone ("auto alone": `measure_goodput(calibrate=False)`,
 the default before), with auto warm-started from a pilot call on other
 held-out prompts of the same batch ("auto+warm": `Goodput.warm_start`, so
 rows start from the pilot's acceptance instead of the default prior's
-3/4) and with auto plus
-a confidence stop (`--threshold`), over the same held-out prompts, every
+3/4), with auto at the 5% width margin it keeps at batch 1 ("auto 5%":
+`measure_goodput` gives a batch of more rows `BATCHED_HYSTERESIS`; at batch
+1 the variant is auto itself, a control of the timing noise) and with auto
+plus a confidence stop (`--threshold`), over the same held-out prompts, every
 call (warm-up and repeats) drawing its own sample. Per cell it prints
 one line per variant, side by side: speedup over `generate` (total time
 over every call, as a ratio), the ratio to the cell's best fixed gamma,
@@ -134,6 +136,7 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
       target, draft, pilot_BxP, lengths, jax.random.key(len(keys)),
       gamma=auto, max_new_tokens=max_new, sampling=sampling)
   variants["auto+warm"] = auto.warm_start(pilot)
+  variants["auto 5%"] = dataclasses.replace(auto, hysteresis=0.05)
   variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
                                              probe=None)
 
@@ -227,7 +230,7 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   return row
 
 
-_AUTO = ["auto", "auto alone", "auto+warm", "auto+conf"]
+_AUTO = ["auto", "auto alone", "auto+warm", "auto 5%", "auto+conf"]
 
 
 def report(row, gammas) -> str:
@@ -249,7 +252,7 @@ def report(row, gammas) -> str:
                  f" {v['alpha']:6.3f} {v['draft_passes_per_round']:12.2f}"
                  f" {v['tokens_per_round']:12.2f} {v['steps_per_round']:11.2f}"
                  f" {priced:>8}{mark}")
-  for name in ("auto", "auto alone", "auto+warm"):
+  for name in ("auto", "auto alone", "auto+warm", "auto 5%"):
     ratio = row[name]["vs_best_fixed"]
     low, high = row[name]["vs_best_fixed_95"]
     verdict = ("beats the best fixed gamma by >= 8%" if ratio >= 1.08 else
@@ -277,6 +280,7 @@ def plot(rows, gammas, path):
     for name, style, color in (("auto", "--", "C1"),
                                ("auto alone", "-.", "C3"),
                                ("auto+warm", "-", "C4"),
+                               ("auto 5%", (0, (1, 3)), "C5"),
                                ("auto+conf", ":", "C2")):
       ax.axhline(row[name]["speedup"], ls=style, color=color, label=name)
     ax.axhline(1.0, color="grey", lw=0.5)
