@@ -162,14 +162,22 @@ class NarrowModule(eagle.EagleHeadModule):
                             for _ in range(self.num_blocks)])
     self.out = transformer._linear(inner, self.width, config.d_model, rngs)
 
-  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
-    assert cache is None  # teacher-forced only
-    x_BxTxW = self.fc(jnp.concatenate(
+  def inputs(self, features_BxTxD, embeds_BxTxD):
+    """`[B, T, width]`: what the first narrow block reads."""
+    return self.fc(jnp.concatenate(
         [self.feature_norm(features_BxTxD), self.embed_norm(embeds_BxTxD)],
         -1))
+
+  def output(self, x_BxTxW):
+    """The last block's stream to the head's output (features here)."""
+    return self.out(x_BxTxW)
+
+  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
+    assert cache is None  # teacher-forced only
+    x_BxTxW = self.inputs(features_BxTxD, embeds_BxTxD)
     for layer, block in enumerate(self.blocks):
       x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
-    return self.out(x_BxTxW), None
+    return self.output(x_BxTxW), None
 
 
 NarrowHead = head_of(NarrowModule)
@@ -268,14 +276,8 @@ class OwnUnembedModule(NarrowModule):
     self.unembed = transformer._linear(inner, self.width, config.vocab_size,
                                        rngs)
 
-  def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT, cache):
-    assert cache is None  # teacher-forced only
-    x_BxTxW = self.fc(jnp.concatenate(
-        [self.feature_norm(features_BxTxD), self.embed_norm(embeds_BxTxD)],
-        -1))
-    for layer, block in enumerate(self.blocks):
-      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
-    return self.unembed(self.final_norm(x_BxTxW)), None
+  def output(self, x_BxTxW):
+    return self.unembed(self.final_norm(x_BxTxW))
 
 
 OwnUnembedHead = head_of(OwnUnembedModule)
@@ -299,15 +301,11 @@ class SplitEmbedsModule(NarrowModule):
     self.position_norm = transformer._norm(config, rngs)
     self.fc = transformer._linear(config, 3 * config.d_model, self.width, rngs)
 
-  def __call__(self, features_BxTxD, embeds, positions_BxT, cache):
-    assert cache is None  # teacher-forced only
+  def inputs(self, features_BxTxD, embeds):
     tokens_BxTxD, table_BxTxD = embeds
-    x_BxTxW = self.fc(jnp.concatenate(
+    return self.fc(jnp.concatenate(
         [self.feature_norm(features_BxTxD), self.embed_norm(tokens_BxTxD),
          self.position_norm(table_BxTxD)], -1))
-    for layer, block in enumerate(self.blocks):
-      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
-    return self.out(x_BxTxW), None
 
 
 SplitEmbedsHead = head_of(SplitEmbedsModule)
@@ -326,15 +324,9 @@ class OwnTokensModule(NarrowModule):
                             embedding_init=nnx.initializers.normal(0.02),
                             rngs=rngs)
 
-  def __call__(self, features_BxTxD, embeds, positions_BxT, cache):
-    assert cache is None  # teacher-forced only
+  def inputs(self, features_BxTxD, embeds):
     ids_BxT, table_BxTxD = embeds
-    x_BxTxW = self.fc(jnp.concatenate(
-        [self.feature_norm(features_BxTxD), self.embed_norm(table_BxTxD)],
-        -1)) + self.tokens(ids_BxT)
-    for layer, block in enumerate(self.blocks):
-      x_BxTxW, _ = block(x_BxTxW, positions_BxT, None, layer)
-    return self.out(x_BxTxW), None
+    return super().inputs(features_BxTxD, table_BxTxD) + self.tokens(ids_BxT)
 
 
 OwnTokensHead = head_of(OwnTokensModule)
