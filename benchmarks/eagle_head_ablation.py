@@ -363,11 +363,8 @@ def ablation_loss(feature_weight, scores_itself, split):
     del rng
     inputs_BxT, targets_BxT = losses.split_inputs_targets(batch["tokens"])
     frozen = target.module()
-    b, t = inputs_BxT.shape
-    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    hidden_BxTxD, _ = frozen.features(inputs_BxT, positions_BxT, None)
-    hidden_BxTxD = jax.lax.stop_gradient(hidden_BxTxD)
-    teacher_BxTxV = jax.lax.stop_gradient(frozen.head(hidden_BxTxD))
+    positions_BxT, hidden_BxTxD, teacher_BxTxV = eagle_train.teacher_forcing(
+        frozen, inputs_BxT)
     out, _ = module(eagle.shift_features(hidden_BxTxD), jax.lax.stop_gradient(
         head_inputs(frozen, inputs_BxT, positions_BxT, split)),
                     positions_BxT, None)
@@ -398,10 +395,9 @@ def whitening(target, floor: float = 0.05):
 def teacher_forced(target, logits_fn, windows_NxT):
   """(mean sum_x min(p, q), argmax agreement) past each window's 8th byte."""
   module = target.module()
-  n, t = windows_NxT.shape
-  positions_NxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (n, t))
-  hidden_NxTxD, _ = module.features(windows_NxT, positions_NxT, None)
-  p_NxTxV = jax.nn.softmax(module.head(hidden_NxTxD), -1)
+  positions_NxT, hidden_NxTxD, p_logits_NxTxV = eagle_train.teacher_forcing(
+      module, windows_NxT)
+  p_NxTxV = jax.nn.softmax(p_logits_NxTxV, -1)
   q_NxTxV = jax.nn.softmax(logits_fn(module, hidden_NxTxD, windows_NxT,
                                      positions_NxT), -1)
   overlap = jnp.minimum(p_NxTxV, q_NxTxV).sum(-1)[:, 8:]

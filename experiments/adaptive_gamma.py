@@ -136,7 +136,8 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
       target, draft, pilot_BxP, lengths, jax.random.key(len(keys)),
       gamma=auto, max_new_tokens=max_new, sampling=sampling)
   variants["auto+warm"] = auto.warm_start(pilot)
-  variants["auto 5%"] = dataclasses.replace(auto, hysteresis=0.05)
+  variants["auto 5%"] = dataclasses.replace(
+      auto, hysteresis=sj.Goodput.hysteresis)  # batch 1's margin
   variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
                                              probe=None)
 

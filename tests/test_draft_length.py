@@ -516,10 +516,10 @@ def test_measured_rule_damps_width_changes_less_for_a_batch(target,
   assert eight.hysteresis == draft_length.BATCHED_HYSTERESIS == 0.02
   # Width 1 within 3% of the best width: kept at 5%, left at 2%.
   time_G = jnp.array([1.03, 1.0, 1.1])
+  monkeypatch.setattr(draft_length.Goodput, "remaining_time",
+                      lambda self, *a: time_G)
   for rule, kept in ((one, True), (eight, False)):
     rule = dataclasses.replace(rule, probe=None)
-    monkeypatch.setattr(type(rule), "remaining_time",
-                        lambda self, *a: time_G)
     assert bool(rule.keeps(1, None, None, None)) is kept
 
 

@@ -67,6 +67,18 @@ def _smooth_l1(x):
   return jnp.where(a < 1.0, 0.5 * x * x, a - 0.5)
 
 
+def teacher_forcing(frozen, inputs_BxT: jax.Array):
+  """What a head is trained on, from the frozen target module's pass over
+  `inputs_BxT` (int `[B, T]`), gradients stopped: (positions `[B, T]`,
+  features h `[B, T, D]`, the target's next-token logits `[B, T, V]`)."""
+  b, t = inputs_BxT.shape
+  positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  hidden_BxTxD, _ = frozen.features(inputs_BxT, positions_BxT, None)
+  hidden_BxTxD = jax.lax.stop_gradient(hidden_BxTxD)
+  teacher_BxTxV = jax.lax.stop_gradient(frozen.head(hidden_BxTxD))
+  return positions_BxT, hidden_BxTxD, teacher_BxTxV
+
+
 def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
                kl_weight: float = KL_WEIGHT,
                temperature: float = 1.0,
@@ -92,11 +104,8 @@ def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
     del rng
     inputs_BxT, targets_BxT = losses.split_inputs_targets(batch["tokens"])
     frozen = target.module()
-    b, t = inputs_BxT.shape
-    positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    hidden_BxTxD, _ = frozen.features(inputs_BxT, positions_BxT, None)
-    hidden_BxTxD = jax.lax.stop_gradient(hidden_BxTxD)
-    teacher_BxTxV = jax.lax.stop_gradient(frozen.head(hidden_BxTxD))
+    positions_BxT, hidden_BxTxD, teacher_BxTxV = teacher_forcing(
+        frozen, inputs_BxT)
     embeds_BxTxD = jax.lax.stop_gradient(
         frozen.embed_inputs(inputs_BxT, positions_BxT))
     predicted_BxTxD, _ = module(eagle.shift_features(hidden_BxTxD),
