@@ -1,24 +1,27 @@
 r"""gamma chosen by a plan-only rule against the same fixed gamma, side by side.
 
-  python benchmarks/planned_loop.py [DRAFT] [TEMPERATURE] [BATCH]  # bigram 0 1
+  python benchmarks/planned_loop.py [DRAFT] [TEMPERATURE] [BATCH] [TRIALS]
+                                                # bigram 0 1 3
 
 On the quick job's models (cached by `python -m experiments.reproduce`),
 64 + 128 tokens: ms per loop round of fixed gamma 1, 4 and 8 and of a rule
 that always plans 1, 4 or 8 (gamma_max 4 or 8), i.e. the planned loop
 (`loop._planned_loop`) at a constant width; and of `generate` against a rule
 that always plans an off stretch (width 0; one probe, then steps that leave
-the draft alone), interleaved, 3 trials of 10 calls (fewest and median);
+the draft alone), interleaved, TRIALS trials of 10 calls (fewest and median);
 and of a `Goodput` rule priced so that width 4 always wins ("goodput 4 of
 8"), which plans as `gamma="auto"` does every round, so its row against
-"plan 4 of 8" is the cost of the rule's own per-round work; "... each
-round" is that rule planning again inside every round, as the loop did
-before `Rule.plans_one_width`. "4/8 each round" and "4/8 each 4" plan 4
-and 8 in turn, changing width every round or every 4 rounds: against the
-mean of "plan 4 of 8" and "plan 8 of 8", the price of a change of width
-(before the loops of each width ran in sequence: a `lax.switch` that
-copied both caches twice, and a wide catch-up window on each stretch's
-first round). The planned
-rows should cost what the fixed rows of the same width do, and the off
+"plan 4 of 8" is the cost of the rule's own per-round work; "goodput 8
+of 8" is the same rule priced so that width 8 always wins (against "fixed
+8": what `gamma="auto"` pays over the fixed loop where it drafts 8);
+"... each round" is the width-4 rule planning again inside every round,
+as the loop did before `Rule.plans_one_width`. "4/8 each round" and
+"4/8 each 4" plan 4 and 8 in turn, changing width every round or every 4
+rounds: against the mean of "plan 4 of 8" and "plan 8 of 8", the price of
+a change of width (before the loops of each width ran in sequence: a
+`lax.switch` that copied both caches twice, and a wide catch-up window on
+each stretch's first round). The planned rows should cost what the fixed
+rows of the same width do, and the off
 row what a `generate` step does.
 """
 
@@ -78,6 +81,7 @@ def main():
   name = sys.argv[1] if len(sys.argv) > 1 else "bigram"
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
   batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+  trials = int(sys.argv[4]) if len(sys.argv) > 4 else 3
   config = reproduce.get_config("quick")
   config.drafts = [d for d in config.drafts if d.name == name]
   target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
@@ -93,6 +97,8 @@ def main():
            # Width 4 costs 1 target pass, any other 50: it always wins.
            "goodput 4 of 8": draft_length.Goodput(
                c=0.0, r=(50.0,) * 3 + (1.0,) + (50.0,) * 4),
+           "goodput 8 of 8": draft_length.Goodput(c=0.0,
+                                                  r=(50.0,) * 7 + (1.0,)),
            "... each round": GoodputEachRound(
                c=0.0, r=(50.0,) * 3 + (1.0,) + (50.0,) * 4)}
   fns = {k: (lambda g=g: loop.speculative_generate(
@@ -104,7 +110,7 @@ def main():
   rounds = {k: int(np.asarray(f().stats.rounds).max()) for k, f in fns.items()}
   print(f"{name}, T={temperature:g}, batch {batch}: ms per round "
         "(fewest / median)")
-  for trial in range(3):
+  for trial in range(trials):
     t = measure.interleaved_times(fns, 10)
     print(trial, "  ".join(
         f"{k}: {min(v) * 1e3 / rounds[k]:.3f} / "
