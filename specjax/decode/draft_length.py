@@ -316,8 +316,8 @@ class Goodput(Rule):
     many texts as the calls will see: a pilot on one prompt starts every
     row at that text's acceptance, and where it was low the rows learned
     slowly (short rounds and off stretches judge few drafts): the quick
-    job's distilled draft lost 24% at batch 1 that way (README, "Adaptive
-    gamma, side by side"). Stopping stays exact: the prior is fixed before
+    job's distilled draft lost 24% at batch 1 that way
+    (results/adaptive_gamma/README.md, T0_p16). Stopping stays exact: the prior is fixed before
     the call.
     """
     if not isinstance(previous, state_lib.GenerationResult):
