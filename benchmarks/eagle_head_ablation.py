@@ -63,6 +63,10 @@ next to the zoo's distilled drafts of the same budget. Counts, not timings.
   narrow, small fc init   fc initialised at std 0.001 (not 0.02), so that
                           the residual stream starts at a draft's
                           embedding scale (RMS about 0.02, not 0.45)
+  narrow, RoPE            'llama' blocks (RoPE, RMSNorm, SwiGLU MLP 429)
+                          reading the target's token embedding alone, so
+                          order comes from RoPE, not from the target's
+                          learned position embedding; also features zeroed
 """
 
 import dataclasses
@@ -147,6 +151,7 @@ class NarrowModule(eagle.EagleHeadModule):
   """Depth at equal size: fc(2D -> 128), two blocks of width 128 (4 heads,
   MLP 640), fc(128 -> D) back to the target's feature space."""
   width, mlp_dim, num_blocks, num_heads = 128, 640, 2, 4
+  flavour = None  # None: the target's
 
   def __init__(self, config, rngs):
     super().__init__(config, rngs)
@@ -155,7 +160,8 @@ class NarrowModule(eagle.EagleHeadModule):
                                 num_kv_heads=self.num_heads,
                                 head_dim=self.width // self.num_heads,
                                 mlp_dim=self.mlp_dim,
-                                num_layers=self.num_blocks)
+                                num_layers=self.num_blocks,
+                                flavour=self.flavour or config.flavour)
     del self.block  # replaced by the narrow blocks; not counted
     self.fc = transformer._linear(config, 2 * config.d_model, self.width, rngs)
     self.blocks = nnx.List([transformer.Block(inner, rngs)
@@ -346,9 +352,29 @@ class SmallFcModule(NarrowModule):
 SmallFcHead = head_of(SmallFcModule)
 
 
+class RopeModule(NarrowModule):
+  """The narrow head with 'llama' blocks (RoPE, RMSNorm, SwiGLU MLP 429 to
+  stay at the narrow head's size), reading the target's token embedding
+  alone: order comes from RoPE in its attention, not from the target's
+  learned position embedding."""
+  flavour, mlp_dim = "llama", 429
+
+
+RopeHead = head_of(RopeModule)
+
+
+class RopeZeroFeaturesModule(_ZeroFeatures, RopeModule):
+  """The RoPE narrow head, features zeroed."""
+
+
+RopeZeroFeaturesHead = head_of(RopeZeroFeaturesModule)
+
+
 def head_inputs(frozen, tokens_BxT, positions_BxT, split):
   """The embeddings a head reads: their sum; (token, position) "split";
-  or (token ids, position) for "own tokens"."""
+  (token ids, position) for "own tokens"; the token's alone for "rope"."""
+  if split == "rope":
+    return frozen.embed(tokens_BxT)
   if split == "own tokens":
     return tokens_BxT, frozen.pos_embed(positions_BxT)
   if split:
@@ -474,6 +500,9 @@ def main():
       ("narrow, own token embedding",
        dict(head_type=OwnTokensHead, split="own tokens")),
       ("narrow, small fc init", dict(head_type=SmallFcHead)),
+      ("narrow, RoPE", dict(head_type=RopeHead, split="rope")),
+      ("narrow, RoPE, features zeroed",
+       dict(head_type=RopeZeroFeaturesHead, split="rope")),
   ]
   if only:
     variants = [v for v in variants if any(w in v[0] for w in only)]
