@@ -21,8 +21,7 @@ rounds: against the mean of "plan 4 of 8" and "plan 8 of 8", the price of
 a change of width (before the loops of each width ran in sequence: a
 `lax.switch` that copied both caches twice, and a wide catch-up window on
 each stretch's first round). The planned rows should cost what the fixed
-rows of the same width do, and the off
-row what a `generate` step does.
+rows of the same width do, and the off row what a `generate` step does.
 """
 
 import dataclasses
