@@ -317,8 +317,8 @@ class Goodput(Rule):
     row at that text's acceptance, and where it was low the rows learned
     slowly (short rounds and off stretches judge few drafts): the quick
     job's distilled draft lost 24% at batch 1 that way
-    (results/adaptive_gamma/README.md, T0_p16). Stopping stays exact: the prior is fixed before
-    the call.
+    (results/adaptive_gamma/README.md, T0_p16). Stopping stays exact: the
+    prior is fixed before the call.
     """
     if not isinstance(previous, state_lib.GenerationResult):
       raise TypeError("previous must be the GenerationResult of an earlier "
