@@ -3,7 +3,8 @@ r"""What `measure_goodput` prices each round width at, timed two ways.
   python benchmarks/goodput_costs.py [DRAFT] [BATCH] [TIMES] [SECONDS REPEATS]
                                      [alone|text]    # distilled... 1 2 0.05 3
 
-On the quick job's models (cached by `python -m experiments.reproduce`),
+On the quick job's models (cached by `python -m experiments.reproduce`; DRAFT
+may also be self:1 or self:2, the target's own first blocks),
 64 + 128 tokens, gamma_max 8: measures the `Goodput` rule TIMES times in this
 process (memo cleared in between), as `gamma="auto"` does on its first call,
 from the passes timed alone, and as `measure_goodput(calibrate=True)` does,
@@ -42,7 +43,10 @@ def main():
   repeats = int(sys.argv[5]) if len(sys.argv) > 5 else 3
   pricings = (False,) if sys.argv[6:] == ["alone"] else (False, True)
   config = reproduce.get_config("quick")
-  config.drafts = [d for d in config.drafts if d.name == name]
+  # The adaptive preset's drafts add self:1 and self:2 (same target).
+  config.drafts = [d for d in config.drafts
+                   + reproduce.get_config("adaptive").drafts
+                   if d.name == name][:1]
   target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
   if sys.argv[6:] == ["text"]:
     heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
