@@ -1,0 +1,104 @@
+r"""Does the order of interleaved calls bias a timed ratio? An A/A check.
+
+  python benchmarks/timing_order.py [DRAFT] [TEMPERATURE] [BATCH] [CYCLES]
+                                            # distilled-draft-0.1m@target-3m 1 1 60
+
+On the quick job's models (cached by `python -m experiments.reproduce`; DRAFT
+may also be self:1 or self:2, the target's own first blocks), 64 + 128 tokens:
+five calls timed in cycles, each cycle one call of each. Two of them are the
+same call ("fixed 8" and "fixed 8 again": one function, one compiled program),
+so their ratio is 1 but for the timing; "goodput 8" is a `Goodput` rule priced
+so that width 8 always wins (`gamma="auto"`'s program, drafting what fixed 8
+does), beside "fixed 1" and `generate`. Three schedules, one after the other:
+the same order every cycle (as `specjax.measure.interleaved_times`), the order
+reversed every other cycle (ABBA), and a seeded shuffle each cycle. Per
+schedule: the median over cycles of each pair's ratio, with a 95% bootstrap
+interval over cycles. The interval treats cycles as independent, which a
+drifting machine makes them not: the A/A row says how far to trust it.
+"""
+
+import os
+import random
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import specjax as sj  # noqa: E402
+from specjax import data, sweep  # noqa: E402
+from specjax.decode import draft_length  # noqa: E402
+from configs import reproduce  # noqa: E402
+
+SCHEDULES = ("same order", "ABBA", "shuffled")
+PAIRS = (("fixed 8 again", "fixed 8"), ("goodput 8", "fixed 8"),
+         ("goodput 8", "fixed 8 again"))
+
+
+def order(names, schedule, cycle, rng):
+  if schedule == "ABBA" and cycle % 2:
+    return names[::-1]
+  if schedule == "shuffled":
+    return rng.sample(names, len(names))
+  return names
+
+
+def interval(ratios):
+  rng = np.random.default_rng(0)
+  medians = [np.median(rng.choice(ratios, len(ratios))) for _ in range(2000)]
+  return np.percentile(medians, [2.5, 97.5])
+
+
+def main():
+  name = sys.argv[1] if len(sys.argv) > 1 else "distilled-draft-0.1m@target-3m"
+  temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+  batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+  cycles = int(sys.argv[4]) if len(sys.argv) > 4 else 60
+  config = reproduce.get_config("quick")
+  # The adaptive preset's drafts add self:1 and self:2 (same target).
+  config.drafts = [d for d in config.drafts
+                   + reproduce.get_config("adaptive").drafts
+                   if d.name == name][:1]
+  target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
+  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+  prompts = data.prompts(heldout, batch, 64, seed=0)
+  lengths = np.full((batch,), 64, np.int32)
+  sampling = sj.SamplingConfig(temperature=temperature)
+  # Width 8 costs 1 target pass, any other width 50 and a probe 100.
+  goodput8 = draft_length.Goodput(c=0.0, r=(50.0,) * 7 + (1.0,), probe=100.0)
+
+  def spec(gamma):
+    return lambda: sj.speculative_generate(
+        target, draft.model, prompts, lengths, jax.random.key(0),
+        gamma=gamma, max_new_tokens=128, sampling=sampling)
+  fixed8 = spec(8)
+  fns = {"fixed 8": fixed8, "goodput 8": spec(goodput8),
+         "fixed 8 again": fixed8, "fixed 1": spec(1),
+         "generate": lambda: sj.generate(target, prompts, lengths,
+                                         jax.random.key(0), max_new_tokens=128,
+                                         sampling=sampling)}
+  for fn in fns.values():
+    jax.block_until_ready(fn())
+  print(f"{name}, T={temperature:g}, batch {batch}, {cycles} cycles per "
+        "schedule: median ratio of seconds per call [95% over cycles]")
+  rng = random.Random(0)
+  for schedule in SCHEDULES:
+    times = {k: [] for k in fns}
+    for cycle in range(cycles):
+      for k in order(list(fns), schedule, cycle, rng):
+        start = time.perf_counter()
+        jax.block_until_ready(fns[k]())
+        times[k].append(time.perf_counter() - start)
+    cells = []
+    for a, b in PAIRS:
+      ratios = np.array(times[a]) / np.array(times[b])
+      low, high = interval(ratios)
+      cells.append(f"{a} / {b} {np.median(ratios):.3f} [{low:.3f}, "
+                   f"{high:.3f}]")
+    print(f"{schedule:>10}: " + "; ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+  main()
