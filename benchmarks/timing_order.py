@@ -1,7 +1,7 @@
 r"""Does the order of interleaved calls bias a timed ratio? An A/A check.
 
   python benchmarks/timing_order.py [DRAFT] [TEMPERATURE] [BATCH] [CYCLES]
-                                            # distilled-draft-0.1m@target-3m 1 1 60
+      # defaults: distilled-draft-0.1m@target-3m 1 1 80
 
 On the quick job's models (cached by `python -m experiments.reproduce`; DRAFT
 may also be self:1 or self:2, the target's own first blocks), 64 + 128 tokens:
@@ -9,12 +9,13 @@ five calls timed in cycles, each cycle one call of each. Two of them are the
 same call ("fixed 8" and "fixed 8 again": one function, one compiled program),
 so their ratio is 1 but for the timing; "goodput 8" is a `Goodput` rule priced
 so that width 8 always wins (`gamma="auto"`'s program, drafting what fixed 8
-does), beside "fixed 1" and `generate`. Three schedules, one after the other:
-the same order every cycle (as `specjax.measure.interleaved_times`), the order
-reversed every other cycle (ABBA), and a seeded shuffle each cycle. Per
-schedule: the median over cycles of each pair's ratio, with a 95% bootstrap
-interval over cycles. The interval treats cycles as independent, which a
-drifting machine makes them not: the A/A row says how far to trust it.
+does); "fixed 1" and `generate` run between them, as other programs do in an
+experiment's cycle. Three schedules, one after the other: the same order every
+cycle (as `specjax.measure.interleaved_times`), the order reversed every other
+cycle (ABBA), and a seeded shuffle each cycle. Per schedule: the median over
+cycles of each pair's ratio, with a 95% bootstrap interval over cycles. The
+interval treats cycles as independent, which a drifting machine makes them not:
+the A/A row says how far to trust it.
 """
 
 import os
@@ -55,7 +56,7 @@ def main():
   name = sys.argv[1] if len(sys.argv) > 1 else "distilled-draft-0.1m@target-3m"
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
   batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-  cycles = int(sys.argv[4]) if len(sys.argv) > 4 else 60
+  cycles = int(sys.argv[4]) if len(sys.argv) > 4 else 80
   config = reproduce.get_config("quick")
   # The adaptive preset's drafts add self:1 and self:2 (same target).
   config.drafts = [d for d in config.drafts
