@@ -42,12 +42,8 @@ def main():
   seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05
   repeats = int(sys.argv[5]) if len(sys.argv) > 5 else 3
   pricings = (False,) if sys.argv[6:] == ["alone"] else (False, True)
-  config = reproduce.get_config("quick")
-  # The adaptive preset's drafts add self:1 and self:2 (same target).
-  config.drafts = [d for d in config.drafts
-                   + reproduce.get_config("adaptive").drafts
-                   if d.name == name][:1]
-  target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
+  target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
+                                     data.stdlib_corpus())
   if sys.argv[6:] == ["text"]:
     heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
     shape = measure.LoopShape(batch, 64, 128, 8)

@@ -3,9 +3,10 @@ r"""gamma chosen by a plan-only rule against the same fixed gamma, side by side.
   python benchmarks/planned_loop.py [DRAFT] [TEMPERATURE] [BATCH] [TRIALS]
                                                 # bigram 0 1 3
 
-On the quick job's models (cached by `python -m experiments.reproduce`),
-64 + 128 tokens: ms per loop round of fixed gamma 1, 4 and 8 and of a rule
-that always plans 1, 4 or 8 (gamma_max 4 or 8), i.e. the planned loop
+On the quick job's models (cached by `python -m experiments.reproduce`; DRAFT
+may also be self:1 or self:2, the target's own first blocks), 64 + 128
+tokens: ms per loop round of fixed gamma 1, 4 and 8 and of a rule that
+always plans 1, 4 or 8 (gamma_max 4 or 8), i.e. the planned loop
 (`loop._planned_loop`) at a constant width; and of `generate` against a rule
 that always plans an off stretch (width 0; one probe, then steps that leave
 the draft alone), interleaved, TRIALS trials of 10 calls (fewest and median);
@@ -81,9 +82,8 @@ def main():
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
   batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   trials = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-  config = reproduce.get_config("quick")
-  config.drafts = [d for d in config.drafts if d.name == name]
-  target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
+  target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
+                                     data.stdlib_corpus())
   sampling = sj.SamplingConfig(temperature=temperature)
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, batch, 64, seed=0)

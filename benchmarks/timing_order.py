@@ -57,12 +57,8 @@ def main():
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
   batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   cycles = int(sys.argv[4]) if len(sys.argv) > 4 else 80
-  config = reproduce.get_config("quick")
-  # The adaptive preset's drafts add self:1 and self:2 (same target).
-  config.drafts = [d for d in config.drafts
-                   + reproduce.get_config("adaptive").drafts
-                   if d.name == name][:1]
-  target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
+  target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
+                                     data.stdlib_corpus())
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, batch, 64, seed=0)
   lengths = np.full((batch,), 64, np.int32)

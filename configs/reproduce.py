@@ -173,3 +173,16 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
                        dict(_TINY_FAST))]
     c.gammas = (1, 3)
   return c
+
+
+def quick_draft(name: str) -> config_dict.ConfigDict:
+  """The quick preset with `drafts` narrowed to the one named `name`, from
+  the quick drafts or the adaptive preset's (which add self:1 and self:2 on
+  the same target): what the benchmarks load with `sweep.load_models`."""
+  config = get_config("quick")
+  drafts = [d for d in config.drafts + get_config("adaptive").drafts
+            if d.name == name][:1]
+  if not drafts:
+    raise ValueError(f"no quick or adaptive draft is named {name!r}.")
+  config.drafts = drafts
+  return config

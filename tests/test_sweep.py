@@ -218,3 +218,13 @@ def test_run_takes_a_feature_level_draft(monkeypatch):
   bpb = sweep.heldout_bpb(draft.model, np.zeros((1, 2, 9), np.int32))
   assert np.isfinite(bpb) and bpb > 0
   assert figures.KIND_ORDER.index("eagle") > figures.KIND_ORDER.index("self")
+
+
+def test_quick_draft_narrows_to_one_named_draft():
+  # The benchmarks' one lookup: quick drafts and the adaptive preset's self:K.
+  for name in ("bigram", "distilled-draft-0.1m@target-3m", "self:1"):
+    config = reproduce.quick_draft(name)
+    assert [d.name for d in config.drafts] == [name]
+    assert config.target == reproduce.get_config("quick").target
+  with pytest.raises(ValueError, match="no quick or adaptive draft"):
+    reproduce.quick_draft("draft-9m")
