@@ -2,7 +2,8 @@ r"""What `Goodput` loses to learning the acceptance, with exact costs and no tim
 
   python benchmarks/goodput_policy.py [--costs=1.56,1.89,...] [--tokens=128]
       [--batch=1] [--spread=0.0] [--burst=0.0 --switch=0.05]
-      [--priors=1:1,...] [--hystereses=0,0.1,...]
+      [--overlap_var=0.0] [--change=0.0] [--priors=1:1,...]
+      [--hystereses=0,0.1,...] [--switch_costs=0,0.5,...]
 
 Simulates, at batch 1 (or `--batch` rows, every round run for the whole
 batch while any row is active), the rounds
@@ -15,16 +16,21 @@ rows whose every draft is accepted independently with probability alpha
 charges each round the cost of its width from `--costs` (widths
 1..gamma_max, in `generate` steps; the default is the loop's own rounds of
 the quick job's distilled draft at batch 1, from
-`python benchmarks/goodput_costs.py`). The decisions are the library's own
+`python benchmarks/goodput_costs.py`), plus `--change` steps for each
+change of width. The decisions are the library's own
 (`Goodput.remaining_time` and `Goodput.keeps` on the rows' counts, as the
-loop's `RowStats` keeps them), priced with the same costs, so the rule's
-only handicap is what it does not know: alpha. Prints, per alpha, the
+loop's `RowStats` keeps them; `measure_goodput`'s margins: `hysteresis`
+`BATCHED_HYSTERESIS` above batch 1, the default `switch_cost` in steps),
+priced with the same costs, so the rule's only handicap is what it does
+not know: alpha (and, with `--overlap_var`, how each draft's keep
+probability strays from it). Prints, per alpha, the
 speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
 rule: from its default prior; counting kept drafts instead of their keep
 probabilities ("auto counts", `estimator="accepted"`); warm-started at the
 true alpha (`Goodput.warm_start`, strength 16) and at alpha -+ 0.1; from
 each prior of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior);
-with each margin of `--hystereses` as its `hysteresis`. Each with its
+with each margin of `--hystereses` as its `hysteresis` and each cost of
+`--switch_costs` as its `switch_cost`. Each with its
 ratio to the best fixed gamma; means over `--runs` rows (batches),
 every variant on the same simulated rows. Candidates the library does not
 have: expected tokens averaged over each row's posterior (`Posterior`),
@@ -85,7 +91,8 @@ def decisions(rule, batch=1):
 
 
 def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
-             spread=0.0, burst=0.0, switch=0.05):
+             spread=0.0, burst=0.0, switch=0.05, overlap_var=0.0,
+             change=0.0):
   """`generate` steps for `batch` rows to emit `tokens` tokens each with the
   rule (or a fixed gamma): the planned loop's rounds, as in
   `loop._planned_loop`; every round runs for the whole batch while any row
@@ -97,7 +104,9 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
   the same mean, as a text's easy and hard passages give it. Each judged
   draft adds its keep probability to the row's overlap sum (what the
   library's `estimator="overlap"` counts; here a draft's sum_x min(p, q)
-  is its stretch's alpha, with no spread among the stretch's drafts)."""
+  is its stretch's alpha, or with `overlap_var` drawn about it from a Beta
+  of that variance, as a text's drafts differ). Each change of width costs
+  `change` steps more (the loop leaves one width's loop for another's)."""
   alpha_B = np.clip(alpha + spread * rng.uniform(-1.0, 1.0, batch), 0.01,
                     0.99)
   easy_B = rng.random(batch) < 0.5
@@ -105,6 +114,12 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
     if rng.random() < switch:
       easy_B[b] = not easy_B[b]
     a = min(max(alpha_B[b] + (burst if easy_B[b] else -burst), 0.01), 0.99)
+    if overlap_var:
+      # This draft's own keep probability, Beta-distributed about the
+      # stretch's alpha with variance overlap_var (the marginal keep
+      # probability stays a).
+      kappa = max(a * (1.0 - a) / overlap_var - 1.0, 1e-3)
+      a = rng.beta(a * kappa, (1.0 - a) * kappa)
     overlap[b] += a  # the draft is judged
     return rng.random() < a
   costs = rule.round_costs()  # width 0 (an off stretch's mean), 1..gamma_max
@@ -116,8 +131,13 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
   plan = lambda: decide(accepted, verified, overlap, tokens - emitted,
                         emitted < tokens)
 
+  last = [None]
+
   def round_of(w):
     nonlocal time
+    if last[0] is not None and w != last[0]:
+      time += change
+    last[0] = w
     for b in np.flatnonzero(emitted < tokens):
       k = 0
       while k < w and keeps_draft(b):
@@ -138,6 +158,9 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
         round_of(w)
       continue
     # A probe round: one draft, judged by the 1-token pass, one token.
+    if last[0] is not None and last[0] != 0:
+      time += change
+    last[0] = 0
     for b in np.flatnonzero(emitted < tokens):
       k = int(keeps_draft(b))
       accepted[b], verified[b], emitted[b] = (accepted[b] + k,
@@ -240,6 +263,14 @@ def main():
   parser.add_argument("--spread", type=float, default=0.0)
   parser.add_argument("--burst", type=float, default=0.0)
   parser.add_argument("--switch", type=float, default=0.05)
+  parser.add_argument("--overlap_var", type=float, default=0.0,
+                      help="variance of a judged draft's keep probability "
+                      "about its stretch's alpha (benchmarks/"
+                      "overlap_variance.py measures it; 0: none)")
+  parser.add_argument("--change", type=float, default=0.0,
+                      help="steps a change of width costs (0: none)")
+  parser.add_argument("--switch_costs", default="",
+                      help="more switch costs to compare, in steps ('s,...')")
   parser.add_argument("--priors", default="",
                       help="more priors to compare, pseudo-counts 'a:b,...'")
   parser.add_argument("--hystereses", default="",
@@ -249,12 +280,19 @@ def main():
                       "the fixed gammas, which the ratios need (all: '')")
   args = parser.parse_args()
   rule = make_rule([float(x) for x in args.costs.split(",")])
+  if args.batch > 1:
+    rule = dataclasses.replace(
+        rule, hysteresis=draft_length.BATCHED_HYSTERESIS)
   print(f"batch {args.batch}, {args.tokens} tokens, {args.runs} "
         f"{'rows' if args.batch == 1 else 'batches'} per cell; round "
         f"costs of widths 1..{rule.gamma_max} in generate steps: "
         f"{args.costs}; row alphas uniform in alpha +- {args.spread}"
         + (f", in runs of +- {args.burst} (switch {args.switch} a judged draft)"
-           if args.burst else "") + "; "
+           if args.burst else "")
+        + (f"; keep probabilities' variance {args.overlap_var}"
+           if args.overlap_var else "")
+        + (f"; a change of width costs {args.change} steps"
+           if args.change else "") + "; "
         "speedup over generate (ratio to the best fixed)")
   fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)}
   for alpha in (float(a) for a in args.alphas.split(",")):
@@ -275,6 +313,9 @@ def main():
       a0, b0 = (float(x) for x in prior.split(":"))
       variants[f"auto prior {prior}"] = (
           dataclasses.replace(rule, prior=(a0, b0)), None)
+    for m in filter(None, args.switch_costs.split(",")):
+      variants[f"auto switch_cost {m}"] = (
+          dataclasses.replace(rule, switch_cost=float(m)), None)
     for h in filter(None, args.hystereses.split(",")):
       variants[f"auto hysteresis {h}"] = (
           dataclasses.replace(rule, hysteresis=float(h)), None)
@@ -288,7 +329,8 @@ def main():
       rng = np.random.default_rng(0)  # every variant sees the same rows
       speed[name] = args.tokens / np.mean(
           [simulate(r, decide, alpha, args.tokens, rng, fixed, args.batch,
-                    args.spread, args.burst, args.switch)
+                    args.spread, args.burst, args.switch,
+                    args.overlap_var, args.change)
            for _ in range(args.runs)])
     best = max(v for k, v in speed.items() if k.startswith("gamma="))
     print(f"alpha {alpha:.2f}: " + "  ".join(

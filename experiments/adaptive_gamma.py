@@ -13,9 +13,9 @@ verify passes timed alone ("auto alone": `measure_goodput(calibrate=False)`,
 the default before), with auto warm-started from a pilot call on other
 held-out prompts of the same batch ("auto+warm": `Goodput.warm_start`, so
 rows start from the pilot's acceptance instead of the default prior's
-3/4), with auto at the 5% width margin it keeps at batch 1 ("auto 5%":
-`measure_goodput` gives a batch of more rows `BATCHED_HYSTERESIS`; at batch
-1 the variant is auto itself, a control of the timing noise) and with auto
+3/4), with auto as it was before `Goodput.switch_cost` ("auto before": a
+5% width margin at batch 1, `BATCHED_HYSTERESIS` above, no switch cost),
+with auto from the prior `--prior` if given ("auto prior a:b") and with auto
 plus a confidence stop (`--threshold`), over the same held-out prompts, every
 call (warm-up and repeats) drawing its own sample. Per cell it prints
 one line per variant, side by side: speedup over `generate` (total time
@@ -57,6 +57,7 @@ from specjax import distributed
 from specjax import measure
 from specjax import sharding
 from specjax import zoo
+from specjax.decode import draft_length
 
 _TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
 _DRAFTS = flags.DEFINE_list("drafts", ["self:1", "self:2"], "Drafts.")
@@ -74,6 +75,9 @@ _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.")
 _NEW = flags.DEFINE_integer("max_new_tokens", 96, "Tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats, each on its "
                                 "own samples.")
+_PRIOR = flags.DEFINE_string(
+    "prior", "", "Also time auto from this prior, pseudo-counts 'a:b' of "
+    "kept and rejected drafts (the variant 'auto prior a:b').")
 _RESULTS = flags.DEFINE_string("results_dir", "results/adaptive_gamma",
                                "Where to write the rows and the figure.")
 distributed.define_flags()
@@ -116,8 +120,20 @@ def _draft(name, target):
                   teacher_overrides=dict(recipe.teacher_overrides) or None)
 
 
+def _parse_prior(text):
+  """'a:b' -> (a, b), two positive pseudo-counts (checked before any run)."""
+  try:
+    a, b = (float(x) for x in text.split(":"))
+  except ValueError:
+    raise app.UsageError(f"--prior must be 'a:b', two pseudo-counts, got "
+                         f"{text!r}.") from None
+  if not (a > 0 and b > 0):
+    raise app.UsageError(f"--prior pseudo-counts must be > 0, got {text!r}.")
+  return a, b
+
+
 def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
-             threshold, max_new, repeats):
+             threshold, max_new, repeats, prior=""):
   """Speedups of every variant over `generate` for one (draft, batch);
   `pilot_BxP`: other prompts, for the pilot call of "auto+warm"."""
   batch, width = prompts_NxBxP.shape[1:]
@@ -136,8 +152,12 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
       target, draft, pilot_BxP, lengths, jax.random.key(len(keys)),
       gamma=auto, max_new_tokens=max_new, sampling=sampling)
   variants["auto+warm"] = auto.warm_start(pilot)
-  variants["auto 5%"] = dataclasses.replace(
-      auto, hysteresis=sj.Goodput.hysteresis)  # batch 1's margin
+  variants["auto before"] = dataclasses.replace(
+      auto, switch_cost=0.0,
+      hysteresis=0.05 if batch == 1 else draft_length.BATCHED_HYSTERESIS)
+  if prior:
+    variants[f"auto prior {prior}"] = dataclasses.replace(
+        auto, prior=_parse_prior(prior))
   variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
                                              probe=None)
 
@@ -212,6 +232,7 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   fixed = [names.index(f"gamma={g}") for g in gammas]
   best = gammas[int(np.argmax(speedup_N[fixed]))]
   row["best_fixed"] = best
+  row["autos"] = [name for name in variants if name.startswith("auto")]
   # The verdict's noise: a call's time moves between identical calls on a
   # shared CPU box (the repeats), and at T > 0 each call samples its own
   # text. Resampling the units, with the best fixed gamma picked again in
@@ -231,9 +252,6 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   return row
 
 
-_AUTO = ["auto", "auto alone", "auto+warm", "auto 5%", "auto+conf"]
-
-
 def report(row, gammas) -> str:
   """The cell's variants side by side, and the issue's target for auto."""
   lines = [f"{row['draft']}, batch {row['batch']}: c={row['c']:.3f} "
@@ -243,7 +261,7 @@ def report(row, gammas) -> str:
            f"  {'variant':>11} {'speedup':>8} {'/best':>6} {'alpha':>6} "
            f"{'drafts/round':>12} {'tokens/round':>12} {'steps/round':>11}"
            f" {'(priced)':>8}"]
-  for name in [f"gamma={g}" for g in gammas] + _AUTO:
+  for name in [f"gamma={g}" for g in gammas] + row["autos"]:
     v = row[name]
     mark = " <- best fixed" if name == f"gamma={row['best_fixed']}" else ""
     priced = ""
@@ -253,7 +271,9 @@ def report(row, gammas) -> str:
                  f" {v['alpha']:6.3f} {v['draft_passes_per_round']:12.2f}"
                  f" {v['tokens_per_round']:12.2f} {v['steps_per_round']:11.2f}"
                  f" {priced:>8}{mark}")
-  for name in ("auto", "auto alone", "auto+warm", "auto 5%"):
+  for name in row["autos"]:
+    if name == "auto+conf":
+      continue
     ratio = row[name]["vs_best_fixed"]
     low, high = row[name]["vs_best_fixed_95"]
     verdict = ("beats the best fixed gamma by >= 8%" if ratio >= 1.08 else
@@ -278,11 +298,11 @@ def plot(rows, gammas, path):
     ax = axes[batches.index(row["batch"])][drafts.index(row["draft"])]
     fixed = [row[f"gamma={g}"]["speedup"] for g in gammas]
     ax.plot(gammas, fixed, "o-", label="fixed gamma")
-    for name, style, color in (("auto", "--", "C1"),
-                               ("auto alone", "-.", "C3"),
-                               ("auto+warm", "-", "C4"),
-                               ("auto 5%", (0, (1, 3)), "C5"),
-                               ("auto+conf", ":", "C2")):
+    styles = {"auto": ("--", "C1"), "auto alone": ("-.", "C3"),
+              "auto+warm": ("-", "C4"), "auto before": ((0, (1, 3)), "C5"),
+              "auto+conf": (":", "C2")}
+    for name in row["autos"]:
+      style, color = styles.get(name, ((0, (3, 1, 1, 1)), "C6"))
       ax.axhline(row[name]["speedup"], ls=style, color=color, label=name)
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_title(f"{row['draft']}, batch {row['batch']}")
@@ -295,6 +315,8 @@ def plot(rows, gammas, path):
 
 def _run():
   """Every (draft, batch) cell: (rows, gammas)."""
+  if _PRIOR.value:
+    _parse_prior(_PRIOR.value)
   dtypes = distributed.dtypes_from_flags()
   target, what = _load(_TARGET.value)
   target = target.astype(**dtypes)
@@ -313,7 +335,8 @@ def _run():
                              _PROMPT_LEN.value, 0).reshape(
                                  _PROMPTS.value + 1, batch, _PROMPT_LEN.value)
       row = run_cell(target, draft, prompts[1:], prompts[0], sampling, gammas,
-                     _THRESHOLD.value, _NEW.value, _REPEATS.value)
+                     _THRESHOLD.value, _NEW.value, _REPEATS.value,
+                     _PRIOR.value)
       row.update(draft=name, batch=batch, target=what)
       # Each cell compiles a dozen loops; freed between cells, since one
       # process holding every cell's (the six cells of the README's run) ran

@@ -228,16 +228,19 @@ def test_goodput_picks_longer_drafts_for_better_rows():
   assert np.asarray(both).tolist() == [best[0]] * 2
   nearly_done = rule.plan(stats, jnp.array([True, True]), remaining(1, 100))
   assert np.asarray(nearly_done).tolist() == [best[1]] * 2
-  # The loop keeps a width while its expected time is within `hysteresis`
-  # of the best width's (a change of width costs a switch).
+  # The loop keeps a width while its expected time to finish is within
+  # `switch_cost` (what a change of width costs, once) of the best width's,
+  # plus `hysteresis` of it.
   row = (jnp.array([False, True]), remaining(100, 100))
   time = np.asarray(rule.remaining_time(stats, *row))
-  ratio = time / time.min()
-  assert bool(rule.keeps(best[1], stats, *row))
-  for w in range(1, 7):
-    assert bool(rule.keeps(w, stats, *row)) == (ratio[w - 1] <= 1.05), w
-  assert 0 < (ratio <= 1.05).sum() < 6  # some widths kept, some left
-  strict = dataclasses.replace(rule, hysteresis=0.0)
+  for margin in (dict(switch_cost=3.0), dict(switch_cost=1.0,
+                                             hysteresis=0.02)):
+    loose = dataclasses.replace(rule, **margin)
+    within = time <= time.min() * (1 + loose.hysteresis) + loose.switch_cost
+    assert 1 < within.sum() < 6  # some widths kept, some left
+    assert [bool(loose.keeps(w, stats, *row)) for w in range(1, 7)] == list(
+        within)
+  strict = dataclasses.replace(rule, switch_cost=0.0)
   assert [bool(strict.keeps(w, stats, *row)) for w in range(1, 7)] == [
       w == best[1] for w in range(1, 7)]
 
@@ -497,9 +500,9 @@ def test_pass_times_that_break_subadditivity_are_retimed(target, monkeypatch):
 
 def test_measured_rule_damps_width_changes_less_for_a_batch(target,
                                                            monkeypatch):
-  """`measure_goodput` (timings stubbed) keeps the default margin at batch 1,
-  where a change of width costs up to 7% a round, and gives a batch of more
-  rows `BATCHED_HYSTERESIS`; the margin is what `keeps` reads."""
+  """`measure_goodput` (timings stubbed) keeps the default margins at batch
+  1 (no `hysteresis`, the default `switch_cost`) and gives a batch of more
+  rows `BATCHED_HYSTERESIS`; the margins are what `keeps` reads."""
   from specjax import measure  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(measure, "passes_seconds",
                       lambda model, *, passes, **k: [1.0 + 0.1 * t
@@ -512,13 +515,15 @@ def test_measured_rule_damps_width_changes_less_for_a_batch(target,
         max_new_tokens=16, calibrate=False) for b in (1, 8))
   finally:
     draft_length._MEASURED.clear()  # stubbed: not for later calls
-  assert one.hysteresis == draft_length.Goodput.hysteresis == 0.05
+  assert one.hysteresis == draft_length.Goodput.hysteresis == 0.0
   assert eight.hysteresis == draft_length.BATCHED_HYSTERESIS == 0.02
-  # Width 1 within 3% of the best width: kept at 5%, left at 2%.
-  time_G = jnp.array([1.03, 1.0, 1.1])
+  assert one.switch_cost == eight.switch_cost == 0.25
+  # Width 1 is 3 passes over the best width's 10: left at batch 1 (0.25
+  # over is the most kept), kept at batch 8 (0.2 + 0.25 over 10).
+  time_G = jnp.array([10.3, 10.0, 11.0])
   monkeypatch.setattr(draft_length.Goodput, "remaining_time",
                       lambda self, *a: time_G)
-  for rule, kept in ((one, True), (eight, False)):
+  for rule, kept in ((one, False), (eight, True)):
     rule = dataclasses.replace(rule, probe=None)
     assert bool(rule.keeps(1, None, None, None)) is kept
 
@@ -591,6 +596,10 @@ def test_auto_measures_costs_once(target):
      "overhead"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), hysteresis=-0.1),
      ValueError, "hysteresis"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), switch_cost=-0.1),
+     ValueError, "switch_cost"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), switch_cost="x"),
+     TypeError, "switch_cost"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe=0.0), ValueError,
      "probe"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), probe="fast"), TypeError,

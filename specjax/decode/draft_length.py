@@ -216,9 +216,20 @@ class Goodput(Rule):
     c_first: the round's first draft pass; None means c.
     overhead: a round's work outside the model passes (>= 0).
     hysteresis: without a threshold, the loop keeps a round width while its
-      expected time is within this fraction of the best width's (see
-      `keeps`). `measure_goodput` sets `BATCHED_HYSTERESIS` for a batch
-      of more than one row.
+      expected time to finish is within this fraction of the best width's,
+      plus `switch_cost` (see `keeps`). 0 by default; `measure_goodput`
+      sets `BATCHED_HYSTERESIS` for a batch of more than one row.
+    switch_cost: what a change of width costs, once (target passes on 1
+      token): the width is kept while the time it would save is less. The
+      default, 0.25, is above the most a change cost at batch 1 on the
+      quick job (rounds alternating widths 4 and 8: -0.01 to 0.15 `generate`
+      steps a change over the two widths' mean, 0.18 target passes at most;
+      results/adaptive_gamma/planned_loop_switch.txt). It replaced a 5%
+      `hysteresis` at batch 1: 5% of the time left is several rounds early
+      in a call, and a row whose estimate rose from the prior's 3/4 stopped
+      at the first width within 5% of the best, width 5 of 8 on the quick
+      job's distilled draft, where width 8 was best (results/adaptive_gamma,
+      T1_b1_switch_cost).
     probe: the cost of a probe round (one draft pass, the target's pass on 1
       token, the round's other work), or None. With it the rule may plan
       width 0, an off stretch: a probe round, which judges one draft so that
@@ -248,7 +259,8 @@ class Goodput(Rule):
   prior: tuple[float, float] = (3.0, 1.0)
   c_first: float | None = None
   overhead: float = 0.0
-  hysteresis: float = 0.05
+  hysteresis: float = 0.0
+  switch_cost: float = 0.25
   probe: float | None = None
   probe_every: int = 8
   estimator: str = "overlap"
@@ -282,6 +294,10 @@ class Goodput(Rule):
     if hysteresis < 0:
       raise ValueError(f"hysteresis is a relative margin (>= 0), got "
                        f"{hysteresis}.")
+    switch_cost = _checks.check_float("switch_cost", self.switch_cost)
+    if switch_cost < 0:
+      raise ValueError(f"switch_cost is a cost in target passes (>= 0), got "
+                       f"{switch_cost}.")
     probe = self.probe
     if probe is not None:
       probe = _checks.check_float("probe", probe)
@@ -301,6 +317,7 @@ class Goodput(Rule):
                             high=1024)),
                         ("prior", prior), ("c_first", c_first),
                         ("overhead", overhead), ("hysteresis", hysteresis),
+                        ("switch_cost", switch_cost),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
 
@@ -410,12 +427,12 @@ class Goodput(Rule):
                     jnp.int32)
 
   def keeps(self, width, stats, active_B, remaining_B):
-    # A row's estimate moves every round, and widths of nearly equal time
-    # would trade places on noise: keep the width while it is within
-    # `hysteresis` of the best.
+    # Leave a width only for time saved: more than a change of width costs
+    # (`switch_cost`, once) and, with `hysteresis`, more than that fraction
+    # of the time left, against the noise of the rows' estimates.
     time_G = self.remaining_time(stats, active_B, remaining_B)
     return (time_G[width - self.min_width]
-            <= (1.0 + self.hysteresis) * jnp.min(time_G))
+            <= (1.0 + self.hysteresis) * jnp.min(time_G) + self.switch_cost)
 
   def stop(self, count, q_BxV, x_B):
     del x_B
@@ -448,12 +465,9 @@ def check_rule(rule: Any) -> Rule:
 _MEASURED: dict[Any, Goodput] = {}
 
 
-# The margin `measure_goodput` gives a batch of more than one row. There a
-# change of width costs little: at batch 8 on the quick job, rounds that
-# alternate widths 4 and 8 cost within 1% of the two widths' mean, against
-# up to 7% at batch 1 (`benchmarks/planned_loop.py`,
-# results/adaptive_gamma/planned_loop_switch.txt). And the width a batch
-# should run moves with its slowest rows: on simulated batches of 8 rows
+# The relative margin `measure_goodput` gives a batch of more than one row,
+# on top of `switch_cost`: the width a batch should run moves with its
+# slowest rows, whose estimates are noisy: on simulated batches of 8 rows
 # whose acceptances differ (alpha +- 0.15) and come in easy and hard runs
 # (+- 0.2), with exact costs (the quick job's self:1 and distilled drafts),
 # the rule at 0.02 reached .976-1.174 of the best fixed gamma at alpha
@@ -493,9 +507,9 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   the quick job's cells, the passes alone .914-.994
   (results/adaptive_gamma/T1_fresh).
 
-  Its `hysteresis` is the default (5%) at batch 1 and `BATCHED_HYSTERESIS`
-  (2%) above, where a change of width costs little (about 1% a round at
-  batch 8 on the quick job, up to 7% at batch 1).
+  Its `hysteresis` is the default (none) at batch 1 and
+  `BATCHED_HYSTERESIS` (2%) above, where the rows the batch waits for
+  move; `switch_cost` is the default at every batch.
 
   Without a threshold the rule may plan off stretches (width 0): a probe
   round, costed as the first draft pass plus a 1-token target pass plus
