@@ -19,7 +19,7 @@ the quick job's distilled draft at batch 1, from
 `python benchmarks/goodput_costs.py`), plus `--change` steps for each
 change of width. The decisions are the library's own
 (`Goodput.remaining_time` and `Goodput.keeps` on the rows' counts, as the
-loop's `RowStats` keeps them; `measure_goodput`'s margins: `hysteresis`
+loop's `RowStats` keeps them, with `measure_goodput`'s margins:
 `BATCHED_HYSTERESIS` above batch 1, the default `switch_cost` in steps),
 priced with the same costs, so the rule's only handicap is what it does
 not know: alpha (and, with `--overlap_var`, how each draft's keep

@@ -118,10 +118,12 @@ class _PeekTwoAhead(draft_length.Rule):
 # alpha 1/3 (1.44 / 1.4). The uniform prior starts rows at 0.5, so that one
 # rejection in 3 tokens moves a row across: counted as kept drafts, which
 # move in whole steps (on the default overlap estimate, which moves by each
-# draft's keep probability, no row crossed here and no off round ran).
+# draft's keep probability, no row crossed here and no off round ran). No
+# switch cost: these generations are a few tokens long, so the time a change
+# saves is a fraction of a pass, and the default would keep width 2.
 _MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9,
                                      probe_every=2, prior=(1.0, 1.0),
-                                     estimator="accepted")
+                                     estimator="accepted", switch_cost=0.0)
 
 
 def _sample(target, draft, rule, sampling):

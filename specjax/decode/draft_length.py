@@ -223,13 +223,13 @@ class Goodput(Rule):
       token): the width is kept while the time it would save is less. The
       default, 0.25, is above the most a change cost at batch 1 on the
       quick job (rounds alternating widths 4 and 8: -0.01 to 0.15 `generate`
-      steps a change over the two widths' mean, 0.18 target passes at most;
+      steps a change over the two widths' mean, about 0.18 target passes;
       results/adaptive_gamma/planned_loop_switch.txt). It replaced a 5%
       `hysteresis` at batch 1: 5% of the time left is several rounds early
       in a call, and a row whose estimate rose from the prior's 3/4 stopped
       at the first width within 5% of the best, width 5 of 8 on the quick
-      job's distilled draft, where width 8 was best (results/adaptive_gamma,
-      T1_b1_switch_cost).
+      job's distilled draft, where width 8 was best
+      (results/adaptive_gamma/auto_widths.txt).
     probe: the cost of a probe round (one draft pass, the target's pass on 1
       token, the round's other work), or None. With it the rule may plan
       width 0, an off stretch: a probe round, which judges one draft so that
