@@ -131,13 +131,17 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
   plan = lambda: decide(accepted, verified, overlap, tokens - emitted,
                         emitted < tokens)
 
-  last = [None]
+  last = None  # the width of the last round (0: a probe round)
+
+  def enter(w):
+    nonlocal time, last
+    if last is not None and w != last:
+      time += change
+    last = w
 
   def round_of(w):
     nonlocal time
-    if last[0] is not None and w != last[0]:
-      time += change
-    last[0] = w
+    enter(w)
     for b in np.flatnonzero(emitted < tokens):
       k = 0
       while k < w and keeps_draft(b):
@@ -158,9 +162,7 @@ def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
         round_of(w)
       continue
     # A probe round: one draft, judged by the 1-token pass, one token.
-    if last[0] is not None and last[0] != 0:
-      time += change
-    last[0] = 0
+    enter(0)
     for b in np.flatnonzero(emitted < tokens):
       k = int(keeps_draft(b))
       accepted[b], verified[b], emitted[b] = (accepted[b] + k,

@@ -133,9 +133,10 @@ def _parse_prior(text):
 
 
 def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
-             threshold, max_new, repeats, prior=""):
+             threshold, max_new, repeats, prior=None):
   """Speedups of every variant over `generate` for one (draft, batch);
-  `pilot_BxP`: other prompts, for the pilot call of "auto+warm"."""
+  `pilot_BxP`: other prompts, for the pilot call of "auto+warm"; `prior`:
+  (a, b) pseudo-counts of an "auto prior a:b" variant, or None."""
   batch, width = prompts_NxBxP.shape[1:]
   lengths = np.full((batch,), width, np.int32)
   keys = [jax.random.key(i) for i in range(len(prompts_NxBxP))]
@@ -155,9 +156,9 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   variants["auto before"] = dataclasses.replace(
       auto, switch_cost=0.0,
       hysteresis=0.05 if batch == 1 else draft_length.BATCHED_HYSTERESIS)
-  if prior:
-    variants[f"auto prior {prior}"] = dataclasses.replace(
-        auto, prior=_parse_prior(prior))
+  if prior is not None:
+    variants["auto prior {:g}:{:g}".format(*prior)] = dataclasses.replace(
+        auto, prior=prior)
   variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
                                              probe=None)
 
@@ -315,8 +316,7 @@ def plot(rows, gammas, path):
 
 def _run():
   """Every (draft, batch) cell: (rows, gammas)."""
-  if _PRIOR.value:
-    _parse_prior(_PRIOR.value)
+  prior = _parse_prior(_PRIOR.value) if _PRIOR.value else None
   dtypes = distributed.dtypes_from_flags()
   target, what = _load(_TARGET.value)
   target = target.astype(**dtypes)
@@ -335,8 +335,7 @@ def _run():
                              _PROMPT_LEN.value, 0).reshape(
                                  _PROMPTS.value + 1, batch, _PROMPT_LEN.value)
       row = run_cell(target, draft, prompts[1:], prompts[0], sampling, gammas,
-                     _THRESHOLD.value, _NEW.value, _REPEATS.value,
-                     _PRIOR.value)
+                     _THRESHOLD.value, _NEW.value, _REPEATS.value, prior)
       row.update(draft=name, batch=batch, target=what)
       # Each cell compiles a dozen loops; freed between cells, since one
       # process holding every cell's (the six cells of the README's run) ran
