@@ -9,10 +9,12 @@ On the quick job's models (DRAFT as in `benchmarks/goodput_costs.py`), batch
 uses: for each of CALLS prompts, SAMPLES samples each, the acceptance and
 the draft passes per round of a `Goodput` rule priced as DRAFT's batch-1
 row of RESULTS_JSONL was (its c, c_first, overhead and r; a probe at the
-width-1 round's cost plus 10%), with the library's margins ("auto"), with
-those `measure_goodput` gave before `switch_cost` ("auto before": 5% of the
-time left, no switch cost), and warm-started at alpha .95 (strength 16),
-beside gamma 8. Counts only, so the numbers are the same on any machine
+width-1 round's cost plus 10%), as the library builds it ("auto": each
+row starts from its prompt, teacher-forced, `Goodput.prompt_prior`), with
+rows from the prior's 3/4 instead ("auto no prompt"), and warm-started at
+alpha .95 (strength 16), beside gamma 8. (Before `switch_cost`, this file
+compared "auto before", the 5% margin without it: results/adaptive_gamma/
+auto_widths.txt.) Counts only, so the numbers are the same on any machine
 and can run beside other work; what the rounds cost is
 `experiments.adaptive_gamma`'s to time.
 """
@@ -55,9 +57,9 @@ def main():
   auto = priced_rule(path, name)
   variants = {
       "auto": auto,
-      "auto before": dataclasses.replace(auto, hysteresis=0.05,
-                                         switch_cost=0.0),
-      "auto warm .95": dataclasses.replace(auto, prior=(15.2, 0.8)),
+      "auto no prompt": dataclasses.replace(auto, prompt_prior=0.0),
+      "auto warm .95": dataclasses.replace(auto, prior=(15.2, 0.8),
+                                           prompt_prior=0.0),
       "gamma=8": 8}
   # The experiment's held-out prompts: its batch-1 calls are rows 1..calls.
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)

@@ -13,8 +13,8 @@ verify passes timed alone ("auto alone": `measure_goodput(calibrate=False)`,
 the default before), with auto warm-started from a pilot call on other
 held-out prompts of the same batch ("auto+warm": `Goodput.warm_start`, so
 rows start from the pilot's acceptance instead of the default prior's
-3/4), with auto as it was before `Goodput.switch_cost` ("auto before": a
-5% width margin at batch 1, `BATCHED_HYSTERESIS` above, no switch cost),
+3/4), with auto as it was before `Goodput.prompt_prior` ("auto no prompt":
+rows start from the prior's 3/4, not from their prompts, teacher-forced),
 with auto from the prior `--prior` if given ("auto prior a:b") and with auto
 plus a confidence stop (`--threshold`), over the same held-out prompts, every
 call (warm-up and repeats) drawing its own sample. Per cell it prints
@@ -57,7 +57,6 @@ from specjax import distributed
 from specjax import measure
 from specjax import sharding
 from specjax import zoo
-from specjax.decode import draft_length
 
 _TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
 _DRAFTS = flags.DEFINE_list("drafts", ["self:1", "self:2"], "Drafts.")
@@ -153,9 +152,7 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
       target, draft, pilot_BxP, lengths, jax.random.key(len(keys)),
       gamma=auto, max_new_tokens=max_new, sampling=sampling)
   variants["auto+warm"] = auto.warm_start(pilot)
-  variants["auto before"] = dataclasses.replace(
-      auto, switch_cost=0.0,
-      hysteresis=0.05 if batch == 1 else draft_length.BATCHED_HYSTERESIS)
+  variants["auto no prompt"] = dataclasses.replace(auto, prompt_prior=0.0)
   if prior is not None:
     variants["auto prior {:g}:{:g}".format(*prior)] = dataclasses.replace(
         auto, prior=prior)
@@ -300,7 +297,7 @@ def plot(rows, gammas, path):
     fixed = [row[f"gamma={g}"]["speedup"] for g in gammas]
     ax.plot(gammas, fixed, "o-", label="fixed gamma")
     styles = {"auto": ("--", "C1"), "auto alone": ("-.", "C3"),
-              "auto+warm": ("-", "C4"), "auto before": ((0, (1, 3)), "C5"),
+              "auto+warm": ("-", "C4"), "auto no prompt": ((0, (1, 3)), "C5"),
               "auto+conf": (":", "C2")}
     for name in row["autos"]:
       style, color = styles.get(name, ((0, (3, 1, 1, 1)), "C6"))

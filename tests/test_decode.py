@@ -153,6 +153,8 @@ def test_stats_are_consistent(target, good_draft):
   # Each round emits accepted + 1 tokens, except a final round cut by the budget.
   assert ((st.accepted + st.rounds >= np.asarray(out.lengths))).all()
   assert (np.asarray(out.lengths) == 30).all()
+  # A fixed gamma reads no prompt (only a Goodput rule's prompt_prior does).
+  assert not st.prompt_scored.any() and not st.prompt_overlap_sum.any()
 
 
 def test_one_compilation_per_padded_shape(target, good_draft):

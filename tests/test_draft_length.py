@@ -15,6 +15,7 @@ from specjax import lab
 from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import draft_length
+from specjax.decode import loop
 from specjax.decode import verifiers
 from specjax.lab import stopping
 from specjax.models import TransformerConfig, TransformerLM
@@ -156,6 +157,16 @@ def test_adaptive_generations_are_exact(toys, rule):
     # Off rounds ran (under 2 passes a round) and so did width-2 rounds (the
     # only ones that can draft more than the target judges).
     assert s["verified"] < s["draft_calls"] < 2 * s["rounds"], s
+  # The Goodput rule on the overlap estimate read each row's prompt from both
+  # prefills (its 2 scored positions); the others read none.
+  prompt = jnp.asarray(EPROMPT)[None]
+  o = np.minimum(*(np.asarray(sampling_lib.probabilities(m.logits(prompt),
+                                                         sampling))[0, :2]
+                   for m in (target, draft))).sum()
+  reads = getattr(rule, "reads_prompt", False)
+  assert s["prompt_scored"] == (2 * EN if reads else 0), s
+  assert s["prompt_overlap_sum"] == pytest.approx(o * EN if reads else 0.0,
+                                                  rel=1e-4), s
   se = np.sqrt(s["one_minus_tv"] * (1 - s["one_minus_tv"]) / s["verified"])
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
@@ -207,6 +218,8 @@ def test_greedy_output_is_unchanged(target, batch):
     s = out.summary()
     assert s["accepted"] <= s["verified"] <= s["draft_calls"]
     assert sum(s["accept_hist"]) == s["rounds"]
+  # Greedy rows start from the prior: the loop scored no prompt.
+  assert not np.asarray(out.stats.prompt_scored).any()
 
 
 def test_goodput_picks_longer_drafts_for_better_rows():
@@ -267,8 +280,9 @@ class _Cycle(draft_length.Rule):
 
 @pytest.mark.parametrize("kind, rules", [
     # Each compile of the planned loop is costly: the default run has the
-    # all-off rule that probes every 4 rounds and the switching rule on the
-    # twin, the switching rule on the other kinds; the rest is opt-in.
+    # all-off rule that probes every 4 rounds (greedy) and the switching rule
+    # (sampled) on the twin, the switching rule on the other kinds (greedy);
+    # the rest is opt-in.
     ("twin", "default"), ("self", "switching"), ("eagle", "switching"),
     pytest.param("twin", "off", marks=pytest.mark.slow),
     pytest.param("self", "off", marks=pytest.mark.slow),
@@ -296,7 +310,8 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
     draft = sj.EagleDraft.create(target, 0)
   off = [draft_length.Goodput(c=0.1, r=(50.0, 50.0), probe=1e-3,
                               probe_every=every) for every in (1, 4)]
-  for rule in {"default": off[1:] + [_Cycle()], "off": off,
+  # The twin's default run checks the switching rule sampled, below.
+  for rule in {"default": off[1:], "off": off,
                "switching": [_Cycle()]}[rules]:
     out = sj.speculative_generate(target, draft, prompts, lengths, key,
                                   gamma=rule, max_new_tokens=16,
@@ -544,7 +559,10 @@ def test_warm_start_sets_the_prior_from_a_previous_generation():
   # The pooled acceptance: 95 of 100 drafts kept.
   warm = rule.warm_start(_result([45, 50], [48, 52]), strength=10.0)
   assert warm.prior == pytest.approx((95.5 / 101 * 10, 5.5 / 101 * 10))
-  assert dataclasses.replace(warm, prior=rule.prior) == rule
+  # The pilot replaces the rows' prompts as their start.
+  assert warm.prompt_prior == 0.0
+  assert dataclasses.replace(warm, prior=rule.prior,
+                             prompt_prior=rule.prompt_prior) == rule
   # A pilot that kept every draft still leaves both pseudo-counts positive.
   assert min(rule.warm_start(_result([5, 5], [5, 5])).prior) > 0
   # Before any round: the uniform prior (acceptance 1/2) plans 2 drafts,
@@ -554,6 +572,68 @@ def test_warm_start_sets_the_prior_from_a_previous_generation():
                                jnp.array([64], jnp.int32))[0])
   uniform = dataclasses.replace(rule, prior=(1.0, 1.0))
   assert (first(uniform), first(rule), first(warm)) == (2, 4, 8)
+
+
+def test_goodput_starts_each_row_from_its_prompt():
+  """A row whose prompt scored n positions starts from their mean overlap
+  (shrunk half a position each way) weighted as min(n, prompt_prior) drafts,
+  with what is left of the weight on `prior`; no prompt, or the "accepted"
+  estimator, or prompt_prior 0: `prior` alone."""
+  rule = draft_length.Goodput(c=0.1, r=(1.0, 1.1), prompt_prior=8.0)
+  stats = sj.RowStats.zeros(3, 2).replace(
+      prompt_scored=jnp.array([0, 4, 63], jnp.int32),
+      prompt_overlap_sum=jnp.array([0.0, 3.5, 62.5], jnp.float32))
+  a_B, b_B = (np.asarray(x) for x in rule.initial_counts(stats))
+  np.testing.assert_allclose(a_B, [3.0, 4 * 0.8 + 0.5 * 3, 8 * 63 / 64],
+                             rtol=1e-6)
+  np.testing.assert_allclose(b_B, [1.0, 4 * 0.2 + 0.5 * 1, 8 / 64],
+                             rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(rule.alpha(stats)), a_B / (a_B + b_B),
+                             rtol=1e-6)
+  assert rule.reads_prompt
+  for off in (dataclasses.replace(rule, prompt_prior=0.0),
+              dataclasses.replace(rule, estimator="accepted")):
+    assert not off.reads_prompt
+    np.testing.assert_allclose(np.asarray(off.alpha(stats)), 0.75)
+  # A well-predicted prompt plans the widest round before any round is
+  # judged; the default prior plans 4 (as in the warm-start test below).
+  wide = draft_length.Goodput(c=0.05, r=(1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8,
+                                         1.9), probe=1.1)
+  row = (jnp.array([True]), jnp.array([64], jnp.int32))
+  primed = stats.replace(prompt_scored=jnp.array([63], jnp.int32),
+                         prompt_overlap_sum=jnp.array([60.0], jnp.float32),
+                         verified=jnp.zeros(1, jnp.int32),
+                         overlap_sum=jnp.zeros(1, jnp.float32),
+                         accepted=jnp.zeros(1, jnp.int32))
+  assert int(wide.plan(primed, *row)[0]) == 8
+  assert int(dataclasses.replace(wide, prompt_prior=0.0).plan(primed, *row)[0]
+             ) == 4
+
+
+def test_prompt_overlap_scores_the_prompts_last_positions():
+  """Row b's last min(PROMPT_WINDOW, n_b - 1) positions, each model's law of
+  the next prompt token; non-finite logits are left out."""
+  window = loop.PROMPT_WINDOW
+  rng = np.random.default_rng(0)
+  p_logits = jnp.asarray(rng.normal(size=(4, window + 16, V)), jnp.float32)
+  q_logits = jnp.asarray(rng.normal(size=(4, window + 16, V)), jnp.float32)
+  lengths = jnp.array([window + 16, 5, 1, 9], jnp.int32)
+  # Row 3's position 2 (scored: 2 <= 9 - 2) holds a NaN in q.
+  q_logits = q_logits.at[3, 2, 0].set(jnp.nan)
+  sampling = sj.SamplingConfig(temperature=1.0)
+  scored, total = loop._prompt_overlap(p_logits, q_logits, None, lengths,
+                                       sampling)
+  np.testing.assert_array_equal(scored, [window, 4, 0, 7])
+  p = np.asarray(sampling_lib.probabilities(p_logits, sampling))
+  q = np.asarray(sampling_lib.probabilities(q_logits, sampling))
+  o = np.minimum(p, q).sum(-1)
+  want = [o[0, 15:window + 15].sum(), o[1, :4].sum(), 0.0,
+          o[3, [0, 1, 3, 4, 5, 6, 7]].sum()]
+  np.testing.assert_allclose(np.asarray(total), want, rtol=1e-5)
+  # The same logits for both models: every scored position overlaps fully.
+  scored, total = loop._prompt_overlap(p_logits, p_logits, None, lengths,
+                                       sampling)
+  np.testing.assert_allclose(np.asarray(total), np.asarray(scored), rtol=1e-5)
 
 
 @pytest.mark.parametrize("previous, strength, error, match", [
@@ -612,6 +692,10 @@ def test_auto_measures_costs_once(target):
      ValueError, "probe_every"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), estimator="kept"),
      ValueError, "estimator"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), prompt_prior=-1.0),
+     ValueError, "prompt_prior"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), prompt_prior=None),
+     TypeError, "prompt_prior"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):

@@ -40,9 +40,10 @@ Rules:
     g - 1 further draft passes (c), the verify pass on g + 1 tokens (r_g)
     and the round's work outside the passes (overhead: RNG, sampling,
     coupling, commit, loop control). a is the row's running acceptance
-    estimate (kept + 3) / (judged + 4) (`Goodput.prior`), each judged draft
-    adding to `kept` its acceptance probability sum_x min(p, q)
-    (`Goodput.estimator`).
+    estimate (kept + a0) / (judged + a0 + b0), each judged draft adding to
+    `kept` its acceptance probability sum_x min(p, q) (`Goodput.estimator`),
+    from a start (a0, b0) read off the row's own prompt, teacher-forced
+    (`Goodput.prompt_prior`), or the pseudo-counts (3, 1) (`Goodput.prior`).
     `measure_goodput` times every term on the loop's own shapes
     (`specjax.measure`), at the batch size used.
     With batch > 1 every row pays for the widest row and the batch runs
@@ -230,6 +231,26 @@ class Goodput(Rule):
       at the first width within 5% of the best, width 5 of 8 on the quick
       job's distilled draft, where width 8 was best
       (results/adaptive_gamma/auto_widths.txt).
+    prompt_prior: the weight, in judged drafts, of each row's prompt: the
+      loop scores both models' laws at the prompt's last positions (up to
+      `loop.PROMPT_WINDOW`, from their prefill logits; `RowStats`'
+      `prompt_scored`, `prompt_overlap_sum`), and a row that scored n of
+      them starts from their mean overlap weighted as min(n, prompt_prior)
+      drafts, with `prior` scaled by what is left of the weight
+      (`initial_counts`). The default, 16, is `warm_start`'s strength. The
+      prompt is the row's own text: on the quick job at T = 1, over the
+      last 63 bytes of its 16 held-out prompts, the distilled draft's mean
+      overlap was .934 and its acceptance generating from them .949, the
+      bigram's .800 and .835 (`benchmarks/prompt_prior.py`,
+      results/adaptive_gamma/prompt_prior.txt). Greedy text is not like
+      its prompt (a small model's repeats itself): there the prompts read
+      .889 and .735 where generating accepted .921 and .825, rows that then
+      accepted every draft reading as low as .56, and a row that starts low
+      leaves slowly (`prior`), so greedy rows start from `prior`. So do
+      rows of drafts without prefill logits of their own (sharing the
+      target's cache or reading its features), and every row under the
+      "accepted" estimator. Stopping stays exact: the prompt is known
+      before the first round. 0 turns it off.
     probe: the cost of a probe round (one draft pass, the target's pass on 1
       token, the round's other work), or None. With it the rule may plan
       width 0, an off stretch: a probe round, which judges one draft so that
@@ -261,6 +282,7 @@ class Goodput(Rule):
   overhead: float = 0.0
   hysteresis: float = 0.0
   switch_cost: float = 0.25
+  prompt_prior: float = 16.0
   probe: float | None = None
   probe_every: int = 8
   estimator: str = "overlap"
@@ -298,6 +320,10 @@ class Goodput(Rule):
     if switch_cost < 0:
       raise ValueError(f"switch_cost is a cost in target passes (>= 0), got "
                        f"{switch_cost}.")
+    prompt_prior = _checks.check_float("prompt_prior", self.prompt_prior)
+    if prompt_prior < 0:
+      raise ValueError(f"prompt_prior is a weight in judged drafts (>= 0; 0 "
+                       f"turns it off), got {prompt_prior}.")
     probe = self.probe
     if probe is not None:
       probe = _checks.check_float("probe", probe)
@@ -318,6 +344,7 @@ class Goodput(Rule):
                         ("prior", prior), ("c_first", c_first),
                         ("overhead", overhead), ("hysteresis", hysteresis),
                         ("switch_cost", switch_cost),
+                        ("prompt_prior", prompt_prior),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
 
@@ -335,7 +362,8 @@ class Goodput(Rule):
     slowly (short rounds and off stretches judge few drafts): the quick
     job's distilled draft lost 24% at batch 1 that way
     (results/adaptive_gamma/README.md, T0_p16). Stopping stays exact: the
-    prior is fixed before the call.
+    prior is fixed before the call. The returned rule's `prompt_prior` is 0:
+    the pilot's acceptance replaces each row's prompt as its start.
     """
     if not isinstance(previous, state_lib.GenerationResult):
       raise TypeError("previous must be the GenerationResult of an earlier "
@@ -355,7 +383,8 @@ class Goodput(Rule):
     # every draft still leaves both pseudo-counts positive.
     alpha = (accepted + 0.5) / (verified + 1.0)
     return dataclasses.replace(
-        self, prior=(alpha * strength, (1.0 - alpha) * strength))
+        self, prior=(alpha * strength, (1.0 - alpha) * strength),
+        prompt_prior=0.0)
 
   @property
   def min_width(self) -> int:
@@ -395,14 +424,39 @@ class Goodput(Rule):
     min_width..G, at its running acceptance estimate."""
     return self.expected_tokens(self.alpha(stats))
 
+  @property
+  def reads_prompt(self) -> bool:
+    """Whether the loop should score the prompt for this rule (static; it
+    does when sampling, for a draft with prefill logits of its own)."""
+    return self.prompt_prior > 0 and self.estimator == "overlap"
+
+  def initial_counts(self, stats) -> tuple[jax.Array, jax.Array]:
+    """float32 `[B]` pseudo-counts (kept, not kept) each row starts from.
+
+    A row whose prompt scored n positions of mean overlap o (shrunk by half
+    a position each way, as `warm_start` shrinks) weighs it as w = min(n,
+    prompt_prior) drafts, and `prior` as the remaining 1 - w / prompt_prior
+    of itself: `prior` where nothing was scored, the prompt alone once n
+    reaches prompt_prior."""
+    a0, b0 = self.prior
+    zero_B = jnp.zeros(stats.verified.shape, jnp.float32)
+    if not self.reads_prompt:
+      return zero_B + a0, zero_B + b0
+    n_B = stats.prompt_scored.astype(jnp.float32)
+    w_B = jnp.minimum(n_B, self.prompt_prior)
+    o_B = (stats.prompt_overlap_sum.astype(jnp.float32) + 0.5) / (n_B + 1.0)
+    rest_B = 1.0 - w_B / self.prompt_prior
+    return w_B * o_B + rest_B * a0, w_B * (1.0 - o_B) + rest_B * b0
+
   def alpha(self, stats) -> jax.Array:
     """float32 `[B]`: each row's running acceptance estimate, (kept + a0) /
-    (judged + a0 + b0), kept as `estimator` counts it."""
-    a0, b0 = self.prior
+    (judged + a0 + b0), kept as `estimator` counts it, (a0, b0) the row's
+    `initial_counts`."""
+    a0_B, b0_B = self.initial_counts(stats)
     kept_B = (stats.overlap_sum if self.estimator == "overlap"
               else stats.accepted)
-    return ((kept_B.astype(jnp.float32) + a0)
-            / (stats.verified.astype(jnp.float32) + a0 + b0))
+    return ((kept_B.astype(jnp.float32) + a0_B)
+            / (stats.verified.astype(jnp.float32) + a0_B + b0_B))
 
   def remaining_time(self, stats, active_B, remaining_B) -> jax.Array:
     """float32 `[W]`: the batch's expected time to finish, in target passes,

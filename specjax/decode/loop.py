@@ -40,6 +40,12 @@ MIN_PROMPT_BUCKET = 16
 # gamma="auto": the Goodput rule's largest draft length.
 AUTO_GAMMA_MAX = 8
 
+# A rule reading the prompt (`Goodput.prompt_prior`) is given both models'
+# agreement at the prompt's last this-many positions: enough to weigh as the
+# rule's prior, while the two [B, window, V] laws stay small at real
+# vocabulary sizes (the prefill computes no other logits for them).
+PROMPT_WINDOW = 64
+
 # Fold-in tags that keep each random draw of a round independent.
 _VERIFY_PURPOSE_OFFSET = 1 << 20
 
@@ -70,14 +76,39 @@ def _round_keys(row_keys_B, round_, gamma):
 
 
 def _prefill(model, prompts_BxP, buffer_len, lengths_B):
+  """(cache holding `lengths_B` positions, logits `[B, P, V]`); a caller
+  that drops the logits leaves XLA to compile their head away."""
   # Validation guarantees every committed or scored position is below
   # max_positions, so a cache capped there loses nothing; prompt padding past
   # it is dropped.
   limit = getattr(model, "max_positions", None)
   cache_len = buffer_len if limit is None else min(buffer_len, limit)
   cache = model.init_cache(prompts_BxP.shape[0], cache_len)
-  _, cache = model(prompts_BxP, cache)
-  return cache.replace(lengths=lengths_B)
+  logits_BxPxV, cache = model(prompts_BxP, cache)
+  return cache.replace(lengths=lengths_B), logits_BxPxV
+
+
+def _prompt_overlap(target_logits_BxPxV, draft_logits_BxPxV, draft,
+                    prompt_lengths_B, sampling):
+  """(scored_B int32, overlap_sum_B float32): sum_x min(p, q) at row b's
+  last min(PROMPT_WINDOW, n_b - 1) prompt positions (position i's laws of
+  token i + 1, i <= n_b - 2), p and q as a round builds them; positions
+  where either model's logits are not finite are left out."""
+  width = target_logits_BxPxV.shape[1]
+  window = min(PROMPT_WINDOW, width)
+  pos_BxK = (prompt_lengths_B[:, None] - 1 - window
+             + jnp.arange(window)[None, :])
+  scored_BxK = pos_BxK >= 0
+  at = lambda l_BxPxV: jnp.take_along_axis(
+      l_BxPxV, jnp.clip(pos_BxK, 0, width - 1)[..., None], axis=1)
+  p_logits, q_logits = at(target_logits_BxPxV), at(draft_logits_BxPxV)
+  scored_BxK &= ~(steps.nonfinite_rows(p_logits)
+                  | steps.nonfinite_rows(q_logits))
+  overlap_BxK = jnp.sum(jnp.minimum(
+      sampling_lib.probabilities(p_logits, sampling),
+      steps._draft_law(draft, q_logits, sampling)), axis=-1)
+  return (jnp.sum(scored_BxK, axis=1, dtype=jnp.int32),
+          jnp.sum(jnp.where(scored_BxK, overlap_BxK, 0.0), axis=1))
 
 
 def _prefill_features(target, draft, prompts_BxP, buffer_len, lengths_B,
@@ -330,23 +361,32 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   tokens_BxS = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(
       prompts_BxP)
   target_features = None
+  stats = state_lib.RowStats.zeros(batch, gamma)
   if getattr(draft, "reads_target_features", False):
     target_cache, draft_cache, target_features = _prefill_features(
         target, draft, prompts_BxP, buffer_len, prompt_lengths_B, gamma)
   else:
-    target_cache = _prefill(target, prompts_BxP, buffer_len,
-                            prompt_lengths_B - 1)
-    draft_cache = (None if draft is None
-                   or getattr(draft, "reads_target_cache", False)
-                   else _prefill(draft, prompts_BxP, buffer_len,
-                                 jnp.maximum(prompt_lengths_B - 2, 0)))
+    target_cache, target_logits = _prefill(target, prompts_BxP, buffer_len,
+                                           prompt_lengths_B - 1)
+    draft_cache = None
+    if draft is not None and not getattr(draft, "reads_target_cache", False):
+      draft_cache, draft_logits = _prefill(
+          draft, prompts_BxP, buffer_len, jnp.maximum(prompt_lengths_B - 2, 0))
+      # Drafts that share the target's cache or read its features have no
+      # prefill logits of their own: their rows start from the rule's prior.
+      # So do greedy rows: greedy text is not like its prompt (it repeats),
+      # and a prompt understated its acceptance (`Goodput.prompt_prior`).
+      if getattr(draft_length, "reads_prompt", False) and not sampling.greedy:
+        scored_B, overlap_B = _prompt_overlap(
+            target_logits, draft_logits, draft, prompt_lengths_B, sampling)
+        stats = stats.replace(prompt_scored=scored_B,
+                              prompt_overlap_sum=overlap_B)
   state = state_lib.DecodeState(
       tokens=tokens_BxS, lengths=prompt_lengths_B,
       prompt_lengths=prompt_lengths_B,
       done=jnp.zeros((batch,), bool), round=jnp.zeros((), jnp.int32),
       row_keys=row_keys_B, target_cache=target_cache, draft_cache=draft_cache,
-      target_features=target_features,
-      stats=state_lib.RowStats.zeros(batch, gamma))
+      target_features=target_features, stats=stats)
   # Under a mesh (`mesh=`), the carry is pinned to the rules' shardings
   # (batch on `data`, kv heads on `model`); without one these are no-ops.
   state = sharding.constrain_decode_state(state)

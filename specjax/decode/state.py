@@ -35,6 +35,14 @@ class RowStats:
                                # non-finite logits (NaN, +inf, all -inf)
   draft_nonfinite: jax.Array   # int32 [B]: draft proposals drawn from
                                # non-finite logits
+  # The prompt, teacher-forced, where a draft-length rule reads it (a
+  # `Goodput` rule's `prompt_prior`, when sampling; zeros otherwise): at
+  # the prompt's last positions (up to `loop.PROMPT_WINDOW`), the target's
+  # and the draft's laws of the next prompt token, from their prefill
+  # logits. Not drafts: not counted in `verified`.
+  prompt_scored: jax.Array       # int32 [B]: prompt positions scored
+  prompt_overlap_sum: jax.Array  # float32 [B]: sum over them of
+                                 # sum_x min(p, q)
 
   @classmethod
   def zeros(cls, batch_size: int, gamma: int) -> "RowStats":
@@ -43,7 +51,8 @@ class RowStats:
                verified=z, accepted=z,
                overlap_sum=jnp.zeros((batch_size,), jnp.float32),
                accept_hist=jnp.zeros((batch_size, gamma + 1), jnp.int32),
-               target_nonfinite=z, draft_nonfinite=z)
+               target_nonfinite=z, draft_nonfinite=z, prompt_scored=z,
+               prompt_overlap_sum=jnp.zeros((batch_size,), jnp.float32))
 
 
 @flax.struct.dataclass(kw_only=True)

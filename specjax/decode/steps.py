@@ -120,17 +120,24 @@ def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
   return token_B, q_BxV, cache
 
 
+def _draft_law(draft, logits_xV, sampling):
+  """float32 `[..., V]`: the law q a draft's proposal from `logits_xV` is
+  drawn from. A `one_hot_q` draft proposes the argmax (which every sampling
+  transform keeps), so q is exactly one_hot(argmax): a draft that declares
+  one_hot_q but returns soft logits is still verified against the law its
+  proposals really follow."""
+  if getattr(draft, "one_hot_q", False):
+    return jax.nn.one_hot(jnp.argmax(logits_xV, axis=-1), logits_xV.shape[-1],
+                          dtype=jnp.float32)
+  return sampling_lib.probabilities(logits_xV, sampling)
+
+
 def _sample_logits(draft, logits_BxV, u_B, sampling):
   """`(token_B, q_BxV)`: the draft's proposal from its logits `[B, V]`."""
+  q_BxV = _draft_law(draft, logits_BxV, sampling)
   if getattr(draft, "one_hot_q", False):
-    # The proposal is the argmax (which every sampling transform keeps), and
-    # the q it was drawn from is exactly one_hot(proposal), built from the
-    # token: a draft that declares one_hot_q but returns soft logits is still
-    # verified against the law its proposals really follow.
-    token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
-    q_BxV = jax.nn.one_hot(token_B, logits_BxV.shape[-1], dtype=jnp.float32)
+    token_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)  # q's one point
   else:
-    q_BxV = sampling_lib.probabilities(logits_BxV, sampling)
     token_B = _sample(u_B, q_BxV, sampling)
   # A proposal drawn from non-finite logits gets q = NaN, so the loop (and a
   # caller of `draft_step`) can see it; see `nonfinite_rows`.

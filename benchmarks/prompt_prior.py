@@ -1,0 +1,77 @@
+r"""Does a prompt, teacher-forced, tell a row's acceptance? Counts, no timer.
+
+  python benchmarks/prompt_prior.py [DRAFTS] [CALLS] [SAMPLES]
+      # default: distilled-draft-0.1m@target-3m,bigram 16 3
+
+`Goodput.prompt_prior` starts each row's acceptance estimate from its own
+prompt: sum_x min(p, q) at the prompt's last positions, scored from both
+models' prefill logits (`specjax.decode.loop._prompt_overlap`). This checks
+the premise on the quick job's target-3m: for each of CALLS held-out
+prompts of 64 bytes (the ones `experiments.adaptive_gamma` times at batch
+1), the prompt's mean overlap over its last 63 positions beside the
+acceptance the row then has generating 128 bytes at gamma 8 (SAMPLES
+samples at T = 1, one greedy), for each draft (comma-separated, named as
+`experiments.adaptive_gamma --drafts` names them).
+"""
+
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from absl import flags  # noqa: E402
+import specjax as sj  # noqa: E402
+from specjax import data  # noqa: E402
+from specjax.decode import loop  # noqa: E402
+from experiments import adaptive_gamma  # noqa: E402
+
+
+def _logits(model, tokens_NxP):
+  return model(tokens_NxP, model.init_cache(*tokens_NxP.shape))[0]
+
+
+def main():
+  drafts = (sys.argv[1] if len(sys.argv) > 1
+            else "distilled-draft-0.1m@target-3m,bigram").split(",")
+  calls = int(sys.argv[2]) if len(sys.argv) > 2 else 16
+  samples = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+  flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
+  target, _ = adaptive_gamma._load("quick")
+  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+  # The experiment's batch-1 calls are rows 1..calls (row 0 is its pilot).
+  prompts_NxP = data.prompts(heldout, calls + 1, 64, 0)[1:]
+  lengths_N = jnp.full((calls,), 64, jnp.int32)
+  one = np.full((1,), 64, np.int32)
+  for name in drafts:
+    draft = adaptive_gamma._draft(name, target)
+    for temperature in (1.0, 0.0):
+      sampling = sj.SamplingConfig(temperature=temperature)
+      tokens_NxP = jnp.asarray(prompts_NxP)
+      scored_N, overlap_N = loop._prompt_overlap(
+          _logits(target, tokens_NxP), _logits(draft, tokens_NxP), draft,
+          lengths_N, sampling)
+      prompt_N = np.asarray(overlap_N) / np.asarray(scored_N)
+      generated_N = []
+      for i, prompt_P in enumerate(prompts_NxP):
+        kept = judged = 0
+        for s in range(samples if temperature else 1):
+          out = sj.speculative_generate(
+              target, draft, prompt_P[None], one,
+              jax.random.fold_in(jax.random.key(i), s), gamma=8,
+              max_new_tokens=128, sampling=sampling).summary()
+          kept, judged = kept + out["accepted"], judged + out["verified"]
+        generated_N.append(kept / max(judged, 1))
+      generated_N = np.array(generated_N)
+      print(f"{name}, T={temperature:g}: prompt {prompt_N.mean():.3f}, "
+            f"generating {generated_N.mean():.3f} (correlation over prompts "
+            f"{np.corrcoef(prompt_N, generated_N)[0, 1]:.2f})")
+      print("  prompt     " + " ".join(f"{x:.2f}" for x in prompt_N))
+      print("  generating " + " ".join(f"{x:.2f}" for x in generated_N))
+
+
+if __name__ == "__main__":
+  main()
