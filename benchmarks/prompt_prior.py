@@ -5,11 +5,11 @@ r"""Does a prompt, teacher-forced, tell a row's acceptance? Counts, no timer.
 
 `Goodput.prompt_prior` starts each row's acceptance estimate from its own
 prompt: sum_x min(p, q) at the prompt's last positions, scored from both
-models' prefill logits (`specjax.decode.loop._prompt_overlap`). This checks
-the premise on the quick job's target-3m: for each of CALLS held-out
-prompts of 64 bytes (the ones `experiments.adaptive_gamma` times at batch
-1), the prompt's mean overlap over its last 63 positions beside the
-acceptance the row then has generating 128 bytes at gamma 8 (SAMPLES
+models' prefills (`specjax.decode.loop._prefill`, `_prompt_overlap`).
+This checks the premise on the quick job's target-3m: for each of CALLS
+held-out prompts of 64 bytes (the ones `experiments.adaptive_gamma` times
+at batch 1), the prompt's mean overlap over its last 63 positions beside
+the acceptance the row then has generating 128 bytes at gamma 8 (SAMPLES
 samples at T = 1, one greedy), for each draft (comma-separated, named as
 `experiments.adaptive_gamma --drafts` names them).
 """
@@ -30,10 +30,6 @@ from specjax.decode import loop  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
 
-def _logits(model, tokens_NxP):
-  return model(tokens_NxP, model.init_cache(*tokens_NxP.shape))[0]
-
-
 def main():
   drafts = (sys.argv[1] if len(sys.argv) > 1
             else "distilled-draft-0.1m@target-3m,bigram").split(",")
@@ -51,9 +47,11 @@ def main():
     for temperature in (1.0, 0.0):
       sampling = sj.SamplingConfig(temperature=temperature)
       tokens_NxP = jnp.asarray(prompts_NxP)
+      at_NxK, scored_NxK = loop._prompt_window(lengths_N, 64)
+      logits = lambda m: loop._prefill(m, tokens_NxP, 64, lengths_N,
+                                       at_NxK)[1]
       scored_N, overlap_N = loop._prompt_overlap(
-          _logits(target, tokens_NxP), _logits(draft, tokens_NxP), draft,
-          lengths_N, sampling)
+          logits(target), logits(draft), scored_NxK, draft, sampling)
       prompt_N = np.asarray(overlap_N) / np.asarray(scored_N)
       generated_N = []
       for i, prompt_P in enumerate(prompts_NxP):

@@ -621,8 +621,11 @@ def test_prompt_overlap_scores_the_prompts_last_positions():
   # Row 3's position 2 (scored: 2 <= 9 - 2) holds a NaN in q.
   q_logits = q_logits.at[3, 2, 0].set(jnp.nan)
   sampling = sj.SamplingConfig(temperature=1.0)
-  scored, total = loop._prompt_overlap(p_logits, q_logits, None, lengths,
-                                       sampling)
+  at, ok = loop._prompt_window(lengths, window + 16)
+  window_of = lambda l: jnp.take_along_axis(l, at[..., None], axis=1)
+  overlap = lambda p, q: loop._prompt_overlap(window_of(p), window_of(q), ok,
+                                              None, sampling)
+  scored, total = overlap(p_logits, q_logits)
   np.testing.assert_array_equal(scored, [window, 4, 0, 7])
   p = np.asarray(sampling_lib.probabilities(p_logits, sampling))
   q = np.asarray(sampling_lib.probabilities(q_logits, sampling))
@@ -631,9 +634,24 @@ def test_prompt_overlap_scores_the_prompts_last_positions():
           o[3, [0, 1, 3, 4, 5, 6, 7]].sum()]
   np.testing.assert_allclose(np.asarray(total), want, rtol=1e-5)
   # The same logits for both models: every scored position overlaps fully.
-  scored, total = loop._prompt_overlap(p_logits, p_logits, None, lengths,
-                                       sampling)
+  scored, total = overlap(p_logits, p_logits)
   np.testing.assert_allclose(np.asarray(total), np.asarray(scored), rtol=1e-5)
+
+
+def test_prefill_returns_the_logits_at_the_window(target):
+  """The head on the window's features alone (a Transformer) or the full
+  logits gathered (an n-gram): the logits the model gives there."""
+  prompts, lengths = _prompts(3, seed=7, max_len=12)
+  at, _ = loop._prompt_window(jnp.asarray(lengths), 12)
+  bigram = sj.NGramLM.fit(np.arange(200) % V, V, order=2)
+  for model in (target, bigram):
+    full, _ = model(prompts, model.init_cache(3, 12))
+    cache, got = loop._prefill(model, prompts, 16, jnp.asarray(lengths), at)
+    np.testing.assert_allclose(
+        np.asarray(got), np.take_along_axis(np.asarray(full),
+                                            np.asarray(at)[..., None], 1),
+        rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(cache.lengths, lengths)
 
 
 @pytest.mark.parametrize("previous, strength, error, match", [

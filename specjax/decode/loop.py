@@ -42,8 +42,8 @@ AUTO_GAMMA_MAX = 8
 
 # A rule reading the prompt (`Goodput.prompt_prior`) is given both models'
 # agreement at the prompt's last this-many positions: enough to weigh as the
-# rule's prior, while the two [B, window, V] laws stay small at real
-# vocabulary sizes (the prefill computes no other logits for them).
+# rule's prior, and the LM heads run on these positions alone, so at real
+# vocabulary sizes the prefill builds no [B, P, V] logits for it.
 PROMPT_WINDOW = 64
 
 # Fold-in tags that keep each random draw of a round independent.
@@ -75,38 +75,53 @@ def _round_keys(row_keys_B, round_, gamma):
   return keys_BxP[:, :gamma], keys_BxP[:, gamma]
 
 
-def _prefill(model, prompts_BxP, buffer_len, lengths_B):
-  """(cache holding `lengths_B` positions, logits `[B, P, V]`); a caller
-  that drops the logits leaves XLA to compile their head away."""
+def _prefill(model, prompts_BxP, buffer_len, lengths_B, at_BxK=None):
+  """The model's cache holding `lengths_B` positions of the prompts, and,
+  given prompt positions `at_BxK` (int `[B, K]`), its logits there
+  (float32 `[B, K, V]`, else None): from the LM head on those positions'
+  features alone where the model exposes them (`forward_with_hidden`,
+  `head_logits`); XLA compiles away the logits nobody reads."""
   # Validation guarantees every committed or scored position is below
   # max_positions, so a cache capped there loses nothing; prompt padding past
   # it is dropped.
   limit = getattr(model, "max_positions", None)
   cache_len = buffer_len if limit is None else min(buffer_len, limit)
   cache = model.init_cache(prompts_BxP.shape[0], cache_len)
-  logits_BxPxV, cache = model(prompts_BxP, cache)
-  return cache.replace(lengths=lengths_B), logits_BxPxV
+  logits_BxKxV = None
+  at = lambda x_BxPxN: jnp.take_along_axis(x_BxPxN, at_BxK[..., None], axis=1)
+  if at_BxK is None:
+    _, cache = model(prompts_BxP, cache)
+  elif hasattr(model, "forward_with_hidden") and hasattr(model, "head_logits"):
+    _, hidden_BxPxD, cache = model.forward_with_hidden(prompts_BxP, cache)
+    logits_BxKxV = model.head_logits(at(hidden_BxPxD))
+  else:
+    logits_BxPxV, cache = model(prompts_BxP, cache)
+    logits_BxKxV = at(logits_BxPxV)
+  return cache.replace(lengths=lengths_B), logits_BxKxV
 
 
-def _prompt_overlap(target_logits_BxPxV, draft_logits_BxPxV, draft,
-                    prompt_lengths_B, sampling):
-  """(scored_B int32, overlap_sum_B float32): sum_x min(p, q) at row b's
-  last min(PROMPT_WINDOW, n_b - 1) prompt positions (position i's laws of
-  token i + 1, i <= n_b - 2), p and q as a round builds them; positions
-  where either model's logits are not finite are left out."""
-  width = target_logits_BxPxV.shape[1]
+def _prompt_window(prompt_lengths_B, width):
+  """(positions int32 `[B, K]`, scored bool `[B, K]`): row b's last
+  min(PROMPT_WINDOW, n_b - 1) prompt positions i <= n_b - 2 (each with its
+  laws of token i + 1), K = min(PROMPT_WINDOW, width); positions before
+  the prompt are clipped to 0 and not scored."""
   window = min(PROMPT_WINDOW, width)
   pos_BxK = (prompt_lengths_B[:, None] - 1 - window
              + jnp.arange(window)[None, :])
-  scored_BxK = pos_BxK >= 0
-  at = lambda l_BxPxV: jnp.take_along_axis(
-      l_BxPxV, jnp.clip(pos_BxK, 0, width - 1)[..., None], axis=1)
-  p_logits, q_logits = at(target_logits_BxPxV), at(draft_logits_BxPxV)
-  scored_BxK &= ~(steps.nonfinite_rows(p_logits)
-                  | steps.nonfinite_rows(q_logits))
+  return jnp.clip(pos_BxK, 0, width - 1), pos_BxK >= 0
+
+
+def _prompt_overlap(p_logits_BxKxV, q_logits_BxKxV, scored_BxK, draft,
+                    sampling):
+  """(scored_B int32, overlap_sum_B float32): sum_x min(p, q) summed over
+  each row's scored positions, p and q as a round builds them from the
+  target's and the draft's logits; positions where either model's logits
+  are not finite are left out."""
+  scored_BxK &= ~(steps.nonfinite_rows(p_logits_BxKxV)
+                  | steps.nonfinite_rows(q_logits_BxKxV))
   overlap_BxK = jnp.sum(jnp.minimum(
-      sampling_lib.probabilities(p_logits, sampling),
-      steps._draft_law(draft, q_logits, sampling)), axis=-1)
+      sampling_lib.probabilities(p_logits_BxKxV, sampling),
+      steps._draft_law(draft, q_logits_BxKxV, sampling)), axis=-1)
   return (jnp.sum(scored_BxK, axis=1, dtype=jnp.int32),
           jnp.sum(jnp.where(scored_BxK, overlap_BxK, 0.0), axis=1))
 
@@ -366,21 +381,28 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
     target_cache, draft_cache, target_features = _prefill_features(
         target, draft, prompts_BxP, buffer_len, prompt_lengths_B, gamma)
   else:
-    target_cache, target_logits = _prefill(target, prompts_BxP, buffer_len,
-                                           prompt_lengths_B - 1)
+    # Drafts that share the target's cache or read its features have no
+    # prefill logits of their own: their rows start from the rule's prior.
+    # So do greedy rows: greedy text is not like its prompt (it repeats),
+    # and a prompt understated its acceptance (`Goodput.prompt_prior`).
+    own_cache = (draft is not None
+                 and not getattr(draft, "reads_target_cache", False))
+    at_BxK = scored_BxK = None
+    if (own_cache and getattr(draft_length, "reads_prompt", False)
+        and not sampling.greedy):
+      at_BxK, scored_BxK = _prompt_window(prompt_lengths_B, width)
+    target_cache, p_logits = _prefill(target, prompts_BxP, buffer_len,
+                                      prompt_lengths_B - 1, at_BxK)
     draft_cache = None
-    if draft is not None and not getattr(draft, "reads_target_cache", False):
-      draft_cache, draft_logits = _prefill(
-          draft, prompts_BxP, buffer_len, jnp.maximum(prompt_lengths_B - 2, 0))
-      # Drafts that share the target's cache or read its features have no
-      # prefill logits of their own: their rows start from the rule's prior.
-      # So do greedy rows: greedy text is not like its prompt (it repeats),
-      # and a prompt understated its acceptance (`Goodput.prompt_prior`).
-      if getattr(draft_length, "reads_prompt", False) and not sampling.greedy:
-        scored_B, overlap_B = _prompt_overlap(
-            target_logits, draft_logits, draft, prompt_lengths_B, sampling)
-        stats = stats.replace(prompt_scored=scored_B,
-                              prompt_overlap_sum=overlap_B)
+    if own_cache:
+      draft_cache, q_logits = _prefill(
+          draft, prompts_BxP, buffer_len, jnp.maximum(prompt_lengths_B - 2, 0),
+          at_BxK)
+    if at_BxK is not None:
+      scored_B, overlap_B = _prompt_overlap(p_logits, q_logits, scored_BxK,
+                                            draft, sampling)
+      stats = stats.replace(prompt_scored=scored_B,
+                            prompt_overlap_sum=overlap_B)
   state = state_lib.DecodeState(
       tokens=tokens_BxS, lengths=prompt_lengths_B,
       prompt_lengths=prompt_lengths_B,
