@@ -112,8 +112,8 @@ def test_loop_shape_mirrors_the_loop(tiny):
   assert big.fill(target, 9) + 9 <= target.max_positions
   # The prefill the loop builds has exactly this capacity.
   prompts = jnp.zeros((2, 32), jnp.int32)
-  cache = loop._prefill(target, prompts, shape.buffer_len,
-                        jnp.array([20, 20]))
+  cache, _ = loop._prefill(target, prompts, shape.buffer_len,
+                           jnp.array([20, 20]))
   assert cache.max_len == shape.capacity(target)
   with pytest.raises(ValueError, match="gamma"):
     measure.LoopShape(1, 20, 40, -1)
