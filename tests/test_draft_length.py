@@ -596,7 +596,7 @@ def test_goodput_starts_each_row_from_its_prompt():
     assert not off.reads_prompt
     np.testing.assert_allclose(np.asarray(off.alpha(stats)), 0.75)
   # A well-predicted prompt plans the widest round before any round is
-  # judged; the default prior plans 4 (as in the warm-start test below).
+  # judged; the default prior plans 4 (as in the warm-start test above).
   wide = draft_length.Goodput(c=0.05, r=(1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8,
                                          1.9), probe=1.1)
   row = (jnp.array([True]), jnp.array([64], jnp.int32))
