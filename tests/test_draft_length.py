@@ -19,6 +19,7 @@ from specjax.decode import loop
 from specjax.decode import verifiers
 from specjax.lab import stopping
 from specjax.models import TransformerConfig, TransformerLM
+from specjax.models import vocab
 
 V = 16
 
@@ -644,7 +645,13 @@ def test_prefill_returns_the_logits_at_the_window(target):
   prompts, lengths = _prompts(3, seed=7, max_len=12)
   at, _ = loop._prompt_window(jnp.asarray(lengths), 12)
   bigram = sj.NGramLM.fit(np.arange(200) % V, V, order=2)
-  for model in (target, bigram):
+  # The vocabulary wrappers pass the head on where their model has one.
+  padded = vocab.PaddedVocabLM(model=target, vocab_size=V + 4, num_real=V)
+  reduced = vocab.ReducedVocabLM.create(target, np.arange(0, V, 2))
+  padded_bigram = vocab.PaddedVocabLM(model=bigram, vocab_size=V, num_real=V)
+  assert hasattr(padded, "head_logits")
+  assert not hasattr(padded_bigram, "head_logits")
+  for model in (target, bigram, padded, reduced, padded_bigram):
     full, _ = model(prompts, model.init_cache(3, 12))
     cache, got = loop._prefill(model, prompts, 16, jnp.asarray(lengths), at)
     np.testing.assert_allclose(

@@ -42,8 +42,11 @@ AUTO_GAMMA_MAX = 8
 
 # A rule reading the prompt (`Goodput.prompt_prior`) is given both models'
 # agreement at the prompt's last this-many positions: enough to weigh as the
-# rule's prior, and the LM heads run on these positions alone, so at real
-# vocabulary sizes the prefill builds no [B, P, V] logits for it.
+# rule's prior, and the LM heads run on these positions alone (models with
+# `forward_with_hidden` and `head_logits`: Transformers, Hugging Face
+# checkpoints, the vocabulary wrappers around them), so at real vocabulary
+# sizes the prefill builds no [B, P, V] logits for it; an n-gram's or prompt
+# lookup's are built and gathered.
 PROMPT_WINDOW = 64
 
 # Fold-in tags that keep each random draw of a round independent.

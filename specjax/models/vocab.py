@@ -53,12 +53,32 @@ class PaddedVocabLM(struct.PyTreeNode):
 
   def __call__(self, tokens_BxT, cache):
     logits_BxTxW, cache = self.model(tokens_BxT, cache)
+    return self._pad(logits_BxTxW), cache
+
+  # The model's features and head, padded, where it has them (an
+  # AttributeError, so `hasattr` is False, where it does not): the decode
+  # loop then runs the head on a prompt's last positions alone
+  # (`Goodput.prompt_prior`).
+  @property
+  def forward_with_hidden(self):
+    inner = self.model.forward_with_hidden
+
+    def forward(tokens_BxT, cache):
+      logits_BxTxW, hidden_BxTxD, cache = inner(tokens_BxT, cache)
+      return self._pad(logits_BxTxW), hidden_BxTxD, cache
+    return forward
+
+  @property
+  def head_logits(self):
+    inner = self.model.head_logits
+    return lambda features_BxTxD: self._pad(inner(features_BxTxD))
+
+  def _pad(self, logits_BxTxW):
     keep = min(self.num_real, logits_BxTxW.shape[-1])
     logits_BxTxV = jnp.full(logits_BxTxW.shape[:-1] + (self.vocab_size,),
                             MASKED_LOGIT, jnp.float32)
-    logits_BxTxV = logits_BxTxV.at[..., :keep].set(
+    return logits_BxTxV.at[..., :keep].set(
         logits_BxTxW[..., :keep].astype(jnp.float32))
-    return logits_BxTxV, cache
 
 
 def _token(tokenizer, i: int):
@@ -167,15 +187,25 @@ class ReducedVocabLM(struct.PyTreeNode):
     return self.model.init_cache(batch_size, max_len)
 
   def __call__(self, tokens_BxT, cache):
+    logits_BxTxV, _, cache = self.forward_with_hidden(tokens_BxT, cache)
+    return logits_BxTxV, cache
+
+  def forward_with_hidden(self, tokens_BxT, cache):
+    """`(logits_BxTxV, features_BxTxD, cache)`: `__call__` with the final
+    norm's features its head read (`head_logits`)."""
     self.model._check_static(tokens_BxT, cache)  # pylint: disable=protected-access
     positions_BxT = cache.positions(tokens_BxT.shape[1])
     # The final-norm features; the head is ours.
     x_BxTxD, cache = self.model.module().features(tokens_BxT, positions_BxT,
                                                   cache)
-    logits_BxTxK = jnp.einsum("btd,dk->btk", x_BxTxD,
-                              self.head_DxK.astype(x_BxTxD.dtype))
+    return (self.head_logits(x_BxTxD), x_BxTxD,
+            cache.replace(lengths=positions_BxT[:, -1] + 1))
+
+  def head_logits(self, features_BxTxD):
+    """float32 `[B, T, V]`: the K-token head, every other id masked."""
+    logits_BxTxK = jnp.einsum("btd,dk->btk", features_BxTxD,
+                              self.head_DxK.astype(features_BxTxD.dtype))
     logits_BxTxV = jnp.full(logits_BxTxK.shape[:-1] + (self.vocab_size,),
                             MASKED_LOGIT, jnp.float32)
-    logits_BxTxV = logits_BxTxV.at[..., self.token_ids_K].set(
+    return logits_BxTxV.at[..., self.token_ids_K].set(
         logits_BxTxK.astype(jnp.float32))
-    return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
