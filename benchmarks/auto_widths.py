@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specjax as sj  # noqa: E402
 from specjax import data, sweep  # noqa: E402
 from configs import reproduce  # noqa: E402
+from experiments import adaptive_gamma  # noqa: E402
 
 
 def priced_rule(path, draft):
@@ -61,10 +62,7 @@ def main():
       "auto warm .95": dataclasses.replace(auto, prior=(15.2, 0.8),
                                            prompt_prior=0.0),
       "gamma=8": 8}
-  # The experiment's held-out prompts: its batch-1 calls are rows 1..calls.
-  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
-  prompts_Nx1xP = data.prompts(heldout, calls + 1, 64, 0).reshape(
-      calls + 1, 1, 64)[1:]
+  prompts_Nx1xP = adaptive_gamma.held_out_calls(calls, 1, 64)[1:]
   lengths = np.full((1,), 64, np.int32)
   sampling = sj.SamplingConfig(temperature=1.0)
   print(f"{name}, batch 1, T=1, priced as in {path}: per prompt, acceptance "

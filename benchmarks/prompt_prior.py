@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from absl import flags  # noqa: E402
 import specjax as sj  # noqa: E402
-from specjax import data  # noqa: E402
 from specjax.decode import loop  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
@@ -37,9 +36,7 @@ def main():
   samples = int(sys.argv[3]) if len(sys.argv) > 3 else 3
   flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
   target, _ = adaptive_gamma._load("quick")
-  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
-  # The experiment's batch-1 calls are rows 1..calls (row 0 is its pilot).
-  prompts_NxP = data.prompts(heldout, calls + 1, 64, 0)[1:]
+  prompts_NxP = adaptive_gamma.held_out_calls(calls, 1, 64)[1:, 0]
   lengths_N = jnp.full((calls,), 64, jnp.int32)
   one = np.full((1,), 64, np.int32)
   for name in drafts:

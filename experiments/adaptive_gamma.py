@@ -131,6 +131,15 @@ def _parse_prior(text):
   return a, b
 
 
+def held_out_calls(calls, batch, prompt_len):
+  """int32 `[calls + 1, batch, prompt_len]`: the held-out prompts a cell
+  times, call 0 the "auto+warm" pilot's (the benchmarks that count what
+  this experiment times read the same)."""
+  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
+  return data.prompts(heldout, (calls + 1) * batch, prompt_len, 0).reshape(
+      calls + 1, batch, prompt_len)
+
+
 def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
              threshold, max_new, repeats, prior=None):
   """Speedups of every variant over `generate` for one (draft, batch);
@@ -318,7 +327,6 @@ def _run():
   target, what = _load(_TARGET.value)
   target = target.astype(**dtypes)
   gammas = [int(g) for g in _GAMMAS.value]
-  heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
   rows = []
   print(f"target: {what}; T={_TEMPERATURE.value}; {_PROMPTS.value} calls of "
@@ -328,9 +336,7 @@ def _run():
     if hasattr(draft, "astype"):  # a zoo Transformer
       draft = draft.astype(**dtypes)
     for batch in (int(b) for b in _BATCHES.value):
-      prompts = data.prompts(heldout, (_PROMPTS.value + 1) * batch,
-                             _PROMPT_LEN.value, 0).reshape(
-                                 _PROMPTS.value + 1, batch, _PROMPT_LEN.value)
+      prompts = held_out_calls(_PROMPTS.value, batch, _PROMPT_LEN.value)
       row = run_cell(target, draft, prompts[1:], prompts[0], sampling, gammas,
                      _THRESHOLD.value, _NEW.value, _REPEATS.value, prior)
       row.update(draft=name, batch=batch, target=what)

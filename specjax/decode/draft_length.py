@@ -233,7 +233,7 @@ class Goodput(Rule):
       (results/adaptive_gamma/auto_widths.txt).
     prompt_prior: the weight, in judged drafts, of each row's prompt: the
       loop scores both models' laws at the prompt's last positions (up to
-      `loop.PROMPT_WINDOW`, from their prefill logits; `RowStats`'
+      `loop.PROMPT_WINDOW`, from their prefills; `RowStats`'
       `prompt_scored`, `prompt_overlap_sum`), and a row that scored n of
       them starts from their mean overlap weighted as min(n, prompt_prior)
       drafts, with `prior` scaled by what is left of the weight

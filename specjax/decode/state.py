@@ -38,8 +38,8 @@ class RowStats:
   # The prompt, teacher-forced, where a draft-length rule reads it (a
   # `Goodput` rule's `prompt_prior`, when sampling; zeros otherwise): at
   # the prompt's last positions (up to `loop.PROMPT_WINDOW`), the target's
-  # and the draft's laws of the next prompt token, from their prefill
-  # logits. Not drafts: not counted in `verified`.
+  # and the draft's laws of the next prompt token, from their prefills.
+  # Not drafts: not counted in `verified`.
   prompt_scored: jax.Array       # int32 [B]: prompt positions scored
   prompt_overlap_sum: jax.Array  # float32 [B]: sum over them of
                                  # sum_x min(p, q)

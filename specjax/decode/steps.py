@@ -136,7 +136,9 @@ def _sample_logits(draft, logits_BxV, u_B, sampling):
   """`(token_B, q_BxV)`: the draft's proposal from its logits `[B, V]`."""
   q_BxV = _draft_law(draft, logits_BxV, sampling)
   if getattr(draft, "one_hot_q", False):
-    token_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)  # q's one point
+    # The argmax q was built from (the same op on the same logits: XLA
+    # computes it once), not a second V-wide reduction over q.
+    token_B = jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
   else:
     token_B = _sample(u_B, q_BxV, sampling)
   # A proposal drawn from non-finite logits gets q = NaN, so the loop (and a
