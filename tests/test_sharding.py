@@ -157,11 +157,11 @@ def decode_results(worker_results):
 
 
 def test_outputs_identical_on_every_mesh(decode_results):
-  """Greedy and T = 1 tokens are the same on 1x1, 8x1, 2x4 and 4x2, for
+  """Greedy and T = 1 tokens are the same on 1x1, 8x1 and 2x4, for
   generate and speculative_generate, with a GQA Llama target (1x1 equals the
   unmeshed run: test_one_device_mesh_gives_the_unmeshed_tokens)."""
   tokens = decode_results["tokens"]
-  assert len(tokens) == 4
+  assert len(tokens) == 3
   reference = tokens["data:1,model:1"]
   assert reference["generate_T0"] == reference["speculative_T0"]
   for spec, got in tokens.items():

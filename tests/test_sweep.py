@@ -19,6 +19,10 @@ def results(tmp_path_factory):
   config.cache_dir = str(tmp_path_factory.mktemp("zoo"))
   config.temperatures = (1.0,)
   config.gammas = (1, 2)
+  # Two of the preset's three drafts (a count model and a distilled
+  # Transformer): each draft's cells cost about 7 s of compiles and timing,
+  # and prompt lookup's one-hot path is checked exactly in test_exactness.
+  config.drafts = [d for d in config.drafts if d.name != "prompt-lookup"]
   out = str(tmp_path_factory.mktemp("results"))
   rows = sweep.run_config(config, out)
   return out, rows, figures.make_all(out)
@@ -40,7 +44,7 @@ def test_artifacts_exist(results):
     assert key in meta, key
   assert meta["corpus"]["files"] > 100
   loaded, _ = figures.load_results(out)
-  assert len(loaded) == len(rows) == 3 * 2  # drafts x gammas at one T
+  assert len(loaded) == len(rows) == 2 * 2  # drafts x gammas at one T
 
 
 def test_alpha_hat_agrees_with_one_minus_tv(results):
@@ -106,7 +110,6 @@ def test_models_have_heldout_bits_per_byte(results):
   # corpus); 20 steps of the tiny target learn something too.
   assert models["bigram"]["heldout_bpb"] < 4.5
   assert models["tiny"]["heldout_bpb"] < uniform - 0.5
-  assert models["prompt-lookup"]["heldout_bpb"] is None
   with open(os.path.join(out, "summary.txt")) as fh:
     text = fh.read()
   assert "bits/byte" in text and "Cost model check" in text
