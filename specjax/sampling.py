@@ -90,7 +90,15 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
     raise TypeError("config must be a specjax.SamplingConfig, got "
                     f"{type(config).__name__}.")
   config.check_vocab(logits_xV.shape[-1])
-  logits_xV = jnp.asarray(logits_xV).astype(jnp.float32)
+  return _probabilities(jnp.asarray(logits_xV), config)
+
+
+# One compiled program per (shape, dtype, config): called eagerly, the
+# transform would otherwise dispatch (and compile) its ~30 operations one by
+# one; inside a trace it inlines as any nested jit does.
+@functools.partial(jax.jit, static_argnames="config")
+def _probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
+  logits_xV = logits_xV.astype(jnp.float32)
   if config.greedy:
     return jax.nn.one_hot(_greedy_token(logits_xV), logits_xV.shape[-1],
                           dtype=jnp.float32)

@@ -674,7 +674,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     if tokens_BxT.shape[1] > self.config.max_positions:
       raise ValueError(f"tokens_BxT has {tokens_BxT.shape[1]} positions; the "
                        f"model has max_positions={self.config.max_positions}.")
-    return self.module()(tokens_BxT)
+    return _causal_logits(self, tokens_BxT)
 
   def check_inputs(self, tokens_BxT: Any, cache: KVCache) -> None:
     """Raises ValueError/TypeError naming the argument if a call would misbehave.
@@ -718,3 +718,11 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
           f"({want[0]},), got {len(cache.k)} layers of k/v "
           f"{sorted(set(got))}, lengths {tuple(cache.lengths.shape)}. The "
           "batch sizes of tokens_BxT and the cache must match.")
+
+
+# Called eagerly (exact laws in tests, evaluation, a notebook cell), a
+# forward would dispatch its hundred-odd operations one by one, each compiled
+# on first use; as one program it compiles once per (config, shape).
+@jax.jit
+def _causal_logits(model: TransformerLM, tokens_BxT: jax.Array) -> jax.Array:
+  return model.module()(tokens_BxT)
