@@ -1,0 +1,46 @@
+"""How fast this machine compiles right now: one line, a few seconds.
+
+Most of the test suite's time is XLA tracing and compiling small programs,
+and on the shared 2-core box that speed moved by a factor of two to three
+within one day (README, "Set up and run"). `.ci/run` prints this line
+before the tests, so a slow run can be told apart from a slow box: the
+same fixed program is traced, lowered and compiled (at the suite's
+settings, no compilation cache), run once and timed.
+
+  python benchmarks/box_speed.py
+"""
+
+import os
+import time
+
+# The suite's compile settings (tests/conftest.py), set before jax loads.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_cpu_use_fusion_emitters=false").strip()
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import specjax as sj  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def main():
+  models = [sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=8, d_model=16, num_layers=1, num_heads=2, max_positions=32,
+      flavour=flavour), seed) for seed, flavour in enumerate(("gpt2", "llama"))]
+  prompts = np.tile(np.array([1, 2, 3], np.int32), (8, 1))
+  lengths = np.full(8, 3, np.int32)
+  start = time.perf_counter()
+  out = sj.speculative_generate(*models, prompts, lengths, jax.random.key(0),
+                                gamma=3, max_new_tokens=8)
+  jax.block_until_ready(out.tokens)
+  seconds = time.perf_counter() - start
+  print(f"box speed: a whole-generation program (tiny models, gamma 3) "
+        f"traced, compiled and run in {seconds:.1f} s on {os.cpu_count()} "
+        "cores")
+
+
+if __name__ == "__main__":
+  main()
