@@ -11,13 +11,14 @@ settings, no compilation cache), run once and timed.
 """
 
 import os
+import pathlib
+import sys
 import time
 
-# The suite's compile settings (tests/conftest.py), set before jax loads.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_cpu_use_fusion_emitters=false").strip()
+# The suite's compile settings, set before jax loads.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
+import compile_settings  # pylint: disable=g-import-not-at-top,wrong-import-position
+compile_settings.apply()
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position

@@ -8,22 +8,11 @@ import shutil
 import tempfile
 import sys
 
-# Compile quickly rather than well: most of the suite's time is XLA compiling
-# small programs that then run for milliseconds, and -O0 halves that time
-# (the tiny-config sweep: 90 s -> 42 s). Semantics do not change; the
-# execution-bound statistical tests opt back in (marker `optimized`, below).
-# Set by environment
-# so the subprocesses (mesh worker, notebook kernels) inherit it; run
-# `JAX_DISABLE_MOST_OPTIMIZATIONS=0 pytest` to test the optimised programs.
-os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-# XLA:CPU's fusion emitters (its default code generator) compile these
-# programs more slowly than the older loop emitters do, and the tests do
-# not need the faster code: `time python -m pytest -q` on the 2-core box,
-# 10m18s with them, 6m55s without (with two duplicated compiles also moved
-# behind -m slow). Appended to XLA_FLAGS so the subprocesses inherit it.
-if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_cpu_use_fusion_emitters=false").strip()
+import compile_settings  # tests/, beside this file
+
+# The suite's XLA settings (-O0, loop emitters), set by environment so the
+# subprocesses (mesh worker, notebook kernels) inherit them.
+compile_settings.apply()
 # One compilation cache for this run, shared by the two workers and every
 # subprocess (set before the workers start, so they inherit it): a program
 # that several files compile is compiled once.
