@@ -467,12 +467,7 @@ def run_config(config, results_dir: str,
   window = min([256] + limits)
   windows = np.stack([data.batch_at(heldout, 8, window - 1, config.seed, i)
                       for i in range(2)])
-  models = {config.target: {"kind": "target", "params": _param_count(target),
-                            "heldout_bpb": heldout_bpb(target, windows)}}
-  for d in drafts:  # a self-draft scores like any model (its own cache)
-    models[d.name] = {"kind": d.kind, "params": d.params,
-                      "heldout_bpb": (None if d.kind == "prompt_lookup"
-                                      else heldout_bpb(d.model, windows))}
+  models = model_summaries(config.target, target, drafts, windows)
   metadata = {
       "config": config.to_dict(), "corpus": corpus.fingerprint(),
       "models": models,
@@ -486,6 +481,23 @@ def run_config(config, results_dir: str,
   }
   write(rows, metadata, results_dir)
   return rows
+
+
+def model_summaries(target_name: str, target, drafts: list[Draft],
+                    windows_NxBxT1: np.ndarray) -> dict[str, dict]:
+  """metadata.json's "models": {name: {kind, params, heldout_bpb}}.
+
+  A prompt-lookup draft has no law of its own over held-out text (it copies
+  from the prompt), so its `heldout_bpb` is None; every other draft,
+  self-drafts included (scored through their own cache), gets a number.
+  """
+  models = {target_name: {"kind": "target", "params": _param_count(target),
+                           "heldout_bpb": heldout_bpb(target, windows_NxBxT1)}}
+  for d in drafts:
+    models[d.name] = {"kind": d.kind, "params": d.params,
+                      "heldout_bpb": (None if d.kind == "prompt_lookup"
+                                      else heldout_bpb(d.model, windows_NxBxT1))}
+  return models
 
 
 def heldout_bpb(model, windows_NxBxT1: np.ndarray) -> float:

@@ -231,3 +231,22 @@ def test_quick_draft_narrows_to_one_named_draft():
     assert config.target == reproduce.get_config("quick").target
   with pytest.raises(ValueError, match="no quick or adaptive draft"):
     reproduce.quick_draft("draft-9m")
+
+
+def test_model_summaries_score_every_model_but_prompt_lookup():
+  """metadata.json's "models": prompt lookup has no law over held-out text
+  (None); the target and a count draft get their bits per byte."""
+  from specjax.models.prompt_lookup import PromptLookupDraft  # pylint: disable=import-outside-toplevel
+  target, drafts = _markov_drafts()
+  drafts.append(sweep.make_draft("prompt-lookup", "prompt_lookup",
+                                 PromptLookupDraft(target.vocab_size)))
+  windows = np.random.default_rng(0).integers(
+      0, target.vocab_size, (1, 2, 9)).astype(np.int32)
+  models = sweep.model_summaries("p", target, drafts, windows)
+  assert list(models) == ["p", "markov-q", "prompt-lookup"]
+  assert models["prompt-lookup"]["heldout_bpb"] is None
+  assert models["prompt-lookup"]["kind"] == "prompt_lookup"
+  for name in ("p", "markov-q"):
+    bpb = models[name]["heldout_bpb"]
+    assert np.isfinite(bpb) and bpb > 0, models[name]
+  assert models["p"]["kind"] == "target"
