@@ -73,11 +73,21 @@ from specjax.decode import verifiers as verifiers_lib
 TOLERANCE = 0.10
 
 
+def check_timing(seconds: Any = 1.0, repeats: Any = 1) -> tuple[float, int]:
+  """(seconds, repeats) of a timing, checked: seconds > 0, repeats >= 1."""
+  seconds = _checks.check_float("seconds", seconds)
+  if seconds <= 0:
+    raise ValueError(f"seconds (the time each timed loop aims at) must be "
+                     f"> 0, got {seconds}.")
+  return seconds, _checks.check_int("repeats", repeats, low=1)
+
+
 def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int
                       ) -> dict[str, list[float]]:
   """Seconds of each call, `repeats` times, the calls taking turns (so a
   slow spell of a shared machine hits all of them), after one warm-up call
   of each (compilation is never timed)."""
+  _, repeats = check_timing(repeats=repeats)
   for fn in fns.values():
     jax.block_until_ready(fn())
   times = {name: [] for name in fns}
@@ -204,6 +214,7 @@ def passes_seconds(model, *, batch_size: int, passes, capacity: int,
   after another, the verify widths of `draft_length.measure_goodput` once
   came out as a 2-token pass costing 2.1 single-token passes: this CPU's
   speed moves by up to 2x between trials.)"""
+  seconds, repeats = check_timing(seconds, repeats)
   passes = tuple(passes)
   if not passes:
     raise ValueError("passes must name at least one (num_tokens, fill).")

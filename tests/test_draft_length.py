@@ -727,6 +727,20 @@ def test_bad_rules_get_clear_errors(make, error, match):
     make()
 
 
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(draft=None), TypeError, "draft must implement"),
+    (dict(seconds=0.0), ValueError, "seconds"),
+    (dict(repeats=0), ValueError, "repeats"),
+    (dict(batch_size=0), ValueError, "batch_size"),
+])
+def test_measure_goodput_bad_input_is_refused_before_timing(target, kwargs,
+                                                            error, match):
+  args = dict(target=target, draft=target, batch_size=1, prompt_len=4,
+              max_new_tokens=8, gamma_max=2, calibrate=False)
+  with pytest.raises(error, match=match):
+    draft_length.measure_goodput(**{**args, **kwargs})
+
+
 @pytest.mark.parametrize("gamma, error", [("fast", ValueError),
                                           (object(), TypeError),
                                           (2.5, TypeError)])

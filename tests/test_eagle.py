@@ -297,6 +297,13 @@ def test_bad_target_kind_and_width_get_clear_errors(target):
   with pytest.raises(ValueError, match="vocab_size"):
     sj.EagleDraft(target=_target(target.config.flavour, vocab=V + 1),
                   head=draft.head)
+  # Same width and vocabulary, another architecture: its features are not
+  # the ones the head reads; a cast of the head's own target is.
+  flavour = "llama" if target.config.flavour == "gpt2" else "gpt2"
+  with pytest.raises(ValueError, match="the target it was built for"):
+    sj.speculative_generate(_target(flavour), draft, prompts, lengths,
+                            jax.random.key(0), gamma=2, max_new_tokens=4)
+  draft.check_target(target.astype("bfloat16"))
   with pytest.raises(TypeError, match="TransformerLM"):
     sj.EagleDraft.create(ngram)
   with pytest.raises(TypeError, match="EagleHead"):

@@ -269,6 +269,8 @@ def test_bad_target_and_cache_get_clear_errors(target):
     SelfDraft(sj.NGramLM.fit(np.arange(50) % V, V, order=1), layers=1)
   with pytest.raises(ValueError, match="layers"):
     SelfDraft.skipping(target, skip=[7])
+  with pytest.raises(TypeError, match="sequence of block indices"):
+    SelfDraft.skipping(target, skip=1)
   draft = SelfDraft(target, layers=2)
   with pytest.raises(ValueError, match="2 layers"):
     draft(jnp.zeros((1, 1), jnp.int32), target.init_cache(1, 8))

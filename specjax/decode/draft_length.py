@@ -574,8 +574,12 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   from specjax import measure  # pylint: disable=import-outside-toplevel
   # pylint: disable-next=import-outside-toplevel
   from specjax import sampling as sampling_lib
+  from specjax.decode import validation  # pylint: disable=import-outside-toplevel
+  validation.check_model("target", target)
+  validation.check_model("draft", draft)
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
   gamma_max = _check_gamma_max(gamma_max)
+  seconds, repeats = measure.check_timing(seconds, repeats)
   sampling = sampling_lib.SamplingConfig() if sampling is None else sampling
   if not isinstance(sampling, sampling_lib.SamplingConfig):
     raise TypeError(f"sampling must be a specjax.SamplingConfig, got "

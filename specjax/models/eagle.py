@@ -262,7 +262,8 @@ class EagleDraft(struct.PyTreeNode):
   # --- the target-feature hook (used by the decode loop) -----------------------
 
   def check_target(self, target: Any) -> None:
-    """Raises unless `target` returns features this head reads."""
+    """Raises unless `target` returns features this head reads: a
+    TransformerLM of the config the draft was built for (any dtype)."""
     if not hasattr(target, "forward_with_hidden") or not hasattr(
         target, "config"):
       raise TypeError(
@@ -270,6 +271,19 @@ class EagleDraft(struct.PyTreeNode):
           "must be a specjax TransformerLM (with forward_with_hidden); got "
           f"{type(target).__name__}.")
     self._check_width("target", target.config)
+    # Same width is not enough: the head learned one target's features (its
+    # embeddings and head are this draft's `target`'s), and another
+    # architecture's features would only cost acceptance, silently. A cast
+    # of the same target (dtype, param_dtype) is the same model.
+    same = lambda c: dataclasses.replace(c, dtype="float32",
+                                         param_dtype="float32")
+    if same(target.config) != same(self.target.config):
+      raise ValueError(
+          "An EagleDraft must decode with the target it was built for (it "
+          "reads that target's features, through that target's embeddings "
+          f"and head): its target's config is {self.target.config}, the "
+          f"target passed is {target.config}. Use EagleDraft.create(target) "
+          "or train a head for this target (specjax.train.eagle.train_head).")
 
   def prefill(self, prompts_BxP: jax.Array, hidden_BxPxD: jax.Array,
               lengths_B: jax.Array, cache: EagleCache, window: int

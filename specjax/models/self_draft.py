@@ -122,6 +122,10 @@ class SelfDraft(struct.PyTreeNode):
       raise TypeError(f"SelfDraft target must be a specjax TransformerLM, got "
                       f"{type(target).__name__}.")
     n = target.config.num_layers
+    if isinstance(skip, (str, bytes)) or not hasattr(skip, "__iter__"):
+      raise TypeError(f"SelfDraft.skipping skip must be a sequence of block "
+                      f"indices in [0, {n}), e.g. skip=[{n // 2}], got "
+                      f"{skip!r}.")
     skip = set(normalise_layers(sorted(set(skip)), n))
     return cls(target=target, layers=tuple(i for i in range(n) if i not in skip),
                **kwargs)
