@@ -11,6 +11,7 @@ restores bitwise; bad input gets a clear error. Whole-generation exactness
 is in tests/test_exactness.py (`eagle` in `_draft_kinds`).
 """
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -266,6 +267,11 @@ def test_training_lowers_the_loss_and_restores(tmp_path):
     checkpoint_lib.load_model(str(tmp_path / "w"))  # a head, not a Transformer
   with pytest.raises(ValueError, match="d_model"):
     eagle_train.load_head(str(tmp_path / "w"), _target(vocab=259))
+  # Same width and vocabulary, another architecture.
+  with pytest.raises(ValueError, match="another target(.|\n)*flavour"):
+    eagle_train.load_head(str(tmp_path / "w"), TransformerLM.create(
+        dataclasses.replace(target.config, flavour="llama"), 0))
+  eagle_train.load_head(str(tmp_path / "w"), target.astype("bfloat16"))
   # A head saved before the inputs were recorded had another layout.
   config.num_steps = 2
   trainer.train(config, str(tmp_path / "old"),

@@ -191,13 +191,37 @@ def train_head(target: TransformerLM, config: Any, workdir: str, *,
   return eagle.EagleDraft(target=target, head=head), metrics
 
 
+def _check_head_for(config: TransformerConfig, target: Any) -> None:
+  """Raises unless a head of `config` was trained for `target`'s architecture.
+
+  A head's config is its target's with one layer and its own MLP width
+  (`head_config`); anything else that differs (flavour, heads, positions,
+  width, vocabulary) means another target, whose features it never read.
+  Dtypes may differ: a cast target is the same model.
+  """
+  if not isinstance(target, TransformerLM):
+    raise TypeError(f"target must be a specjax TransformerLM, got "
+                    f"{type(target).__name__}.")
+  loose = lambda c: dataclasses.asdict(dataclasses.replace(
+      c, dtype="float32", param_dtype="float32"))
+  diff = checkpoint_lib.config_diff(
+      loose(config), loose(eagle.head_config(target.config,
+                                             mlp_dim=config.mlp_dim)))
+  if diff:
+    raise ValueError("this head was trained for another target (a head's "
+                     "config is its target's, one layer deep; train one for "
+                     "this target with specjax.train.eagle.train_head):\n  "
+                     + "\n  ".join(diff))
+
+
 def load_head(directory: str, target: TransformerLM, step: int | None = None
               ) -> tuple[eagle.EagleDraft, dict]:
   """The `EagleDraft` of a head checkpoint (a `train_head` workdir) for `target`.
 
   Raises `CheckpointError` if the checkpoint is not a head (or a head of an
-  earlier input layout, `INPUTS`), and ValueError if its width or
-  vocabulary is not the target's.
+  earlier input layout, `INPUTS`), and ValueError if it was trained for
+  another target architecture (width, vocabulary, flavour, heads, ...;
+  dtypes may differ).
   """
   ckpt = checkpoint_lib.Checkpointer(
       checkpoint_lib.checkpoints_dir(os.fspath(directory)))
@@ -209,6 +233,7 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
           "checkpoint (its metadata lacks extra.kind = "
           f"{KIND!r}); load a Transformer with specjax.train.load_model.")
     config = TransformerConfig(**metadata["model_config"])
+    _check_head_for(config, target)
     inputs = metadata["extra"].get("inputs", "features, embed (no norms)")
     if inputs != INPUTS:
       raise checkpoint_lib.CheckpointError(
