@@ -180,6 +180,9 @@ def _config(size: str, overrides: dict[str, Any] | None,
     # while training, whatever a draft budget shared with it says (the key
     # ignores eval_every, so the entry is the same).
     config.eval_every = 0
+  # Bad values (num_steps=-5) are refused here, before a recipe key, a lock
+  # or a "training ..." line exists.
+  trainer.check_config(config)
   return config
 
 

@@ -136,11 +136,16 @@ def test_zoo_cache_dir_env(monkeypatch, tmp_path):
   assert zoo.resolve_cache_dir("/x/y") == "/x/y"
 
 
-def test_zoo_bad_names_and_overrides(cache):
+def test_zoo_bad_names_and_overrides(cache, capsys):
   with pytest.raises(ValueError, match="Unknown zoo model 'target-1t'"):
     zoo.load("target-1t", cache_dir=cache)
   with pytest.raises(ValueError, match="not a field"):
     zoo.load("tiny", cache_dir=cache, overrides={"num_stepz": 3})
+  # A bad value is refused before anything is announced or locked.
+  for name in ("tiny", "eagle-head@tiny"):
+    with pytest.raises(ValueError, match="num_steps must be >= 1"):
+      zoo.load(name, cache_dir=cache, overrides={"num_steps": -5})
+  assert "training" not in capsys.readouterr().out
 
 
 # -- zoo integrity ---------------------------------------------------------
