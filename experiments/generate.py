@@ -6,6 +6,7 @@ r"""Speculative text generation with Hugging Face checkpoints (absl entry point)
 
   --target   DIR | hf:<repo_id>   (config.json + safetensors + tokenizer.json)
   --draft    DIR | hf:<repo_id> | bigram | prompt_lookup | self:N
+  --gamma    N | auto
 
 Prints each row's text, then alpha_hat, tokens per target call, tokens/s
 and, with --compare, the speedup over target-only `generate`. Timings
@@ -30,7 +31,11 @@ _PROMPT = flags.DEFINE_multi_string(
     "prompt", None, "A prompt (repeat the flag for several rows).")
 _PROMPTS_FILE = flags.DEFINE_string(
     "prompts_file", None, "A file with one prompt per line.")
-_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.")
+_GAMMA = flags.DEFINE_string(
+    "gamma", "4", "Draft tokens per round (an int >= 1), or 'auto': the "
+    "Goodput rule, each row's draft length chosen in the loop from its "
+    "acceptance and costs measured on this machine first (about a minute "
+    "on 2 CPU cores).")
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 0.0, "Sampling temperature (0 = greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
@@ -62,6 +67,10 @@ def _prompts() -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  try:
+    gamma = textgen.parse_gamma(_GAMMA.value)
+  except ValueError as e:
+    raise app.UsageError(f"--gamma: {e}") from None
   texts = _prompts()
   sampling = sampling_lib.SamplingConfig(
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value)
@@ -72,7 +81,7 @@ def main(argv):
       _DRAFT.value, target, tok, np.concatenate(prompt_ids),
       dtype=_DTYPE.value)
   print(f"target: {_TARGET.value} ({target.vocab_size} ids); draft: {what}")
-  result = textgen.run(target, draft, tok, texts, gamma=_GAMMA.value,
+  result = textgen.run(target, draft, tok, texts, gamma=gamma,
                        max_new_tokens=_MAX_NEW_TOKENS.value,
                        sampling=sampling, seed=_SEED.value,
                        compare=_COMPARE.value)

@@ -7,8 +7,10 @@ colab/hf_checkpoints.ipynb:
   `(TransformerLM, HFTokenizer)`.
 * `make_draft(spec, target, tokenizer, prompts)`: `DIR` / `hf:ID` (another
   checkpoint; vocabularies reconciled, see specjax.models.vocab), `self:N`
-  (the target's first N blocks with its embeddings and head), `bigram`
+  (`SelfDraft`: the target's first N blocks with its embeddings and head,
+  sharing its weights and KV cache), `bigram`
   (fitted on the prompts), `prompt_lookup`.
+* `parse_gamma(text)`: a `--gamma` flag (an int or "auto").
 * `run(target, draft, tokenizer, texts, ...)`: speculative generation (and,
   with `compare=True`, the autoregressive baseline on the same prompts),
   each compiled once and then timed; returns texts and statistics.
@@ -26,11 +28,11 @@ import numpy as np
 from specjax import sampling as sampling_lib
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
-from specjax.models import derived
 from specjax.models import hf
 from specjax.models import vocab
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
+from specjax.models.self_draft import SelfDraft
 
 # A bigram table is V x V float32: refuse beyond this vocabulary (256 MiB).
 MAX_BIGRAM_VOCAB = 8192
@@ -54,13 +56,17 @@ def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
   """
   kind, _, arg = spec.partition(":")
   if kind == "self":
-    if not arg.isdigit():
+    num_layers = target.config.num_layers
+    if not arg.isdigit() or not 1 <= int(arg) <= num_layers:
       raise ValueError(f"--draft={spec}: use self:N with N the number of the "
-                       "target's blocks to keep, e.g. self:2.")
-    draft = derived.truncate(target, int(arg))
+                       f"target's blocks to keep, 1 <= N <= num_layers "
+                       f"({num_layers}), e.g. self:{max(num_layers // 4, 1)}.")
+    # A view, not a second model: the target's own arrays, and its KV cache
+    # for the kept blocks (no draft prefill, no draft cache).
+    draft = SelfDraft(target, layers=int(arg), share_cache=True)
     return draft, target, (f"self:{arg}: the target's first {arg} of "
-                           f"{target.config.num_layers} blocks, shared "
-                           "embeddings and head")
+                           f"{num_layers} blocks (SelfDraft: shared weights "
+                           "and KV cache)")
   if spec == "prompt_lookup":
     return (PromptLookupDraft(vocab_size=target.vocab_size), target,
             "prompt_lookup: n-grams of the prompt and output so far")
@@ -77,6 +83,20 @@ def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
                             "needed to check the vocabularies agree.")
   target, draft = vocab.reconcile(target, draft, tokenizer, draft_tok)
   return draft, target, f"{spec}: a checkpoint"
+
+
+def parse_gamma(text: str) -> int | str:
+  """A `--gamma` value as `speculative_generate` takes it: int >= 1 or "auto"."""
+  if text.strip() == "auto":
+    return "auto"
+  try:
+    gamma = int(text)
+  except ValueError:
+    gamma = 0
+  if gamma < 1:
+    raise ValueError(f"{text!r} is neither an int >= 1 (draft tokens per "
+                     "round) nor 'auto'.")
+  return gamma
 
 
 @dataclasses.dataclass
@@ -119,7 +139,8 @@ def _texts(tokenizer, result) -> list[str]:
   return [tokenizer.decode(tokens[r, :n]) for r, n in enumerate(lengths)]
 
 
-def run(target, draft, tokenizer, texts: Sequence[str], *, gamma: int = 4,
+def run(target, draft, tokenizer, texts: Sequence[str], *,
+        gamma: int | str | Any = 4,
         max_new_tokens: int = 64,
         sampling: sampling_lib.SamplingConfig = sampling_lib.GREEDY,
         seed: int = 0, add_bos: bool | None = None,
@@ -130,7 +151,8 @@ def run(target, draft, tokenizer, texts: Sequence[str], *, gamma: int = 4,
     target, draft: `CausalLM`s over one vocabulary (see `make_draft`).
     tokenizer: the target's tokenizer (its `eos_ids` stop a row).
     texts: prompts, one row each.
-    gamma, max_new_tokens, sampling, seed: as in `speculative_generate`.
+    gamma, max_new_tokens, sampling, seed: as in `speculative_generate`
+      (gamma: an int, "auto" or a draft-length rule).
     add_bos: prepend BOS; None means when the tokenizer has one distinct from
       its EOS ids (Llama-style yes, GPT-2 no).
     compare: also time `generate` (target only) on the same prompts.

@@ -34,16 +34,28 @@ def test_generate_command_prints_text_and_statistics(tmp_path):
 def test_draft_specs_are_checked():
   target, tok = hf.load(DATA / "gpt2")
   ids = tok.encode("the quick brown fox")
-  for spec, kind in (("self:1", "TransformerLM"),
+  for spec, kind in (("self:1", "SelfDraft"),
                      ("prompt_lookup", "PromptLookupDraft"),
                      ("bigram", "NGramLM")):
     draft, _, what = textgen.make_draft(spec, target, tok, ids)
     assert type(draft).__name__ == kind and what.startswith(spec)
   with pytest.raises(ValueError, match="self:N"):
     textgen.make_draft("self:two", target, tok, ids)
-  with pytest.raises(ValueError, match="num_layers"):
-    textgen.make_draft("self:9", target, tok, ids)
+  for spec in ("self:9", "self:0"):
+    with pytest.raises(ValueError, match="num_layers"):
+      textgen.make_draft(spec, target, tok, ids)
+  # self:N is a view on the target that shares its KV cache, not a copy.
+  draft, _, _ = textgen.make_draft("self:1", target, tok, ids)
+  assert draft.share_cache and draft.target is target
   with pytest.raises(ValueError, match="at id 0"):
     textgen.make_draft(str(DATA / "llama_gqa"), target, tok, ids)
   with pytest.raises(FileNotFoundError, match="config.json"):
     textgen.make_draft("no/such/dir", target, tok, np.array([1]))
+
+
+def test_gamma_flag_takes_an_int_or_auto():
+  assert textgen.parse_gamma("3") == 3
+  assert textgen.parse_gamma("auto") == "auto"
+  for bad in ("0", "-2", "2.5", "Auto", ""):
+    with pytest.raises(ValueError, match="int >= 1"):
+      textgen.parse_gamma(bad)
