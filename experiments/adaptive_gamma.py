@@ -69,11 +69,13 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
 _PROMPTS = flags.DEFINE_integer(
     "prompts", 16, "Calls per variant, each on its own held-out prompts. With "
     "2, the best fixed gamma was partly a lottery of which texts came up "
-    "(README, 'Adaptive gamma').")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.")
-_NEW = flags.DEFINE_integer("max_new_tokens", 96, "Tokens per row.")
+    "(README, 'Adaptive gamma').", lower_bound=1)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.",
+                                   lower_bound=1)
+_NEW = flags.DEFINE_integer("max_new_tokens", 96, "Tokens per row.",
+                            lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats, each on its "
-                                "own samples.")
+                                "own samples.", lower_bound=1)
 _PRIOR = flags.DEFINE_string(
     "prior", "", "Also time auto from this prior, pseudo-counts 'a:b' of "
     "kept and rejected drafts (the variant 'auto prior a:b').")
@@ -81,6 +83,13 @@ _RESULTS = flags.DEFINE_string("results_dir", "results/adaptive_gamma",
                                "Where to write the rows and the figure.")
 distributed.define_flags()
 distributed.define_dtype_flags()
+# Checked when the flags are parsed, before any model is loaded or trained.
+for _name in ("batches", "gammas"):
+  flags.register_validator(
+      _name, lambda v: all(x.strip().isdigit() and int(x) >= 1 for x in v),
+      f"--{_name} must be ints >= 1, e.g. --{_name}=1,8")
+flags.register_validator("temperature", lambda t: t >= 0,
+                         "--temperature must be >= 0 (0: greedy)")
 
 
 def _quick():

@@ -50,16 +50,20 @@ _GAMMAS = flags.DEFINE_list("gammas", ["1", "4"], "Draft lengths.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"],
                                   "Sampling temperatures (0: greedy).")
 _NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 64,
-                                    "Held-out prompts (decoded as one batch).")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt bytes.")
-_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per prompt.")
+                                    "Held-out prompts (decoded as one batch).",
+                                    lower_bound=1)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt bytes.",
+                                   lower_bound=1)
+_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per prompt.",
+                            lower_bound=1)
 _STEPS = flags.DEFINE_integer(
     "num_steps", 300, "Training steps of every draft and of the head (16 x "
-    "256 bytes each; the quick job's distilled draft uses 300).")
+    "256 bytes each; the quick job's distilled draft uses 300).",
+    lower_bound=1)
 _TARGET_STEPS = flags.DEFINE_integer(
     "target_steps", None, "Train the target this many steps of 16 x 256 "
     "bytes instead of the quick job's 150 (a stronger target; every draft "
-    "is then distilled from it).")
+    "is then distilled from it).", lower_bound=1)
 _HEAD_WORKDIR = flags.DEFINE_string(
     "head_workdir", None, "Evaluate the head checkpoint in this training "
     "workdir (e.g. a zoo entry's .partial while it trains) instead of the "
@@ -70,6 +74,20 @@ _SEED = flags.DEFINE_integer("seed", 0, "Prompts and decoding keys.")
 _CACHE = flags.DEFINE_string("cache_dir", None, "Zoo cache (default: "
                              "$SPECJAX_CACHE or ~/.cache/specjax).")
 _RESULTS = flags.DEFINE_string("results_dir", "results/eagle", "Output.")
+# Checked when the flags are parsed, before any model is trained.
+flags.register_validator(
+    "gammas", lambda v: all(g.strip().isdigit() and int(g) >= 1 for g in v),
+    "--gammas must be ints >= 1, e.g. --gammas=1,4")
+flags.register_validator(
+    "temperatures", lambda v: all(_nonnegative(t) for t in v),
+    "--temperatures must be numbers >= 0 (0: greedy), e.g. --temperatures=0,1")
+
+
+def _nonnegative(text: str) -> bool:
+  try:
+    return float(text) >= 0
+  except ValueError:
+    return False
 
 
 def _budget(num_steps: int) -> dict:
