@@ -94,11 +94,16 @@ _TARGET = flags.DEFINE_string("target", "byte-85m", "Target preset name.")
 _DRAFT = flags.DEFINE_string(
     "draft", "truncated:0",
     "'truncated:N', 'perturbed:S', 'small:D,L' or a preset name.")
-_BATCH = flags.DEFINE_integer("batch", 1, "Rows decoded together.")
-_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Tokens per row.")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per variant.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Rows decoded together.",
+                              lower_bound=1)
+_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.",
+                              lower_bound=1)
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 256, "Tokens per row.",
+                                lower_bound=1)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.",
+                                   lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed runs per variant.",
+                                lower_bound=1)
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 0.0, "Sampling temperature; 0 is greedy.")
 _LOGIT_SCALE = flags.DEFINE_float(

@@ -63,13 +63,19 @@ _RANDOM_KS = flags.DEFINE_list("random_ks", ["all"], "ks for the random "
                                "target ('all' = 0..L-1).")
 _ADAPTERS = flags.DEFINE_bool("adapters", True, "Also run the quick target's "
                               "ks >= 1 with their trained exit adapters.")
-_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.")
+_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.",
+                              lower_bound=1)
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
-_BATCH = flags.DEFINE_integer("batch", 1, "Rows per generate call.")
-_PROMPTS = flags.DEFINE_integer("prompts", 2, "Held-out prompts (calls).")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.")
-_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (fastest).")
+_BATCH = flags.DEFINE_integer("batch", 1, "Rows per generate call.",
+                              lower_bound=1)
+_PROMPTS = flags.DEFINE_integer("prompts", 2, "Held-out prompts (calls).",
+                                lower_bound=1)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.",
+                                   lower_bound=1)
+_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.",
+                            lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats (fastest).",
+                                lower_bound=1)
 
 
 def _quick_config():

@@ -65,15 +65,17 @@ _VERIFIERS = flags.DEFINE_list(
     "verifiers", ["token", "block", "lenient:0.5", "typical:0.09,0.3"],
     "Registry strings (specjax.decode.verifiers).")
 _GAMMAS = flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6"], "gammas.")
-_ROWS = flags.DEFINE_integer("rows", 256, "Rows decoded per cell (a batch).")
-_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.")
+_ROWS = flags.DEFINE_integer("rows", 256, "Rows decoded per cell (a batch).",
+                             lower_bound=1)
+_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.",
+                            lower_bound=1)
 _RESULTS = flags.DEFINE_string("results_dir", "results/verifiers", "Output.")
 _PAIRED = flags.DEFINE_list(
     "paired_gammas", [],
     "--models=quick: instead of trees, block vs token on the same drafts at "
     "these gammas, Rao-Blackwellised (specjax.expected_tokens).")
 _SAMPLES = flags.DEFINE_integer(
-    "samples", 4, "--paired_gammas: draft blocks per context.")
+    "samples", 4, "--paired_gammas: draft blocks per context.", lower_bound=1)
 distributed.define_flags()
 distributed.define_dtype_flags()
 
