@@ -17,6 +17,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 
@@ -76,6 +77,10 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   Guarantees: every row is non-negative, sums to 1 up to float rounding, and
   has at least one positive entry (the argmax). Masked tokens (top-k / top-p)
   have probability exactly 0. Deterministic: no randomness is used.
+  -inf logits are masked tokens; a NaN or +inf logit, or a row that is all
+  -inf, has no distribution: called with concrete logits this raises
+  ValueError naming the row; inside a trace (the decode loop, which counts
+  non-finite logits in `RowStats`) such a row comes out non-finite.
 
   The kept sets are defined as by a full sort (top-k: the k largest raw
   logits, ties at the k-th value kept; top-p: the shortest prefix of the
@@ -90,7 +95,28 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
     raise TypeError("config must be a specjax.SamplingConfig, got "
                     f"{type(config).__name__}.")
   config.check_vocab(logits_xV.shape[-1])
-  return _probabilities(jnp.asarray(logits_xV), config)
+  if not _checks.is_concrete(logits_xV):
+    return _probabilities(logits_xV, config)
+  probs_xV, bad_x = _checked_probabilities(jnp.asarray(logits_xV), config)
+  bad_x = np.asarray(bad_x)
+  if bad_x.any():
+    row = tuple(int(i) for i in np.argwhere(bad_x)[0])
+    raise ValueError(
+        f"logits has no distribution at row {row} (of {int(bad_x.sum())} "
+        f"such rows, shape {tuple(logits_xV.shape)}): a NaN or +inf logit, "
+        "or every logit -inf. Check the model's output; -inf is for masked "
+        "tokens only.")
+  return probs_xV
+
+
+@functools.partial(jax.jit, static_argnames="config")
+def _checked_probabilities(logits_xV: jax.Array, config: SamplingConfig
+                           ) -> tuple[jax.Array, jax.Array]:
+  """`_probabilities` and bool `[...]`: rows with no distribution (a NaN or
+  +inf logit, or all -inf), in the same program (one compile, one sync)."""
+  bad_x = (jnp.any(jnp.isnan(logits_xV) | (logits_xV == jnp.inf), axis=-1)
+           | jnp.all(logits_xV == -jnp.inf, axis=-1))
+  return _probabilities(logits_xV, config), bad_x
 
 
 # One compiled program per (shape, dtype, config): called eagerly, the

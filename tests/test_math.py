@@ -558,6 +558,18 @@ def test_sampling_config_rejects_bad_values():
     sampling.probabilities(jnp.zeros(4), {"temperature": 1.0})
 
 
+@pytest.mark.parametrize("config", [sampling.SamplingConfig(), sampling.GREEDY])
+def test_probabilities_refuse_rows_without_a_distribution(config):
+  # -inf masks a token; a NaN, a +inf or an all -inf row is no distribution.
+  np.testing.assert_allclose(sampling.probabilities(
+      jnp.array([0.0, -jnp.inf, 0.0]), sampling.SamplingConfig()),
+                             [0.5, 0.0, 0.5])
+  for row in ([0.0, jnp.nan, 1.0], [0.0, jnp.inf, 1.0], [-jnp.inf] * 3):
+    logits = jnp.zeros((2, 3, 3)).at[1, 2].set(jnp.array(row))
+    with pytest.raises(ValueError, match=r"row \(1, 2\)"):
+      sampling.probabilities(logits, config)
+
+
 def test_coupling_rejects_bad_inputs():
   p, q = jnp.array(P_WORKED), jnp.array(Q_WORKED)
   key = jax.random.key(0)
