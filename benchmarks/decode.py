@@ -80,7 +80,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-import sharded  # benchmarks/sharded.py, beside this script
+# benchmarks/sharded.py, beside this file: importable whether this runs as
+# `python benchmarks/decode.py` or as `python -m benchmarks.decode`.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sharded  # pylint: disable=g-import-not-at-top,wrong-import-position
 import specjax as sj
 from specjax import distributed
 from specjax import figures

@@ -338,6 +338,40 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
     assert s["accepted"] <= s["verified"] <= s["draft_calls"]
 
 
+def test_rules_that_differ_in_numbers_share_one_compiled_loop(target):
+  """A rule's numbers (costs, prior, threshold) are traced, so new ones (a
+  warm start, fresh measurements) reuse the compiled loop, and still take
+  effect; its structure (a probe or none, gamma_max) is the program's."""
+  prompts, lengths = _prompts(3, seed=5)
+  run = lambda rule: sj.speculative_generate(
+      target, target, prompts, lengths, jax.random.key(0), gamma=rule,
+      max_new_tokens=16, sampling=sj.GREEDY)
+  # The probe test's all-off rule above: its program, when run after it.
+  first = draft_length.Goodput(c=0.1, r=(50.0, 50.0), probe=1e-3,
+                               probe_every=4)
+  out = run(first)
+  compiled = loop._generate._cache_size()
+  cheap = dataclasses.replace(first, r=(1.0, 1.1), switch_cost=0.0)
+  for rule in (dataclasses.replace(first, c=0.3, prior=(9.0, 1.0)), cheap):
+    again = run(rule)
+    np.testing.assert_array_equal(again.tokens, out.tokens)  # greedy
+  assert loop._generate._cache_size() == compiled
+  # Cheap verify passes: the same program now drafts, where `first` probed.
+  assert (again.summary()["draft_calls"]
+          > 2 * out.summary()["draft_calls"]), (again.summary(), out.summary())
+  # A warm start drops the prompt's prior (prompt_prior 0: the loop scores
+  # no prompt, another program); warm starts after it share that one.
+  run(first.warm_start(out))
+  compiled = loop._generate._cache_size()
+  run(first.warm_start(again))
+  assert loop._generate._cache_size() == compiled
+  skeleton = lambda rule: draft_length.split(rule)[0]
+  assert skeleton(cheap) == skeleton(first)
+  assert skeleton(dataclasses.replace(first, probe=None)) != skeleton(first)
+  assert skeleton(draft_length.Confidence(0.2)) == skeleton(
+      draft_length.Confidence(0.9))
+
+
 def test_goodput_estimates_acceptance_from_overlaps():
   """By default each judged draft adds its keep probability sum_x min(p, q)
   to the kept count (Rao-Blackwellised); estimator='accepted' counts the

@@ -116,6 +116,42 @@ def monotone_fit(values, low: float = 0.0) -> tuple[float, ...]:
   return tuple(max(m, low) for m, n in blocks for _ in range(int(n)))
 
 
+class _Traced:
+  """Stands in a rule's static skeleton for a field the loop takes traced."""
+
+  def __repr__(self) -> str:
+    return "<traced>"
+
+
+TRACED = _Traced()
+
+
+def split(rule: Rule) -> tuple[Rule, dict[str, np.ndarray]]:
+  """`(skeleton, values)`: the rule with its `traced_fields` set to `TRACED`
+  (a static, hashable jit argument) and those fields' values as float32
+  arrays (a dynamic one). Two rules that differ only in those values share
+  one compiled loop: a `warm_start` prior, measured costs, a threshold.
+  A field that is None stays None in the skeleton: it changes the program.
+  """
+  values = {name: np.asarray(getattr(rule, name), np.float32)
+            for name in rule.traced_fields if getattr(rule, name) is not None}
+  return _with_fields(rule, dict.fromkeys(values, TRACED)), values
+
+
+def join(skeleton: Rule, values: dict[str, Any]) -> Rule:
+  """The rule `split` took apart, its values (e.g. tracers) put back; not
+  validated again (they were when the rule was made)."""
+  return _with_fields(skeleton, values)
+
+
+def _with_fields(rule: Rule, fields: dict[str, Any]) -> Rule:
+  # Bypasses __init__: its checks need Python numbers, not tracers.
+  new = object.__new__(type(rule))
+  new.__dict__.update(rule.__dict__)
+  new.__dict__.update(fields)
+  return new
+
+
 def widest(budget_B: jax.Array, active_B: jax.Array) -> jax.Array:
   """int32 scalar: the largest budget among the active rows (0 if none), the
   width of a round whose rows draft up to their budgets. A finished row
@@ -127,6 +163,12 @@ def widest(budget_B: jax.Array, active_B: jax.Array) -> jax.Array:
 class Rule:
   """Base class: no budget limit and no early stop (fixed gamma_max)."""
   gamma_max: int
+
+  # Numeric fields (floats or tuples of floats) the compiled loop takes as
+  # traced values rather than as part of its static program (`split`): a
+  # rule that differs only in them reuses the compiled loop. A subclass
+  # that lists none is static whole, as any hashable rule can be.
+  traced_fields: ClassVar[tuple[str, ...]] = ()
 
   @property
   def min_width(self) -> int:
@@ -180,6 +222,8 @@ class Confidence(Rule):
   """Stop after a draft token whose distribution has max q < `threshold`."""
   threshold: float = 0.5
   gamma_max: int = 8
+
+  traced_fields: ClassVar[tuple[str, ...]] = ("threshold",)
 
   def __post_init__(self):
     object.__setattr__(self, "threshold", _check_threshold(self.threshold))
@@ -288,6 +332,12 @@ class Goodput(Rule):
   estimator: str = "overlap"
 
   plans_one_width: ClassVar[bool] = True  # one budget for the batch: `plan`
+  # Structure stays static: gamma_max, probe_every, estimator, prompt_prior
+  # (`reads_prompt` decides what the loop scores) and whether threshold and
+  # probe are None.
+  traced_fields: ClassVar[tuple[str, ...]] = (
+      "c", "r", "threshold", "prior", "c_first", "overhead", "hysteresis",
+      "switch_cost", "probe")
 
   def __post_init__(self):
     c = _checks.check_float("c", self.c)

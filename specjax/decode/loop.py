@@ -367,11 +367,15 @@ def _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B, *,
 def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
               gamma, max_new_tokens, sampling, eos_id, pad_id,
               coupling_rule=coupling._coupling, verifier=None,
-              draft_length=None):
+              draft_length=None, draft_length_values=None):
   """The compiled generation. `coupling_rule(u_accept, u_residual, p, q, x)`
   is static so that tests can swap in deliberately wrong rules (negative
   controls) and watch the exactness test reject them; `verifier` (a static
-  `Verifier`), when given, replaces token verification altogether."""
+  `Verifier`), when given, replaces token verification altogether.
+  `draft_length` is a rule, or with `draft_length_values` the skeleton and
+  traced values `draft_length.split` made of one."""
+  if draft_length_values is not None:
+    draft_length = draft_length_lib.join(draft_length, draft_length_values)
   batch, width = prompts_BxP.shape
   # Room for the prompt, the budget, and the gamma + 1 tokens a final round
   # scores past the last committed one (a tree: its root and every node).
@@ -670,11 +674,16 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   mesh = sharding.as_mesh(mesh)
   (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (target, draft), (prompts, lengths, keys))
+  # The rule's numbers are traced: a warm-started prior or new measured
+  # costs reuse the compiled loop (a planned loop compiles for tens of
+  # seconds on the quick job's models).
+  skeleton, values = (None, None) if rule is None else draft_length_lib.split(
+      rule)
   with sharding.using(mesh):
     result = _generate(target, draft, prompts, lengths, keys, gamma=gamma,
                        max_new_tokens=max_new_tokens, sampling=sampling,
                        eos_id=eos_id, pad_id=pad_id, verifier=verifier,
-                       draft_length=rule)
+                       draft_length=skeleton, draft_length_values=values)
   validation.check_finite_logits(result.stats, "speculative_generate",
                                  on_nonfinite)
   return result
