@@ -73,7 +73,7 @@ from specjax.decode import verifiers as verifiers_lib
 TOLERANCE = 0.10
 
 
-def check_timing(seconds: Any = 1.0, repeats: Any = 1) -> tuple[float, int]:
+def check_timing(seconds: Any, repeats: Any) -> tuple[float, int]:
   """(seconds, repeats) of a timing, checked: seconds > 0, repeats >= 1."""
   seconds = _checks.check_float("seconds", seconds)
   if seconds <= 0:
@@ -87,7 +87,7 @@ def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int
   """Seconds of each call, `repeats` times, the calls taking turns (so a
   slow spell of a shared machine hits all of them), after one warm-up call
   of each (compilation is never timed)."""
-  _, repeats = check_timing(repeats=repeats)
+  repeats = _checks.check_int("repeats", repeats, low=1)
   for fn in fns.values():
     jax.block_until_ready(fn())
   times = {name: [] for name in fns}

@@ -109,14 +109,25 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   return probs_xV
 
 
+def nonfinite_rows(logits_xV: jax.Array) -> jax.Array:
+  """bool `[...]`: rows of `logits_xV` `[..., V]` that are no distribution.
+
+  A row is non-finite if it holds a NaN or a +inf, or if every entry is -inf.
+  A -inf entry alone is a legal zero probability (n-gram drafts, masked
+  vocabularies). Sampling such a row would silently yield an arbitrary token
+  (V-1, the byte vocabulary's PAD, for a NaN row), so the decode loop counts
+  them and `probabilities`, called eagerly, refuses them.
+  """
+  return ~(jnp.all(logits_xV < jnp.inf, axis=-1)
+           & jnp.any(logits_xV > -jnp.inf, axis=-1))
+
+
 @functools.partial(jax.jit, static_argnames="config")
 def _checked_probabilities(logits_xV: jax.Array, config: SamplingConfig
                            ) -> tuple[jax.Array, jax.Array]:
-  """`_probabilities` and bool `[...]`: rows with no distribution (a NaN or
-  +inf logit, or all -inf), in the same program (one compile, one sync)."""
-  bad_x = (jnp.any(jnp.isnan(logits_xV) | (logits_xV == jnp.inf), axis=-1)
-           | jnp.all(logits_xV == -jnp.inf, axis=-1))
-  return _probabilities(logits_xV, config), bad_x
+  """`_probabilities` and `nonfinite_rows`, in the same program (one
+  compile, one sync)."""
+  return _probabilities(logits_xV, config), nonfinite_rows(logits_xV)
 
 
 # One compiled program per (shape, dtype, config): called eagerly, the

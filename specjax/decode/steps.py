@@ -58,16 +58,9 @@ class VerifyOutput:
     return self.num_accepted + 1 if self.bonus else self.num_verified
 
 
-def nonfinite_rows(logits_xV: jax.Array) -> jax.Array:
-  """bool `[...]`: rows of `logits_xV` `[..., V]` that are no distribution.
-
-  A row is non-finite if it holds a NaN or a +inf, or if every entry is -inf.
-  A -inf entry alone is a legal zero probability (n-gram drafts, masked
-  vocabularies). Sampling such a row would silently yield an arbitrary token
-  (V-1, the byte vocabulary's PAD, for a NaN row), so the loop counts them.
-  """
-  return ~(jnp.all(logits_xV < jnp.inf, axis=-1)
-           & jnp.any(logits_xV > -jnp.inf, axis=-1))
+# Where a row of logits is no distribution; lives with `probabilities`,
+# which refuses such rows when called eagerly.
+nonfinite_rows = sampling_lib.nonfinite_rows
 
 
 def _row_uniforms(keys_B: jax.Array, n: int) -> jax.Array:

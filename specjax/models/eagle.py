@@ -62,6 +62,12 @@ from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
 
 
+def architecture(config: TransformerConfig) -> TransformerConfig:
+  """`config` without its dtypes: a cast of a model (`TransformerLM.astype`)
+  is the same model to a head, whose features it reads."""
+  return dataclasses.replace(config, dtype="float32", param_dtype="float32")
+
+
 def head_config(target_config: TransformerConfig, *,
                 mlp_dim: int | None = None) -> TransformerConfig:
   """The config of a head for `target_config`: one block of the target's
@@ -273,11 +279,8 @@ class EagleDraft(struct.PyTreeNode):
     self._check_width("target", target.config)
     # Same width is not enough: the head learned one target's features (its
     # embeddings and head are this draft's `target`'s), and another
-    # architecture's features would only cost acceptance, silently. A cast
-    # of the same target (dtype, param_dtype) is the same model.
-    same = lambda c: dataclasses.replace(c, dtype="float32",
-                                         param_dtype="float32")
-    if same(target.config) != same(self.target.config):
+    # architecture's features would only cost acceptance, silently.
+    if architecture(target.config) != architecture(self.target.config):
       raise ValueError(
           "An EagleDraft must decode with the target it was built for (it "
           "reads that target's features, through that target's embeddings "

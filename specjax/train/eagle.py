@@ -202,8 +202,7 @@ def _check_head_for(config: TransformerConfig, target: Any) -> None:
   if not isinstance(target, TransformerLM):
     raise TypeError(f"target must be a specjax TransformerLM, got "
                     f"{type(target).__name__}.")
-  loose = lambda c: dataclasses.asdict(dataclasses.replace(
-      c, dtype="float32", param_dtype="float32"))
+  loose = lambda c: dataclasses.asdict(eagle.architecture(c))
   diff = checkpoint_lib.config_diff(
       loose(config), loose(eagle.head_config(target.config,
                                              mlp_dim=config.mlp_dim)))
