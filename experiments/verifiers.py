@@ -24,7 +24,8 @@ Draft trees against the chain (same draft, same depth = gamma):
       --results_dir=results/verifiers/depth2
 
 --models=quick: the zoo's target-3m with distilled-draft-0.1m@target-3m and
-  the bigram draft, held-out prompts, T = 1. For every tree in --trees
+  the bigram draft (or self:k, `--quick_drafts=self:1`), held-out prompts,
+  T = 1. For every tree in --trees
   (';'-separated registry strings) and the chain "token" at the tree's depth,
   writes `trees_quick.csv` (tokens per target call with a 95% interval, the
   ratio tree / chain with its interval, wall-clock seconds of the compiled
@@ -46,6 +47,7 @@ import specjax as sj
 from specjax import distributed
 from specjax import lab
 from specjax import sharding
+from specjax import sweep
 from specjax.decode import verifiers as vf
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
@@ -60,7 +62,8 @@ _TREES = flags.DEFINE_string(
     "chain verifiers at a gamma, as '<verifier>@<gamma>' (block@4).")
 _QUICK_DRAFTS = flags.DEFINE_list(
     "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
-    "Zoo drafts for --models=quick.")
+    "Zoo drafts for --models=quick, or self:k (the target's first k blocks, "
+    "sharing its cache).")
 _VERIFIERS = flags.DEFINE_list(
     "verifiers", ["token", "block", "lenient:0.5", "typical:0.09,0.3"],
     "Registry strings (specjax.decode.verifiers).")
@@ -199,8 +202,9 @@ def _quick_models(drafts, rows, prompt_len):
                     teacher_overrides=teacher_overrides)
 
   target = load(config.target, dict(config.target_overrides))
-  loaded = {name: load(name, dict(recipes[name].overrides),
-                       dict(recipes[name].teacher_overrides) or None)
+  loaded = {name: sweep.self_draft(name, target) if name.startswith("self:")
+            else load(name, dict(recipes[name].overrides),
+                      dict(recipes[name].teacher_overrides) or None)
             for name in drafts}
   heldout = data.stdlib_corpus().tokens("heldout")
   prompts = data.prompts(heldout.astype(np.int32), rows, prompt_len, seed=0)

@@ -2,7 +2,8 @@
 
 Also with an exit adapter (exit_adapter.py): the adapter variants join the
 greedy-equality and whole-generation exactness tests; its own checks are in
-tests/test_exit_adapter.py.
+tests/test_exit_adapter.py. So do draft trees (`verifier="tree:..."`), on
+either cache.
 
 Checks: the weights are shared, not copied; the draft's forward equals the
 kept blocks' forward; a shared-cache draft reads exactly the keys/values an
@@ -151,6 +152,26 @@ def test_greedy_speculative_equals_autoregressive(target, gamma, batch):
     np.testing.assert_array_equal(out.lengths, ref.lengths, err_msg=name)
 
 
+@pytest.mark.parametrize("name, spec", [
+    # Level-by-level drafting through the kept blocks on the target's cache
+    # (the tree round's hand-off), and on the draft's own (moved) cache.
+    ("first-2-shared-adapter", "tree:2,2"),
+    ("skip-middle", "tree-wor:parents=-1,-1,0,1,2")])
+def test_greedy_trees_equal_greedy_autoregressive(name, spec):
+  # One flavour: the tree pass itself is checked on both in test_trees.py.
+  target = _target("llama")
+  prompts, lengths = _prompts(4, seed=9)
+  key = jax.random.key(0)
+  kwargs = dict(max_new_tokens=16, sampling=sj.GREEDY, eos_id=3)
+  ref = sj.generate(target, prompts, lengths, key, **kwargs)
+  out = sj.speculative_generate(target, _variants(target)[name], prompts,
+                                lengths, key, verifier=spec, **kwargs)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+  s = out.summary()
+  assert s["accepted"] <= s["verified"] <= s["draft_calls"]
+
+
 def test_all_layers_shared_accepts_everything(target):
   prompts, lengths = _prompts(4)
   draft = SelfDraft(target, layers=target.config.num_layers, share_cache=True)
@@ -159,6 +180,21 @@ def test_all_layers_shared_accepts_everything(target):
                                 sampling=sj.SamplingConfig(temperature=1.0))
   s = out.summary()
   # q is the target's own p up to float rounding (T = 1 vs T = 5 matmuls).
+  assert s["one_minus_tv"] == pytest.approx(1.0, abs=1e-4)
+  assert s["alpha_hat"] > 0.99, s
+
+
+def test_all_layers_shared_tree_accepts_everything():
+  """At every node of a tree, the draft's tree pass on the target's cache
+  gives the target's own p."""
+  target = _target("llama")
+  prompts, lengths = _prompts(4)
+  draft = SelfDraft(target, layers=target.config.num_layers, share_cache=True)
+  out = sj.speculative_generate(target, draft, prompts, lengths,
+                                jax.random.key(1), max_new_tokens=25,
+                                verifier="tree:2,1",
+                                sampling=sj.SamplingConfig(temperature=1.0))
+  s = out.summary()
   assert s["one_minus_tv"] == pytest.approx(1.0, abs=1e-4)
   assert s["alpha_hat"] > 0.99, s
 
@@ -197,10 +233,12 @@ def _exact_law(target, sampling):
   return law
 
 
-def _sample_ids(target, draft, sampling, gamma):
+def _sample_ids(target, draft, sampling, gamma, verifier="token"):
+  """gamma None: the tree verifier's depth."""
   out = sj.speculative_generate(
       target, draft, np.tile(EPROMPT, (EN, 1)), np.full(EN, 3, np.int32),
-      jax.random.key(gamma), gamma=gamma, max_new_tokens=EK, sampling=sampling)
+      jax.random.key(gamma or 0), gamma=gamma, max_new_tokens=EK,
+      sampling=sampling, verifier=verifier)
   tokens = np.asarray(out.tokens)
   return (tokens * EV ** np.arange(EK - 1, -1, -1)).sum(1), out.summary()
 
@@ -219,18 +257,24 @@ class _EarlyViewSelfDraft(SelfDraft):
 
 
 @pytest.mark.optimized
-@pytest.mark.parametrize("layers, share, adapter", [
-    pytest.param(1, False, False, marks=pytest.mark.slow),
-    pytest.param(1, True, False, marks=pytest.mark.slow),
-    # The default run's case: sharing and an adapter together (each alone is
-    # in the slow cases, and in the greedy test).
-    (1, True, True)])
-def test_generations_are_exact(exact_target, layers, share, adapter):
+@pytest.mark.parametrize("layers, share, adapter, verifier", [
+    pytest.param(1, False, False, "token", marks=pytest.mark.slow),
+    pytest.param(1, True, False, "token", marks=pytest.mark.slow),
+    # The default run's cases: sharing and an adapter together (each alone is
+    # in the slow cases, and in the greedy test), and a tree drafted on the
+    # target's cache (on the draft's own cache it is any draft's tree).
+    (1, True, True, "token"),
+    (1, True, False, "tree:2,1"),
+    pytest.param(1, False, False, "tree-wor:2,1", marks=pytest.mark.slow)])
+def test_generations_are_exact(exact_target, layers, share, adapter,
+                               verifier):
   sampling = sj.SamplingConfig(temperature=1.0)
   draft = SelfDraft(exact_target, layers=layers, share_cache=share,
                     adapter=(perturbed_adapter(exact_target, layers, scale=2.0)
                              if adapter else None))
-  ids, s = _sample_ids(exact_target, draft, sampling, gamma=2)
+  tree = verifier != "token"
+  ids, s = _sample_ids(exact_target, draft, sampling,
+                       gamma=None if tree else 2, verifier=verifier)
   result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
   assert result.passed, str(result)
   # Far enough from the target that the control below has room to fail.
@@ -238,10 +282,14 @@ def test_generations_are_exact(exact_target, layers, share, adapter):
 
 
 @pytest.mark.optimized
-def test_broken_cache_sharing_is_rejected(exact_target):
+@pytest.mark.parametrize("verifier", [
+    "token", pytest.param("tree:2,1", marks=pytest.mark.slow)])
+def test_broken_cache_sharing_is_rejected(exact_target, verifier):
   sampling = sj.SamplingConfig(temperature=1.0)
   draft = _EarlyViewSelfDraft(exact_target, layers=1, share_cache=True)
-  ids, _ = _sample_ids(exact_target, draft, sampling, gamma=2)
+  tree = verifier != "token"
+  ids, _ = _sample_ids(exact_target, draft, sampling,
+                       gamma=None if tree else 2, verifier=verifier)
   result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
   assert not result.passed, str(result)
 

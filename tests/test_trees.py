@@ -206,13 +206,21 @@ def _wrong_mode(pair, topo):
 
 # ------------------------------------------ model side: one-pass tree scoring
 
-@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
-def test_tree_decode_matches_causal_paths_and_move_compacts_the_cache(flavour):
+@pytest.mark.parametrize("flavour, self_draft", [
+    ("gpt2", False), ("llama", False), ("llama", True)])
+def test_tree_decode_matches_causal_paths_and_move_compacts_the_cache(
+    flavour, self_draft):
+  """A Transformer's tree pass, and a self-draft's (its blocks 0 and 2 of
+  3, its own cache)."""
   from specjax.models import TransformerConfig, TransformerLM
-  config = TransformerConfig(vocab_size=16, d_model=16, num_layers=2,
+  from specjax.models.self_draft import SelfDraft
+  config = TransformerConfig(vocab_size=16, d_model=16,
+                             num_layers=3 if self_draft else 2,
                              num_heads=2, max_positions=32, flavour=flavour,
                              num_kv_heads=1 if flavour == "llama" else None)
   model = TransformerLM.create(config, 0)
+  if self_draft:
+    model = SelfDraft.skipping(model, skip=[1])
   topo = tree_lib.TreeTopology((-1, -1, 0, 0, 1, 2))
   rng = np.random.default_rng(0)
   prompt_lengths = np.array([3, 5])
@@ -321,7 +329,7 @@ def test_trees_refuse_bad_inputs_before_tracing():
   with pytest.raises(ValueError, match="scores a tree in one pass"):
     run(PromptLookupDraft(16), verifier="tree:2,1")
   with pytest.raises(ValueError, match="scores a tree in one pass"):
-    run(sj.SelfDraft.skipping(target, [1]), verifier="tree:2,1")
+    run(sj.EagleDraft.create(target), verifier="tree:2,1")
   with pytest.raises(ValueError, match="depth 2, so gamma is 2"):
     run(target, verifier="tree:2,1", gamma=3)
   with pytest.raises(ValueError, match="depth 2, so gamma is 2"):

@@ -704,8 +704,8 @@ def _check_tree(verifier, gamma, target, draft) -> int:
           f"verifier={verifier.spec!r} needs a {name} that scores a tree in "
           f"one pass (a `tree_decode` method over a movable cache, see "
           f"specjax.models.protocol.supports_trees); {type(model).__name__} "
-          "has none. Use TransformerLM or NGramLM models, or a chain "
-          "verifier such as 'token'.")
+          "has none. Use TransformerLM, NGramLM or SelfDraft models, or a "
+          "chain verifier such as 'token'.")
   if verifier.mode == "wor" and verifier.topology.max_children > (
       target.vocab_size):
     raise ValueError(f"verifier={verifier.spec!r} draws up to "

@@ -22,6 +22,13 @@ sampling. Both caches then `move` the kept path's entries to the contiguous
 slots n, n + 1, ... (the draft's moved leaf entry is stale and is re-read by
 the next round's window).
 
+A draft that shares the target's cache (`reads_target_cache`, a prefix
+`SelfDraft`) reads a view of it instead: level 0 feeds the root alone (the
+target's cache holds every committed slot before it), the levels write
+their nodes into the target's tree slots of the shared layers, and the
+target's tree pass, which writes every tree slot before it reads one,
+replaces them; the target's move is the draft's.
+
 Randomness: key (row, round) folded with purpose 0 drafts the tree (iid:
 uniforms `[I, K]`, wor: Gumbel noise `[I, V]`, one row per node with
 children), purpose `_VERIFY` the `[N + 1, 2]` verification uniforms; a row's
@@ -87,11 +94,19 @@ def propose(draft, state, verifier, key_B, sampling):
         k, (len(internal), vocab)))(key_B)
   sample = lambda u_x, probs_xV: steps._sample(u_x, probs_xV, sampling)
 
-  # Level 0: the chain's two-token catch-up window ending at the root.
-  window_Bx2, cache, start_B = steps._draft_window(state, 2)
-  logits_Bx2xV, cache = draft(window_Bx2, cache)
-  logits_Bx1xV = jnp.take_along_axis(
-      logits_Bx2xV, (n_B - 1 - start_B)[:, None, None], axis=1)
+  if getattr(draft, "reads_target_cache", False):
+    # Level 0: a view of the target's cache, which holds every committed
+    # position but the root's: feed the root (its slot is the tree's first,
+    # which the target's pass rewrites).
+    cache = draft.cache_from_target(state.target_cache)
+    root_Bx1 = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)
+    logits_Bx1xV, cache = draft(root_Bx1, cache)
+  else:
+    # Level 0: the chain's two-token catch-up window ending at the root.
+    window_Bx2, cache, start_B = steps._draft_window(state, 2)
+    logits_Bx2xV, cache = draft(window_Bx2, cache)
+    logits_Bx1xV = jnp.take_along_axis(
+        logits_Bx2xV, (n_B - 1 - start_B)[:, None, None], axis=1)
   cache = cache.replace(lengths=n_B - 1)
 
   depth_T = topology.depth_with_root()
@@ -151,8 +166,15 @@ def tree_round(target, draft, state, verifier, sampling):
       draft, state, verifier, draft_key_B, sampling)
   root_B = state.lengths - 1
   last_B = jnp.take_along_axis(state.tokens, root_B[:, None], axis=1)
+  target_cache = state.target_cache
+  shared = getattr(draft, "reads_target_cache", False)
+  if shared:
+    # The draft wrote its nodes into the target's tree slots (first k
+    # layers); the tree pass below writes every slot before it reads any.
+    target_cache = draft.cache_to_target(target_cache, draft_cache)
+    draft_cache = state.draft_cache
   logits_BxN1xV, target_cache = target.tree_decode(
-      jnp.concatenate([last_B, tokens_BxN], axis=1), state.target_cache,
+      jnp.concatenate([last_B, tokens_BxN], axis=1), target_cache,
       topology.depth_with_root(), topology.ancestor_table())
   target_bad_B = jnp.sum(steps.nonfinite_rows(logits_BxN1xV), axis=1,
                          dtype=jnp.int32)
@@ -189,5 +211,6 @@ def tree_round(target, draft, state, verifier, sampling):
       overlap=jnp.sum(jnp.where(judged_BxD, overlap_BxD, 0.0), axis=1),
       cache=_move_path(target_cache, root_B, path_BxD),
       nonfinite=target_bad_B)
-  return (out, _move_path(draft_cache, root_B, path_BxD), topology.max_depth,
-          draft_bad_B)
+  if not shared:  # a shared cache moved with the target's
+    draft_cache = _move_path(draft_cache, root_B, path_BxD)
+  return out, draft_cache, topology.max_depth, draft_bad_B

@@ -56,10 +56,10 @@ def supports_trees(model: Any) -> bool:
   `TransformerLM.tree_decode`: every node scored in one pass under the tree
   attention mask, positions = depth), and its cache has `move(src_BxK,
   dst_BxK)`, which copies the kept path's per-position state to the row's
-  contiguous slots. `TransformerLM` (and Hugging Face imports) and
-  `NGramLM` (context-free: nothing to move) have both. Drafts whose output
-  is a function of a context window of their own history (prompt lookup)
-  or that read the target's cache (`SelfDraft`) have neither.
+  contiguous slots. `TransformerLM` (and Hugging Face imports), `NGramLM`
+  (context-free: nothing to move) and `SelfDraft` (either cache mode: a
+  shared cache is the target's, moved by the target) have both. Drafts
+  whose output is a function of a context window of their own history
+  (prompt lookup) or of the target's features (`EagleDraft`) have neither.
   """
-  return (callable(getattr(model, "tree_decode", None))
-          and not getattr(model, "reads_target_cache", False))
+  return callable(getattr(model, "tree_decode", None))

@@ -31,6 +31,13 @@ position-wise (no keys or values), so both cache modes work unchanged: the
 draft's cache is still exactly its kept blocks' (own, or the target's first
 k layers when shared). The adapter is the draft's only own parameters.
 
+Draft trees (`verifier="tree:..."`): `tree_decode` scores a level of tree
+nodes through the kept blocks in one pass, under the tree mask, as the
+target's does. With its own cache, the kept path is moved like any draft's.
+With a shared cache, the nodes' keys and values go to the target's tree
+slots in the first k layers, which the target's tree pass overwrites
+before reading, and then moves along its kept path (decode/tree_round.py).
+
 Exactness never depends on the draft (the verifier judges whatever q it
 returns), so both modes are exact by construction; the tests check it.
 """
@@ -45,6 +52,7 @@ import numpy as np
 from flax import struct
 
 from specjax import _checks
+from specjax.models import transformer as transformer_lib
 from specjax.models.cache import KVCache
 from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.transformer import TransformerLM
@@ -179,6 +187,28 @@ class SelfDraft(struct.PyTreeNode):
     `cache` holds one layer per kept block (from `init_cache`, or
     `cache_from_target` when sharing).
     """
+    self._check_call(tokens_BxT, cache)
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    logits_BxTxV, cache = self._forward(tokens_BxT, positions_BxT, cache)
+    return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
+
+  def tree_decode(self, tokens_BxL: jax.Array, cache: KVCache, depth_T,
+                  ancestor_TxT, nodes=None) -> tuple[jax.Array, KVCache]:
+    """Scores (part of) a static draft tree through the kept blocks, in ONE
+    pass; see `TransformerLM.tree_decode` for the slots, positions, mask and
+    arguments. Its cache moves the kept path like the target's
+    (`KVCache.move`); a shared cache is the target's own, moved by the
+    target's pass."""
+    self._check_call(tokens_BxL, cache)
+    depth_T, ancestor_TxT, nodes = transformer_lib.check_tree_call(
+        tokens_BxL, depth_T, ancestor_TxT, nodes)
+    positions_BxL, tree, advance = transformer_lib.tree_layout(
+        cache, depth_T, ancestor_TxT, nodes)
+    logits_BxLxV, cache = self._forward(tokens_BxL, positions_BxL, cache,
+                                        tree)
+    return logits_BxLxV, cache.replace(lengths=cache.lengths + advance)
+
+  def _check_call(self, tokens_BxT, cache):
     tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
     if tokens_BxT.shape[1] < 1:
       raise ValueError("tokens_BxT must hold at least one token per row, got "
@@ -189,9 +219,6 @@ class SelfDraft(struct.PyTreeNode):
           f"kept block: draft.init_cache(...) or "
           f"draft.cache_from_target(target_cache)), got "
           f"{getattr(cache, 'num_layers', type(cache).__name__)}.")
-    positions_BxT = cache.positions(tokens_BxT.shape[1])
-    logits_BxTxV, cache = self._forward(tokens_BxT, positions_BxT, cache)
-    return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
 
   def logits(self, tokens_BxT: jax.Array) -> jax.Array:
     """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""
@@ -203,12 +230,15 @@ class SelfDraft(struct.PyTreeNode):
     positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     return self._forward(tokens_BxT, positions_BxT, None)[0]
 
-  def _forward(self, tokens_BxT, positions_BxT, cache: KVCache | None):
-    """Embeddings, kept blocks (cache slot i for the i-th), adapter, head."""
+  def _forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
+               tree=None):
+    """Embeddings, kept blocks (cache slot i for the i-th), adapter, head.
+    `tree`: the blocks' tree argument (`transformer.tree_layout`)."""
     module = self.target.module()
     x_BxTxD = module.embed_inputs(tokens_BxT, positions_BxT)
     for slot, layer in enumerate(self.layers):
-      x_BxTxD, cache = module.blocks[layer](x_BxTxD, positions_BxT, cache, slot)
+      x_BxTxD, cache = module.blocks[layer](x_BxTxD, positions_BxT, cache, slot,
+                                            tree)
     if self.adapter is not None:
       x_BxTxD = self.adapter(x_BxTxD)
     return module.head(module.final_norm(x_BxTxD)), cache

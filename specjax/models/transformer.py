@@ -380,6 +380,70 @@ class Block(nnx.Module):
     return x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD)), cache
 
 
+def tree_layout(cache: KVCache, depth_T, ancestor_TxT, nodes_L=None):
+  """Where the nodes of (part of) a draft tree go in a cached forward.
+
+  Node t of a T-node tree goes to cache slot `cache.lengths[b] + t` and sits
+  at position `cache.lengths[b] + depth_T[t]`; it attends to the row's
+  committed slots `< cache.lengths[b]` and to its ancestors' slots.
+
+  Args:
+    cache: the `KVCache` the tree is written into (its `lengths`: where the
+      tree region starts). depth_T, ancestor_TxT: static numpy `[T]`,
+      `[T, T]`. nodes_L: None (the whole tree) or static tree indices.
+
+  Returns:
+    `(positions_BxL, (slots_BxL, mask_BxLxS), advance)`: the nodes'
+    positions, the `tree` argument of the blocks, and how far `lengths`
+    moves (T for the whole tree; 0 for a part, so that the next part, the
+    next draft level, shares the same tree region).
+  """
+  t = len(depth_T)
+  whole = nodes_L is None
+  nodes_L = np.arange(t) if whole else np.asarray(nodes_L, np.int32)
+  slots_BxL = cache.lengths[:, None] + jnp.asarray(nodes_L, jnp.int32)
+  positions_BxL = cache.lengths[:, None] + jnp.asarray(depth_T[nodes_L],
+                                                       jnp.int32)
+  slot_S = jnp.arange(cache.max_len, dtype=jnp.int32)
+  offset_BxS = slot_S[None, :] - cache.lengths[:, None]
+  in_tree_BxS = (offset_BxS >= 0) & (offset_BxS < t)
+  ancestor_BxLxS = jnp.asarray(ancestor_TxT[nodes_L], bool)[
+      :, jnp.clip(offset_BxS, 0, t - 1)].transpose(1, 0, 2)
+  mask_BxLxS = (offset_BxS[:, None, :] < 0) | (
+      in_tree_BxS[:, None, :] & ancestor_BxLxS)
+  return positions_BxL, (slots_BxL, mask_BxLxS), t if whole else 0
+
+
+def check_tree_call(tokens_BxL, depth_T, ancestor_TxT, nodes):
+  """Validates a `tree_decode` call outside jit; returns `(depth_T,
+  ancestor_TxT, nodes)` as numpy int32 `[T]`, bool `[T, T]` and a tuple of
+  ints (or None)."""
+  depth_T = np.asarray(depth_T, np.int32)
+  ancestor_TxT = np.asarray(ancestor_TxT, bool)
+  t = depth_T.shape[0] if depth_T.ndim == 1 else -1
+  if depth_T.ndim != 1 or ancestor_TxT.shape != (t, t):
+    raise ValueError(f"depth_T {depth_T.shape} and ancestor_TxT "
+                     f"{ancestor_TxT.shape} must be [T] and [T, T]; build "
+                     "them with TreeTopology.depth_with_root() / "
+                     "ancestor_table().")
+  if not ancestor_TxT.diagonal().all() or np.any(np.triu(ancestor_TxT, 1)):
+    raise ValueError("ancestor_TxT must be reflexive and list only earlier "
+                     "tokens (topological order): use "
+                     "TreeTopology.ancestor_table().")
+  if nodes is not None:
+    nodes = tuple(_checks.check_int(f"nodes[{i}]", u, low=0, high=t - 1)
+                  for i, u in enumerate(nodes))
+    if not nodes or len(set(nodes)) != len(nodes):
+      raise ValueError(f"nodes must be distinct tree indices, got {nodes}.")
+  want = t if nodes is None else len(nodes)
+  if tokens_BxL.shape[1] != want:
+    raise ValueError(f"tokens_BxL has {tokens_BxL.shape[1]} tokens per row; "
+                     f"expected {want} (one per "
+                     f"{'tree token' if nodes is None else 'entry of nodes'}"
+                     ").")
+  return depth_T, ancestor_TxT, nodes
+
+
 class Transformer(nnx.Module):
   """The nnx module. `__call__` is the full-sequence causal forward."""
 
@@ -420,25 +484,11 @@ class Transformer(nnx.Module):
   def tree_decode(self, tokens_BxL, cache: KVCache, depth_T, ancestor_TxT,
                   nodes_L=None):
     """Cached forward of (part of) a draft tree; see `TransformerLM.tree_decode`."""
-    t = len(depth_T)
-    whole = nodes_L is None
-    nodes_L = np.arange(t) if whole else np.asarray(nodes_L, np.int32)
-    slots_BxL = cache.lengths[:, None] + jnp.asarray(nodes_L, jnp.int32)
-    positions_BxL = cache.lengths[:, None] + jnp.asarray(depth_T[nodes_L],
-                                                         jnp.int32)
-    slot_S = jnp.arange(cache.max_len, dtype=jnp.int32)
-    offset_BxS = slot_S[None, :] - cache.lengths[:, None]
-    in_tree_BxS = (offset_BxS >= 0) & (offset_BxS < t)
-    ancestor_BxLxS = jnp.asarray(ancestor_TxT[nodes_L], bool)[
-        :, jnp.clip(offset_BxS, 0, t - 1)].transpose(1, 0, 2)
-    mask_BxLxS = (offset_BxS[:, None, :] < 0) | (
-        in_tree_BxS[:, None, :] & ancestor_BxLxS)
+    positions_BxL, tree, advance = tree_layout(cache, depth_T, ancestor_TxT,
+                                               nodes_L)
     logits_BxLxV, cache = self.forward(tokens_BxL, positions_BxL, cache,
-                                       tree=(slots_BxL, mask_BxLxS))
-    # A part of a tree leaves `lengths` at the tree's first slot, so that the
-    # next part (the next draft level) shares the same tree region.
-    return logits_BxLxV, cache.replace(
-        lengths=cache.lengths + (t if whole else 0))
+                                       tree=tree)
+    return logits_BxLxV, cache.replace(lengths=cache.lengths + advance)
 
   def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
               tree=None):
@@ -642,29 +692,8 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       kept path's entries with `KVCache.move` before the next call.
     """
     self._check_static(tokens_BxL, cache)
-    depth_T = np.asarray(depth_T, np.int32)
-    ancestor_TxT = np.asarray(ancestor_TxT, bool)
-    t = depth_T.shape[0] if depth_T.ndim == 1 else -1
-    if depth_T.ndim != 1 or ancestor_TxT.shape != (t, t):
-      raise ValueError(f"depth_T {depth_T.shape} and ancestor_TxT "
-                       f"{ancestor_TxT.shape} must be [T] and [T, T]; build "
-                       "them with TreeTopology.depth_with_root() / "
-                       "ancestor_table().")
-    if not ancestor_TxT.diagonal().all() or np.any(np.triu(ancestor_TxT, 1)):
-      raise ValueError("ancestor_TxT must be reflexive and list only earlier "
-                       "tokens (topological order): use "
-                       "TreeTopology.ancestor_table().")
-    if nodes is not None:
-      nodes = tuple(_checks.check_int(f"nodes[{i}]", u, low=0, high=t - 1)
-                    for i, u in enumerate(nodes))
-      if not nodes or len(set(nodes)) != len(nodes):
-        raise ValueError(f"nodes must be distinct tree indices, got {nodes}.")
-    want = t if nodes is None else len(nodes)
-    if tokens_BxL.shape[1] != want:
-      raise ValueError(f"tokens_BxL has {tokens_BxL.shape[1]} tokens per row; "
-                       f"expected {want} (one per "
-                       f"{'tree token' if nodes is None else 'entry of nodes'}"
-                       ").")
+    depth_T, ancestor_TxT, nodes = check_tree_call(tokens_BxL, depth_T,
+                                                   ancestor_TxT, nodes)
     return self.module().tree_decode(tokens_BxL, cache, depth_T, ancestor_TxT,
                                      nodes)
 
