@@ -91,6 +91,7 @@ from specjax.train import losses  # noqa: E402
 from specjax.train import recipes  # noqa: E402
 from specjax.train import eagle as eagle_train  # noqa: E402
 from specjax.train import trainer  # noqa: E402
+from configs import reproduce  # noqa: E402
 from experiments import eagle as eagle_experiment  # noqa: E402
 
 
@@ -448,7 +449,7 @@ def main():
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   windows_NxT = jnp.asarray(data.prompts(heldout, 32, 256, 1))
   config = eagle_train.train_config(target.config)
-  config.update_from_flattened_dict(eagle_experiment.head_budget(num_steps))
+  config.update_from_flattened_dict(reproduce.head_budget(num_steps))
   config.progress = False
   default = dict(head_type=eagle.EagleHead,
                  feature_weight=eagle_train.FEATURE_WEIGHT,

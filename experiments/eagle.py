@@ -90,16 +90,6 @@ def _nonnegative(text: str) -> bool:
     return False
 
 
-def _budget(num_steps: int) -> dict:
-  return {"num_steps": num_steps, "batch_size": 16, "eval_every": 100,
-          "checkpoint_every": 100, "optim.warmup_steps": max(1, num_steps // 10)}
-
-
-def head_budget(num_steps: int) -> dict:
-  """`_budget` for the head (no held-out evaluation: not a language model)."""
-  return {k: v for k, v in _budget(num_steps).items() if k != "eval_every"}
-
-
 def load_models(num_steps: int, cache_dir: str | None,
                 head_workdir: str | None = None, head_step: int | None = None,
                 target_steps: int | None = None):
@@ -116,13 +106,13 @@ def load_models(num_steps: int, cache_dir: str | None,
                              "optim.warmup_steps": max(1, target_steps // 10)})
   target = zoo.load(quick.target, overrides=target_overrides,
                     cache_dir=cache_dir)
-  budget = _budget(num_steps)
+  budget = reproduce.draft_budget(num_steps)
   if head_workdir:
     head, meta = eagle_train.load_head(head_workdir, target, head_step)
     print(f"head from {head_workdir}, step {meta['step']}", flush=True)
   else:
     head = zoo.load(f"eagle-head@{quick.target}",
-                    overrides=head_budget(num_steps),
+                    overrides=reproduce.head_budget(num_steps),
                     teacher_overrides=target_overrides, cache_dir=cache_dir)
   drafts = {
       "eagle-head": head,

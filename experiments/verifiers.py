@@ -24,8 +24,9 @@ Draft trees against the chain (same draft, same depth = gamma):
       --results_dir=results/verifiers/depth2
 
 --models=quick: the zoo's target-3m with distilled-draft-0.1m@target-3m and
-  the bigram draft (or self:k, `--quick_drafts=self:1`), held-out prompts,
-  T = 1. For every tree in --trees
+  the bigram draft (or self:k, `--quick_drafts=self:1`, or the EAGLE head
+  of `python -m experiments.eagle`, `eagle-head@target-3m`), held-out
+  prompts, T = 1. For every tree in --trees
   (';'-separated registry strings) and the chain "token" at the tree's depth,
   writes `trees_quick.csv` (tokens per target call with a 95% interval, the
   ratio tree / chain with its interval, wall-clock seconds of the compiled
@@ -62,8 +63,8 @@ _TREES = flags.DEFINE_string(
     "chain verifiers at a gamma, as '<verifier>@<gamma>' (block@4).")
 _QUICK_DRAFTS = flags.DEFINE_list(
     "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
-    "Zoo drafts for --models=quick, or self:k (the target's first k blocks, "
-    "sharing its cache).")
+    "Zoo drafts for --models=quick, self:k (the target's first k blocks, "
+    "sharing its cache) or eagle-head@target-3m (experiments.eagle's head).")
 _VERIFIERS = flags.DEFINE_list(
     "verifiers", ["token", "block", "lenient:0.5", "typical:0.09,0.3"],
     "Registry strings (specjax.decode.verifiers).")
@@ -202,10 +203,17 @@ def _quick_models(drafts, rows, prompt_len):
                     teacher_overrides=teacher_overrides)
 
   target = load(config.target, dict(config.target_overrides))
-  loaded = {name: sweep.self_draft(name, target) if name.startswith("self:")
-            else load(name, dict(recipes[name].overrides),
-                      dict(recipes[name].teacher_overrides) or None)
-            for name in drafts}
+
+  def draft(name):
+    if name.startswith("self:"):
+      return sweep.self_draft(name, target)
+    if name.startswith("eagle-head"):  # the head experiments.eagle trains
+      return load(name, reproduce.head_budget(300),
+                  dict(config.target_overrides))
+    return load(name, dict(recipes[name].overrides),
+                dict(recipes[name].teacher_overrides) or None)
+
+  loaded = {name: draft(name) for name in drafts}
   heldout = data.stdlib_corpus().tokens("heldout")
   prompts = data.prompts(heldout.astype(np.int32), rows, prompt_len, seed=0)
   return target, loaded, prompts, np.full(rows, prompt_len, np.int32)

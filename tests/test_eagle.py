@@ -4,11 +4,14 @@ Checks: the target's features are what its LM head reads; the head shares
 the target's arrays; its cached, teacher-forced and own-feature forwards
 agree; it sees token order; training reads the pairs drafting reads; the
 decode loop feeds it exactly the features a from-scratch reference computes
-(acceptance counts match a Python re-enactment); greedy
+(acceptance counts match a Python re-enactment, in a chain and in a tree
+of one child per node), and a tree level's logits equal the head's chain
+along each root-to-node path; greedy
 speculative output equals greedy autoregressive output (ragged prompts,
 length 1, EOS, an adaptive draft length); training lowers the loss and
 restores bitwise; bad input gets a clear error. Whole-generation exactness
-is in tests/test_exactness.py (`eagle` in `_draft_kinds`).
+is in tests/test_exactness.py (`eagle` in `_draft_kinds`, and in
+`test_tree_generations_are_exact`).
 """
 
 import dataclasses
@@ -240,6 +243,75 @@ def test_loop_feeds_the_head_the_right_features():
   got = np.asarray(out.stats.accepted)
   assert want.sum() > 10 and (np.asarray(out.stats.verified) > got).any()
   np.testing.assert_array_equal(got, want)
+
+
+def test_a_tree_level_is_the_heads_chain_along_each_path():
+  """`tree_from_features` at every node equals the head drafting along the
+  node's root-to-node path one token at a time (`__call__`, on its own
+  features): each node pairs with its parent's predicted feature, attends
+  to its ancestors and sits at position root + depth."""
+  from specjax.decode import tree as tree_lib
+  target = _target("llama")  # positions by RoPE (gpt2's: test_exactness)
+  topo = tree_lib.TreeTopology((-1, -1, 0, 0, 1, 2))
+  depth_T, ancestor_TxT = topo.depth_with_root(), topo.ancestor_table()
+  draft = sj.EagleDraft.create(target, 5)
+  rng = np.random.default_rng(2)
+  prompts = jnp.asarray(rng.integers(0, V, (2, 6)), jnp.int32)
+  nodes_BxN = jnp.asarray(rng.integers(0, V, (2, topo.num_nodes)), jnp.int32)
+  _, hidden, _ = target.forward_with_hidden(prompts, target.init_cache(2, 32))
+  # The committed prefix read from the target's features; the root (the
+  # last prompt token) predicts f_root.
+  _, predicted, cache = draft.from_features(
+      eagle.shift_features(hidden), prompts, draft.init_cache(2, 32))
+  del predicted  # the cache holds f_root, the last prediction
+  root_cache = cache
+  levels = jax.jit(lambda d, c, x: _levels(d, c, x, topo))
+  logits_BxNxV = levels(draft, root_cache, nodes_BxN)
+  for node in range(topo.num_nodes):
+    path = np.flatnonzero(ancestor_TxT[node + 1])[1:] - 1  # nodes, in order
+    want, _ = jax.jit(lambda d, c, x: d(x, c))(draft, root_cache,
+                                              nodes_BxN[:, path])
+    np.testing.assert_allclose(logits_BxNxV[:, node], want[:, -1], atol=2e-4,
+                               err_msg=f"node {node}")
+
+
+def _levels(draft, cache, nodes_BxN, topo):
+  """Every node's logits, fed level by level as the tree round feeds them."""
+  depth_T, ancestor_TxT = topo.depth_with_root(), topo.ancestor_table()
+  cache = cache.replace(lengths=cache.lengths - 1)  # the tree starts at root
+  f_BxN1xD = jnp.zeros((2, topo.num_nodes + 1, cache.feature.shape[-1]),
+                       cache.feature.dtype).at[:, 0].set(cache.feature)
+  out = [None] * topo.num_nodes
+  for d in range(1, topo.max_depth + 1):
+    nodes = np.array([u for u in range(topo.num_nodes)
+                      if topo.depth[u] == d])
+    parents = np.array([topo.parents[u] for u in nodes])
+    logits, f, cache = draft.tree_from_features(
+        f_BxN1xD[:, parents + 1], nodes_BxN[:, nodes], cache, depth_T,
+        ancestor_TxT, nodes=tuple(int(u) + 1 for u in nodes))
+    f_BxN1xD = f_BxN1xD.at[:, nodes + 1].set(f)
+    for j, u in enumerate(nodes):
+      out[u] = logits[:, j]
+  return jnp.stack(out, axis=1)
+
+
+def test_a_chain_tree_feeds_the_head_as_the_chain_does():
+  """A tree of one child per node is the chain: its greedy rounds keep what
+  the re-enacted chain keeps, which pins down the level-0 window and the
+  target's features along the kept path, and greedy output is unchanged."""
+  target = _target("gpt2", vocab=2, scale=6.0, seed=1)
+  draft = sj.EagleDraft.create(target, 3)
+  prompts, lengths = _prompts(6, seed=5, vocab=2)
+  max_new = 16
+  kwargs = dict(max_new_tokens=max_new, sampling=sj.GREEDY)
+  out = sj.speculative_generate(target, draft, prompts, lengths,
+                                jax.random.key(0), verifier="tree:1,1,1",
+                                **kwargs)
+  ref = sj.generate(target, prompts, lengths, jax.random.key(0), **kwargs)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  want = _reference_accepted(target, draft, prompts, lengths, 3, max_new)
+  assert want.sum() > 10
+  np.testing.assert_array_equal(np.asarray(out.stats.accepted), want)
 
 
 def test_training_lowers_the_loss_and_restores(tmp_path):

@@ -210,17 +210,24 @@ def test_negative_controls_are_rejected(models, name):
 
 
 @pytest.mark.optimized
-@pytest.mark.parametrize("spec, n", [
+@pytest.mark.parametrize("spec, n, kind", [
     # Both tree kinds and the control also run on the lab's real loop
     # (tests/test_verifiers.py), which is far cheaper: slow here.
-    pytest.param("tree:2,1", N, marks=pytest.mark.slow),
-    pytest.param("tree-wor:2,1", N, marks=pytest.mark.slow),
+    pytest.param("tree:2,1", N, None, marks=pytest.mark.slow),
+    pytest.param("tree-wor:2,1", N, None, marks=pytest.mark.slow),
     # The control is far off: a fifth of the samples must reject it.
-    pytest.param("tree-skip-residual:2,1", N // 5, marks=pytest.mark.slow)])
-def test_tree_generations_are_exact(models, spec, n):
+    pytest.param("tree-skip-residual:2,1", N // 5, None,
+                 marks=pytest.mark.slow),
+    # A feature-level head drafting the tree (its own path in the tree
+    # round: parent features, the target's features along the kept path).
+    ("tree-wor:2,1", N, "eagle")])
+def test_tree_generations_are_exact(models, spec, n, kind):
   """Draft trees in the compiled loop (gpt2 target, llama draft drafting
-  level by level with positions = depth), K = 2 (depth + 1) tokens."""
+  level by level with positions = depth, or an EAGLE head), K = 2 (depth +
+  1) tokens."""
   target, draft = models
+  if kind is not None:
+    draft = _draft_kinds(models)[kind]
   sampling = sj.SamplingConfig(temperature=1.0)
   depth, k = 2, 6
   out = _run(target, draft, sampling, None, k, n=n, verifier=spec)

@@ -328,8 +328,6 @@ def test_trees_refuse_bad_inputs_before_tracing():
       **{"max_new_tokens": 4, **kw})
   with pytest.raises(ValueError, match="scores a tree in one pass"):
     run(PromptLookupDraft(16), verifier="tree:2,1")
-  with pytest.raises(ValueError, match="scores a tree in one pass"):
-    run(sj.EagleDraft.create(target), verifier="tree:2,1")
   with pytest.raises(ValueError, match="depth 2, so gamma is 2"):
     run(target, verifier="tree:2,1", gamma=3)
   with pytest.raises(ValueError, match="depth 2, so gamma is 2"):

@@ -155,24 +155,11 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
   u_BxG = jax.vmap(lambda k_B: steps._row_uniforms(k_B, 1)[:, 0],
                    in_axes=1, out_axes=1)(keys_BxG)
   if getattr(draft, "reads_target_features", False):
-    # The target's features of the last verify pass (or the prompt) pair
-    # with the tokens from the draft cache's length on; the pair of the last
-    # committed token, at n - 1, predicts the first draft (see `EagleDraft`).
-    features_BxWxD = state.target_features
-    width = features_BxWxD.shape[1]
-    start_B = state.draft_cache.lengths
-    window_BxW = jnp.take_along_axis(
-        state.tokens, start_B[:, None] + jnp.arange(width)[None, :], axis=1)
-    logits_BxWxV, predicted_BxWxD, cache = draft.from_features(
-        features_BxWxD, window_BxW, state.draft_cache)
-    select_Bx1 = jnp.clip(n_B - 1 - start_B, 0, width - 1)[:, None]
-    x_B, q_BxV = steps._sample_logits(
-        draft, jnp.take_along_axis(logits_BxWxV, select_Bx1[..., None],
-                                   axis=1)[:, 0], u_BxG[:, 0], sampling)
-    cache = cache.replace(
-        lengths=n_B, feature=jnp.take_along_axis(
-            predicted_BxWxD, select_Bx1[..., None], axis=1)[:, 0].astype(
-                cache.feature.dtype))
+    # The target's features of the last verify pass (or the prompt), paired
+    # with the committed tokens the draft has not read (see `EagleDraft`).
+    logits_BxV, cache = steps._feature_window(draft, state)
+    x_B, q_BxV = steps._sample_logits(draft, logits_BxV, u_BxG[:, 0],
+                                      sampling)
   elif getattr(draft, "reads_target_cache", False):
     # The draft's cache is a view of the target's, which holds every
     # committed position but the last token's: feed that one token.
@@ -218,11 +205,12 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   n_B = state.lengths
   batch = n_B.shape[0]
   if isinstance(verifier, verifiers_lib.TreeVerifier):
-    out, draft_cache, draft_passes, draft_nonfinite_B = tree_round.tree_round(
-        target, draft, state, verifier, sampling)
+    (out, draft_cache, draft_passes, draft_nonfinite_B,
+     target_features) = tree_round.tree_round(target, draft, state, verifier,
+                                              sampling)
     return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
                    max_new_tokens=max_new_tokens, eos_id=eos_id,
-                   target_features=state.target_features)
+                   target_features=target_features)
   if width == -1:
     # The verify key alone (the one `_round_keys` gives): on CPU every
     # fold-in is a small loop of its own, and an off step draws nothing else.
@@ -704,8 +692,8 @@ def _check_tree(verifier, gamma, target, draft) -> int:
           f"verifier={verifier.spec!r} needs a {name} that scores a tree in "
           f"one pass (a `tree_decode` method over a movable cache, see "
           f"specjax.models.protocol.supports_trees); {type(model).__name__} "
-          "has none. Use TransformerLM, NGramLM or SelfDraft models, or a "
-          "chain verifier such as 'token'.")
+          "has none. Use TransformerLM, NGramLM, SelfDraft or EagleDraft "
+          "models, or a chain verifier such as 'token'.")
   if verifier.mode == "wor" and verifier.topology.max_children > (
       target.vocab_size):
     raise ValueError(f"verifier={verifier.spec!r} draws up to "

@@ -99,6 +99,30 @@ def _draft_window(state, window):
   return tokens_BxW, state.draft_cache.replace(lengths=start_B), start_B
 
 
+def _feature_window(draft, state):
+  """A feature-reading draft (`EagleDraft`) reads the target's features of
+  the last verify pass (or the prompt), paired with the committed tokens
+  from its cache's length on; the pair of the last committed token, at
+  n - 1, predicts the first draft.
+
+  Returns `(logits_BxV, cache)`: the draft's logits at n - 1, and its cache
+  at length n holding the feature it predicted there.
+  """
+  n_B = state.lengths
+  features_BxWxD = state.target_features
+  width = features_BxWxD.shape[1]
+  start_B = state.draft_cache.lengths
+  window_BxW = jnp.take_along_axis(
+      state.tokens, start_B[:, None] + jnp.arange(width)[None, :], axis=1)
+  logits_BxWxV, predicted_BxWxD, cache = draft.from_features(
+      features_BxWxD, window_BxW, state.draft_cache)
+  select_Bx1x1 = jnp.clip(n_B - 1 - start_B, 0, width - 1)[:, None, None]
+  logits_BxV = jnp.take_along_axis(logits_BxWxV, select_Bx1x1, axis=1)[:, 0]
+  feature_BxD = jnp.take_along_axis(predicted_BxWxD, select_Bx1x1, axis=1)[:, 0]
+  return logits_BxV, cache.replace(
+      lengths=n_B, feature=feature_BxD.astype(cache.feature.dtype))
+
+
 def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
   """`_draft_step` on a pre-drawn uniform per row (`u_B[b]` is what
   `_row_uniforms(keys_B, 1)` draws), so the decode loop can draw a whole

@@ -22,6 +22,12 @@ sampling. Both caches then `move` the kept path's entries to the contiguous
 slots n, n + 1, ... (the draft's moved leaf entry is stale and is re-read by
 the next round's window).
 
+A feature-reading draft (`EagleDraft`) starts as a chain round does, from
+the target's features of the committed tokens (level 0), then feeds each
+level's nodes paired with the feature the head predicted at their parents
+(`tree_from_features`); the target's tree pass also returns its features,
+and those at the root and along the kept path are the next round's.
+
 A draft that shares the target's cache (`reads_target_cache`, a prefix
 `SelfDraft`) reads a view of it instead: level 0 feeds the root alone (the
 target's cache holds every committed slot before it), the levels write
@@ -94,7 +100,18 @@ def propose(draft, state, verifier, key_B, sampling):
         k, (len(internal), vocab)))(key_B)
   sample = lambda u_x, probs_xV: steps._sample(u_x, probs_xV, sampling)
 
-  if getattr(draft, "reads_target_cache", False):
+  features = getattr(draft, "reads_target_features", False)
+  if features:
+    # Level 0: the target's features paired with the committed tokens, as
+    # a chain round starts (`steps._feature_window`): q and the head's own
+    # feature at the root.
+    logits_BxV, cache = steps._feature_window(draft, state)
+    logits_Bx1xV = logits_BxV[:, None]
+    # Each node's pair takes the feature the head predicted at its parent.
+    predicted_BxN1xD = jnp.zeros(
+        (batch, topology.num_nodes + 1, cache.feature.shape[-1]),
+        cache.feature.dtype).at[:, 0].set(cache.feature)
+  elif getattr(draft, "reads_target_cache", False):
     # Level 0: a view of the target's cache, which holds every committed
     # position but the root's: feed the root (its slot is the tree's first,
     # which the target's pass rewrites).
@@ -116,7 +133,15 @@ def propose(draft, state, verifier, key_B, sampling):
   q_BxN1xV = jnp.zeros((batch, topology.num_nodes + 1, vocab), jnp.float32)
   nonfinite_B = jnp.zeros((batch,), jnp.int32)
   for d, level in enumerate(levels):
-    if d > 0:  # feed this level's nodes with children in one call
+    if d > 0 and features:  # this level's nodes with children, one call
+      nodes = np.array([u for u, _ in level])
+      parents = np.array([topology.parents[u] for u in nodes])
+      logits_BxLxV, f_BxLxD, cache = draft.tree_from_features(
+          predicted_BxN1xD[:, parents + 1], tokens_BxN[:, nodes], cache,
+          depth_T, ancestor_TxT, nodes=tuple(int(u) + 1 for u in nodes))
+      predicted_BxN1xD = predicted_BxN1xD.at[:, nodes + 1].set(
+          f_BxLxD.astype(predicted_BxN1xD.dtype))
+    elif d > 0:
       nodes = [u for u, _ in level]
       logits_BxLxV, cache = draft.tree_decode(
           tokens_BxN[:, np.array(nodes)], cache, depth_T, ancestor_TxT,
@@ -158,7 +183,9 @@ def tree_round(target, draft, state, verifier, sampling):
      [0, D] (the kept depth), num_verified (depths at which a child was
      judged), overlap (sum_x min(p, q) at the nodes judged), the target cache
      with the kept path moved into place; the draft cache likewise; draft
-     passes (D); int32 `[B]` non-finite draft draws).
+     passes (D); int32 `[B]` non-finite draft draws; the target's features
+     `[B, D + 1, D_model]` at the root and the kept path for a
+     feature-reading draft, else `state.target_features`).
   """
   topology = verifier.topology
   draft_key_B, verify_key_B = _keys(state.row_keys, state.round)
@@ -173,9 +200,12 @@ def tree_round(target, draft, state, verifier, sampling):
     # layers); the tree pass below writes every slot before it reads any.
     target_cache = draft.cache_to_target(target_cache, draft_cache)
     draft_cache = state.draft_cache
-  logits_BxN1xV, target_cache = target.tree_decode(
+  features = getattr(draft, "reads_target_features", False)
+  scored = target.tree_decode(
       jnp.concatenate([last_B, tokens_BxN], axis=1), target_cache,
-      topology.depth_with_root(), topology.ancestor_table())
+      topology.depth_with_root(), topology.ancestor_table(),
+      **({"return_hidden": True} if features else {}))
+  logits_BxN1xV, target_cache = scored[0], scored[-1]
   target_bad_B = jnp.sum(steps.nonfinite_rows(logits_BxN1xV), axis=1,
                          dtype=jnp.int32)
   if sampling.greedy and verifier.update_residual:
@@ -211,6 +241,18 @@ def tree_round(target, draft, state, verifier, sampling):
       overlap=jnp.sum(jnp.where(judged_BxD, overlap_BxD, 0.0), axis=1),
       cache=_move_path(target_cache, root_B, path_BxD),
       nonfinite=target_bad_B)
-  if not shared:  # a shared cache moved with the target's
+  target_features = state.target_features
+  if features:
+    # The target's features at the root and along the kept path (positions
+    # n - 1 ...) pair with the committed tokens n ... next round, which the
+    # head re-reads from n: its cache rolls back there, nothing to move
+    # (as `loop._finish` does for a chain).
+    target_features = jnp.take_along_axis(
+        scored[1], jnp.concatenate([jnp.zeros_like(path_BxD[:, :1]),
+                                    jnp.maximum(path_BxD, 0) + 1],
+                                   axis=1)[..., None], axis=1)
+    draft_cache = draft_cache.replace(lengths=state.lengths)
+  elif not shared:  # a shared cache moved with the target's
     draft_cache = _move_path(draft_cache, root_B, path_BxD)
-  return out, draft_cache, topology.max_depth, draft_bad_B
+  return (out, draft_cache, topology.max_depth, draft_bad_B,
+          target_features)

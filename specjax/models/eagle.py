@@ -93,12 +93,13 @@ class EagleHeadModule(nnx.Module):
     self.block = transformer_lib.Block(config, rngs)
 
   def __call__(self, features_BxTxD, embeds_BxTxD, positions_BxT,
-               cache: KVCache | None):
-    """Predicted features `[B, T, D]`; `cache` None: full-sequence causal."""
+               cache: KVCache | None, tree=None):
+    """Predicted features `[B, T, D]`; `cache` None: full-sequence causal.
+    `tree`: the block's tree argument (`transformer.tree_layout`)."""
     x_BxTxD = self.fc(jnp.concatenate(
         [self.feature_norm(features_BxTxD.astype(embeds_BxTxD.dtype)),
          self.embed_norm(embeds_BxTxD)], axis=-1))
-    return self.block(x_BxTxD, positions_BxT, cache, 0)
+    return self.block(x_BxTxD, positions_BxT, cache, 0, tree)
 
 
 class EagleHead(wrapped.WrapsModule, struct.PyTreeNode):
@@ -254,6 +255,37 @@ class EagleDraft(struct.PyTreeNode):
     cache = kv.replace(lengths=positions_BxT[:, -1] + 1,
                        feature=features_BxTxD[:, -1].astype(kv.feature.dtype))
     return target.head(features_BxTxD), features_BxTxD, cache
+
+  def tree_from_features(self, features_BxLxD: jax.Array,
+                         tokens_BxL: jax.Array, cache: EagleCache, depth_T,
+                         ancestor_TxT, nodes) -> tuple[jax.Array, jax.Array,
+                                                       EagleCache]:
+    """`from_features` for one level of a static draft tree, in ONE pass.
+
+    Node `nodes[l]` goes to slot `lengths + nodes[l]` at position `lengths +
+    depth_T[nodes[l]]` and attends to the committed slots and its
+    ancestors' (`TransformerLM.tree_decode`'s layout); its pair is
+    (`features_BxLxD[:, l]`, `tokens_BxL[:, l]`), where the feature is the
+    one the head predicted at the node's parent. Returns float32 logits
+    `[B, L, V]`, the predicted features `[B, L, D]`, and the cache with
+    `lengths` unchanged (the tree region still starts there); the decode
+    loop re-feeds committed tokens from the target's features each round,
+    so the tree's slots need no move.
+    """
+    self._check_call(tokens_BxL, cache)
+    depth_T, ancestor_TxT, nodes = transformer_lib.check_tree_call(
+        tokens_BxL, depth_T, ancestor_TxT, nodes)
+    if nodes is None:
+      raise ValueError("tree_from_features scores one level: pass nodes "
+                       "(the tree indices of tokens_BxL).")
+    positions_BxL, tree, _ = transformer_lib.tree_layout(
+        cache, depth_T, ancestor_TxT, nodes)
+    target = self.target.module()
+    features_BxLxD, kv = self.head.module()(
+        features_BxLxD, target.embed_inputs(tokens_BxL, positions_BxL),
+        positions_BxL, cache, tree)
+    cache = kv.replace(lengths=cache.lengths)
+    return target.head(features_BxLxD), features_BxLxD, cache
 
   def _check_call(self, tokens_BxT, cache):
     tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2,

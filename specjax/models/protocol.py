@@ -58,8 +58,13 @@ def supports_trees(model: Any) -> bool:
   dst_BxK)`, which copies the kept path's per-position state to the row's
   contiguous slots. `TransformerLM` (and Hugging Face imports), `NGramLM`
   (context-free: nothing to move) and `SelfDraft` (either cache mode: a
-  shared cache is the target's, moved by the target) have both. Drafts
-  whose output is a function of a context window of their own history
-  (prompt lookup) or of the target's features (`EagleDraft`) have neither.
+  shared cache is the target's, moved by the target) have both. A draft
+  that reads the target's features (`EagleDraft`) has
+  `tree_from_features` instead: each node paired with the feature it
+  predicted at the node's parent (decode/tree_round.py). Drafts whose
+  output is a function of a context window of their own history (prompt
+  lookup) have neither.
   """
+  if getattr(model, "reads_target_features", False):
+    return callable(getattr(model, "tree_from_features", None))
   return callable(getattr(model, "tree_decode", None))

@@ -482,13 +482,15 @@ class Transformer(nnx.Module):
     return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
 
   def tree_decode(self, tokens_BxL, cache: KVCache, depth_T, ancestor_TxT,
-                  nodes_L=None):
+                  nodes_L=None, return_hidden=False):
     """Cached forward of (part of) a draft tree; see `TransformerLM.tree_decode`."""
     positions_BxL, tree, advance = tree_layout(cache, depth_T, ancestor_TxT,
                                                nodes_L)
-    logits_BxLxV, cache = self.forward(tokens_BxL, positions_BxL, cache,
-                                       tree=tree)
-    return logits_BxLxV, cache.replace(lengths=cache.lengths + advance)
+    hidden_BxLxD, cache = self.features(tokens_BxL, positions_BxL, cache, tree)
+    cache = cache.replace(lengths=cache.lengths + advance)
+    if return_hidden:
+      return self.head(hidden_BxLxD), hidden_BxLxD, cache
+    return self.head(hidden_BxLxD), cache
 
   def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
               tree=None):
@@ -666,7 +668,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     return self.module().head(features_BxTxD)
 
   def tree_decode(self, tokens_BxL: jax.Array, cache: KVCache, depth_T,
-                  ancestor_TxT, nodes=None) -> tuple[jax.Array, KVCache]:
+                  ancestor_TxT, nodes=None, *, return_hidden: bool = False):
     """Scores a static draft tree of T tokens per row in ONE pass.
 
     Tree token t goes to cache slot `cache.lengths[b] + t` but sits at
@@ -685,8 +687,12 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
         each to its own slot; their ancestors must already be in the cache's
         tree slots (an earlier call).
 
+      return_hidden: static; also return the features the LM head read at
+        each node (as `forward_with_hidden`), for feature-level drafts.
+
     Returns:
-      `(logits_BxLxV, cache)`; `lengths` advanced by T for the whole tree and
+      `(logits_BxLxV, cache)`, or `(logits_BxLxV, hidden_BxLxD, cache)` with
+      `return_hidden`; `lengths` advanced by T for the whole tree and
       unchanged for a part (the tree region still starts there). Logits at
       a node equal the causal forward of the root-to-node path. Move the
       kept path's entries with `KVCache.move` before the next call.
@@ -695,7 +701,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     depth_T, ancestor_TxT, nodes = check_tree_call(tokens_BxL, depth_T,
                                                    ancestor_TxT, nodes)
     return self.module().tree_decode(tokens_BxL, cache, depth_T, ancestor_TxT,
-                                     nodes)
+                                     nodes, bool(return_hidden))
 
   def logits(self, tokens_BxT: jax.Array) -> jax.Array:
     """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""
