@@ -273,6 +273,13 @@ def test_a_tree_level_is_the_heads_chain_along_each_path():
                                               nodes_BxN[:, path])
     np.testing.assert_allclose(logits_BxNxV[:, node], want[:, -1], atol=2e-4,
                                err_msg=f"node {node}")
+  level = dict(depth_T=depth_T, ancestor_TxT=ancestor_TxT)
+  with pytest.raises(ValueError, match="pass nodes"):
+    draft.tree_from_features(jnp.zeros((2, 6, 32)), nodes_BxN, root_cache,
+                             nodes=None, **level)
+  with pytest.raises(ValueError, match="one parent feature per node"):
+    draft.tree_from_features(jnp.zeros((2, 1, 32)), nodes_BxN[:, :2],
+                             root_cache, nodes=(1, 2), **level)
 
 
 def _levels(draft, cache, nodes_BxN, topo):

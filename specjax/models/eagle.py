@@ -273,11 +273,15 @@ class EagleDraft(struct.PyTreeNode):
     so the tree's slots need no move.
     """
     self._check_call(tokens_BxL, cache)
-    depth_T, ancestor_TxT, nodes = transformer_lib.check_tree_call(
-        tokens_BxL, depth_T, ancestor_TxT, nodes)
     if nodes is None:
       raise ValueError("tree_from_features scores one level: pass nodes "
                        "(the tree indices of tokens_BxL).")
+    depth_T, ancestor_TxT, nodes = transformer_lib.check_tree_call(
+        tokens_BxL, depth_T, ancestor_TxT, nodes)
+    want = (*tokens_BxL.shape, self.head.config.d_model)
+    if tuple(features_BxLxD.shape) != want:
+      raise ValueError(f"features_BxLxD has shape {features_BxLxD.shape}; "
+                       f"expected {want} (one parent feature per node).")
     positions_BxL, tree, _ = transformer_lib.tree_layout(
         cache, depth_T, ancestor_TxT, nodes)
     target = self.target.module()
