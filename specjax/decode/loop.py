@@ -591,8 +591,9 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       target's (`Verifier.exact` is False); "tree:3,2,1,1" (children i.i.d.,
       SpecInfer) and "tree-wor:3,2,1,1" (without replacement, RSD) draft a
       static tree and keep one path (exact; draft and target need
-      `tree_decode`, see `specjax.models.protocol.supports_trees`). A static
-      choice: one compile each.
+      `tree_decode`, or a feature draft `tree_from_features`, see
+      `specjax.models.protocol.supports_trees`). A static choice: one
+      compile each.
     on_nonfinite: "raise" (default) or "warn". If either model produced
       non-finite logits (NaN, +inf, or a row of -inf) for an active row, the
       tokens of that row are not a sample of the target: after the loop this
