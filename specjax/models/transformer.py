@@ -492,10 +492,8 @@ class Transformer(nnx.Module):
       return self.head(hidden_BxLxD), hidden_BxLxD, cache
     return self.head(hidden_BxLxD), cache
 
-  def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
-              tree=None):
-    features_BxTxD, cache = self.features(tokens_BxT, positions_BxT, cache,
-                                          tree)
+  def forward(self, tokens_BxT, positions_BxT, cache: KVCache | None):
+    features_BxTxD, cache = self.features(tokens_BxT, positions_BxT, cache)
     return self.head(features_BxTxD), cache
 
   def embed_inputs(self, tokens_BxT, positions_BxT):
