@@ -57,6 +57,7 @@ from specjax import distributed
 from specjax import measure
 from specjax import sharding
 from specjax import zoo
+from specjax.train import recipes
 
 _TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
 _DRAFTS = flags.DEFINE_list("drafts", ["self:1", "self:2"], "Drafts.")
@@ -106,14 +107,31 @@ def _load(name):
   return model, f"{name} with RANDOM weights (untrained)"
 
 
+def _check_drafts(names):
+  """Refuses a bad --drafts entry before any model is loaded or trained."""
+  if _TARGET.value == "quick":
+    layers = recipes.SIZES[_quick().target]["num_layers"]
+  else:
+    layers = sj.TransformerConfig.preset(_TARGET.value).num_layers
+  for name in names:
+    if name.startswith("self:"):
+      k, _, extra = name[5:].partition("+")
+      if not k.isdigit() or not 1 <= int(k) <= layers:
+        raise ValueError(f"--drafts {name!r}: self:K needs 1 <= K <= "
+                         f"{layers} (the target's blocks).")
+      if extra and (extra != "adapter" or _TARGET.value != "quick"):
+        raise ValueError(f"--drafts {name!r}: only self:K+adapter, and only "
+                         "with --target=quick (the zoo trains its adapters).")
+    elif name not in zoo.names():
+      raise ValueError(f"--drafts {name!r} is neither self:K nor a zoo name "
+                       f"({', '.join(zoo.names())}).")
+
+
 def _draft(name, target):
   if name.startswith("self:"):
     k, _, extra = name[5:].partition("+")
     adapter = None
-    if extra:
-      if extra != "adapter" or _TARGET.value != "quick":
-        raise ValueError(f"--drafts {name!r}: only self:K+adapter, and only "
-                         "with --target=quick (the zoo trains its adapters).")
+    if extra:  # "adapter" (_check_drafts)
       config = _quick()
       adapter = zoo.load(f"exit-adapter-{k}@{config.target}",
                          teacher_overrides=dict(config.target_overrides))
@@ -332,6 +350,7 @@ def plot(rows, gammas, path):
 def _run():
   """Every (draft, batch) cell: (rows, gammas)."""
   prior = _parse_prior(_PRIOR.value) if _PRIOR.value else None
+  _check_drafts(_DRAFTS.value)
   dtypes = distributed.dtypes_from_flags()
   target, what = _load(_TARGET.value)
   target = target.astype(**dtypes)

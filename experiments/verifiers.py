@@ -65,9 +65,10 @@ _QUICK_DRAFTS = flags.DEFINE_list(
     "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
     "Zoo drafts for --models=quick, self:k (the target's first k blocks, "
     "sharing its cache) or eagle-head@target-3m (experiments.eagle's head).")
-_VERIFIERS = flags.DEFINE_list(
-    "verifiers", ["token", "block", "lenient:0.5", "typical:0.09,0.3"],
-    "Registry strings (specjax.decode.verifiers).")
+_VERIFIERS = flags.DEFINE_string(
+    "verifiers", "token;block;lenient:0.5;typical:0.09,0.3",
+    "';'-separated registry strings (specjax.decode.verifiers); ';', since "
+    "a verifier's own arguments take commas (typical:0.09,0.3).")
 _GAMMAS = flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6"], "gammas.")
 _ROWS = flags.DEFINE_integer("rows", 256, "Rows decoded per cell (a batch).",
                              lower_bound=1)
@@ -351,6 +352,20 @@ def _write(records, stem):
     writer.writerows(records)
 
 
+def _verifier_specs(text):
+  return [v for v in text.split(";") if v]
+
+
+@flags.validator("verifiers")
+def _check_verifiers(text):
+  for spec in _verifier_specs(text):
+    try:
+      vf.get_verifier(spec)
+    except ValueError as e:
+      raise flags.ValidationError(str(e)) from None
+  return True
+
+
 def main(argv):
   del argv
   distributed.initialize_from_flags()
@@ -363,7 +378,7 @@ def main(argv):
       records = run_trees([t for t in _TREES.value.split(";") if t],
                           _QUICK_DRAFTS.value, _ROWS.value, _NEW.value)
     else:
-      records = run(_MODELS.value, _VERIFIERS.value,
+      records = run(_MODELS.value, _verifier_specs(_VERIFIERS.value),
                     [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
   if not distributed.is_primary():
     return

@@ -101,6 +101,9 @@ class ZooError(ValueError):
 
 def resolve_cache_dir(override: str | None = None) -> str:
   """The zoo's directory: `override`, else $SPECJAX_CACHE, else ~/.cache/specjax."""
+  if override is not None and not isinstance(override, (str, os.PathLike)):
+    raise TypeError(f"cache_dir must be a path (str or os.PathLike) or None, "
+                    f"got {type(override).__name__}.")
   path = override or os.environ.get(CACHE_ENV) or os.path.join(
       os.path.expanduser("~"), ".cache", "specjax")
   return os.path.abspath(path)
@@ -376,6 +379,12 @@ def load(name: str, *, cache_dir: str | None = None,
     ZooError: the entry's recorded recipe differs from the request.
   """
   kind, size, teacher_name = _parse(name)
+  for arg, value in (("overrides", overrides),
+                     ("teacher_overrides", teacher_overrides)):
+    if value is not None and not hasattr(value, "items"):  # a mapping
+      raise TypeError(f"{arg} must be a dict of training-config fields (e.g. "
+                      f"{{'num_steps': 300}}) or None, got "
+                      f"{type(value).__name__}.")
   cache_dir_ = resolve_cache_dir(cache_dir)
   corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
   recipe_ = recipe(name, overrides=overrides,

@@ -145,6 +145,10 @@ def test_zoo_bad_names_and_overrides(cache, capsys):
   for name in ("tiny", "eagle-head@tiny"):
     with pytest.raises(ValueError, match="num_steps must be >= 1"):
       zoo.load(name, cache_dir=cache, overrides={"num_steps": -5})
+  with pytest.raises(TypeError, match="overrides must be a dict"):
+    zoo.load("tiny", cache_dir=cache, overrides=[("num_steps", 3)])
+  with pytest.raises(TypeError, match="cache_dir must be a path"):
+    zoo.load("tiny", cache_dir=123)
   assert "training" not in capsys.readouterr().out
 
 

@@ -233,7 +233,23 @@ UNSUPPORTED = [
     ("llama_gqa", {"rope_parameters": {"rope_type": "linear", "factor": 2.0,
                                        "attention_factor": 2.0}},
      "rope_parameters.attention_factor"),
+    ("llama_gqa", {"rope_parameters": {"rope_type": "default",
+                                       "rope_theta": 1e4,
+                                       "partial_rotary_factor": 0.5}},
+     "rope_parameters.partial_rotary_factor"),
+    # A scaling dict without its kind is not plain RoPE.
+    ("llama_gqa", {"rope_parameters": None, "rope_theta": 1e4,
+                   "rope_scaling": {"factor": 4.0}}, "rope_scaling.rope_type"),
+    # transformers >= 5's per-layer-type layout: one set is implemented.
+    ("qwen2", {"layer_types": ["full_attention", "sliding_attention"],
+               "rope_parameters": {
+                   "full_attention": {"rope_type": "default",
+                                      "rope_theta": 1e4},
+                   "sliding_attention": {"rope_type": "default",
+                                         "rope_theta": 1e6}}},
+     "rope_parameters"),
     ("mistral", {"sliding_window": 32}, "sliding_window"),
+    ("mistral", {"sliding_window": "32"}, "sliding_window"),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 32},
      "sliding_window"),
 ]
@@ -247,6 +263,79 @@ def test_unsupported_config_field_is_named(name, change, field):
     hf.config_from_hf(config)
   assert info.value.field == field
   assert repr(field) in str(info.value)
+
+
+def test_config_values_that_would_give_nan_or_raw_errors_are_refused():
+  cases = [
+      ({"rope_parameters": {"rope_type": "linear", "factor": 0.0,
+                            "rope_theta": 1e4}}, "factor"),
+      ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}},
+       "rope_theta"),
+      ({"rms_norm_eps": -1.0}, "norm_eps"),
+      ({"intermediate_size": None}, "intermediate_size"),
+      ({"num_hidden_layers": "2"}, "num_layers"),
+  ]
+  for change, named in cases:
+    config = _config("llama_gqa") | change
+    if change.get("intermediate_size", 0) is None:
+      del config["intermediate_size"]
+    with pytest.raises(ValueError, match=named):
+      hf.config_from_hf(config)
+  with pytest.raises(ValueError, match="JSON object"):
+    hf.config_from_hf([_config("gpt2")])
+  # MistralConfig's default window is 4096: a config without the key has
+  # one, and it is shorter than the 32k positions below.
+  mistral = _config("mistral") | {"max_position_embeddings": 32768}
+  del mistral["sliding_window"]
+  with pytest.raises(hf.UnsupportedConfigError, match="4096"):
+    hf.config_from_hf(mistral)
+
+
+def test_per_layer_type_rope_parameters_are_read():
+  nested = _config("qwen2") | {"layer_types": ["full_attention"] * 2}
+  flat = nested["rope_parameters"]
+  nested["rope_parameters"] = {"full_attention": dict(flat, rope_theta=50.0)}
+  assert hf.config_from_hf(nested).rope_theta == 50.0
+
+
+def test_tensors_and_arguments_are_checked_by_name(tmp_path):
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  def write(name, change):
+    d = tmp_path / name
+    shutil.copytree(DATA / "gpt2", d)
+    tensors = hf.read_safetensors(DATA / "gpt2")
+    change(tensors)
+    save_file(tensors, str(d / "model.safetensors"))
+    return d
+  # A fused q/k/v tensor of another width would be cut into thirds
+  # silently: its whole shape is checked.
+  def widen(t):
+    key = next(k for k in t if k.endswith("h.0.attn.c_attn.weight"))
+    t[key] = np.concatenate([t[key], t[key][:, :4]], 1)
+  with pytest.raises(ValueError, match="c_attn.weight has shape"):
+    hf.load(write("wide", widen))
+  def drop(t):
+    del t[next(k for k in t if k.endswith("ln_f.weight"))]
+  with pytest.raises(ValueError, match="no tensor .*ln_f.weight"):
+    hf.load(write("missing", drop))
+  with pytest.raises(ValueError, match="no token embedding"):
+    hf.load(write("no_embedding", lambda t: [t.pop(k) for k in list(t)
+                                             if "wte" in k]))
+  (tmp_path / "index").mkdir()
+  shutil.copy(DATA / "gpt2" / "config.json", tmp_path / "index")
+  (tmp_path / "index" / "model.safetensors.index.json").write_text("{}")
+  with pytest.raises(ValueError, match="weight_map"):
+    hf.load(tmp_path / "index")
+  with pytest.raises(ValueError, match="dtype"):
+    hf.load(DATA / "gpt2", dtype="foo")
+  with pytest.raises(TypeError, match="max_positions"):
+    hf.load(DATA / "gpt2", max_positions="32")
+  # A capped GPT-2 context keeps the first rows of its position table.
+  full, _ = hf.load(DATA / "gpt2", tokenizer=False)
+  capped, _ = hf.load(DATA / "gpt2", max_positions=8, tokenizer=False)
+  assert capped.config.max_positions == 8
+  tokens = jnp.asarray([[1, 2, 3, 4, 5]])
+  np.testing.assert_array_equal(capped.logits(tokens), full.logits(tokens))
 
 
 def test_sliding_window_is_full_attention_within_the_window():

@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import _checks
 from specjax.models import transformer as transformer_lib
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
@@ -105,18 +106,70 @@ def read_json(directory: pathlib.Path, name: str) -> dict[str, Any] | None:
   return json.loads(file.read_text()) if file.is_file() else None
 
 
+def _field(hf: dict[str, Any], name: str) -> Any:
+  """A config.json field the architecture cannot do without."""
+  if name not in hf:
+    raise ValueError(f"config.json has no field {name!r}, which a "
+                     f"{hf['architectures'][0]} config needs; is the file "
+                     "complete?")
+  return hf[name]
+
+
+def _layer_rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
+  """`rope_parameters` as one dict, also from the per-layer-type layout.
+
+  transformers >= 5 may key it by layer type ({"full_attention": {...},
+  "sliding_attention": {...}}); one set of parameters is implemented, so
+  every layer type the model uses must have the same.
+  """
+  params = hf.get("rope_parameters") or {}
+  if not isinstance(params, dict):
+    raise UnsupportedConfigError("rope_parameters", params,
+                                 "expected a JSON object.")
+  if not any(isinstance(v, dict) for v in params.values()):
+    return dict(params)
+  used = sorted(set(hf.get("layer_types") or ["full_attention"]))
+  missing = [t for t in used if not isinstance(params.get(t), dict)]
+  if missing:
+    raise UnsupportedConfigError(
+        "rope_parameters", params, f"no parameters for layer type(s) "
+        f"{missing} (layer_types uses {used}).")
+  if any(params[t] != params[used[0]] for t in used):
+    raise UnsupportedConfigError(
+        "rope_parameters", params, "layer types with different RoPE "
+        "parameters are not implemented.")
+  return dict(params[used[0]])
+
+
 def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
   """(rope_theta, rope_scaling) from either config layout.
 
   transformers < 5 writes `rope_theta` and `rope_scaling`; >= 5 writes
-  `rope_parameters` (rope_type, rope_theta and the scaling fields together).
+  `rope_parameters` (rope_type, rope_theta, partial_rotary_factor and the
+  scaling fields together, possibly per layer type).
   """
-  params = dict(hf.get("rope_parameters") or {})
-  theta = float(params.pop("rope_theta", hf.get("rope_theta", 10_000.0)))
-  scaling = dict(hf.get("rope_scaling") or params)
-  field = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
+  params = _layer_rope_parameters(hf)
+  theta = params.pop("rope_theta", hf.get("rope_theta", 10_000.0))
+  if hf.get("rope_scaling") is not None:
+    scaling, field = hf["rope_scaling"], "rope_scaling"
+  else:
+    scaling, field = params, "rope_parameters"
+  if not isinstance(scaling, dict):
+    raise UnsupportedConfigError(field, scaling, "expected a JSON object.")
+  scaling = dict(scaling)
+  partial = scaling.pop("partial_rotary_factor", 1.0)
+  if partial != 1.0:
+    raise UnsupportedConfigError(f"{field}.partial_rotary_factor", partial,
+                                 "RoPE on part of each head is not "
+                                 "implemented.")
   if "type" in scaling and "rope_type" not in scaling:  # old spelling
     scaling["rope_type"] = scaling.pop("type")
+  if "rope_type" not in scaling and scaling:
+    # transformers reads the kind from rope_type (or type): a dict of
+    # scaling fields without one is not plain RoPE.
+    raise UnsupportedConfigError(
+        f"{field}.rope_type", None, f"{field} has fields "
+        f"{sorted(scaling)} but no rope_type; name the RoPE kind.")
   kind = scaling.get("rope_type", "default")
   if kind == "default":
     return theta, None
@@ -150,8 +203,12 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
       max_position_embeddings (n_positions for GPT-2). Lower it to use a
       Mistral/Qwen2 checkpoint whose sliding window is shorter than that.
   """
+  if not isinstance(hf, dict):
+    raise ValueError(f"config.json must hold a JSON object, got "
+                     f"{type(hf).__name__}.")
   archs = hf.get("architectures") or []
-  if len(archs) != 1 or archs[0] not in ARCHITECTURES:
+  if (not isinstance(archs, list) or len(archs) != 1
+      or archs[0] not in ARCHITECTURES):
     raise UnsupportedConfigError(
         "architectures", archs, f"supported: one of {list(ARCHITECTURES)}.")
   arch = archs[0]
@@ -168,11 +225,11 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
              "per-layer attention scaling is not implemented.")
     _require(hf, "add_cross_attention", (False,), False,
              "cross-attention is not implemented.")
-    positions = hf["n_positions"]
+    positions = _field(hf, "n_positions")
     kwargs = dict(
-        flavour="gpt2", vocab_size=hf["vocab_size"], d_model=hf["n_embd"],
-        num_layers=hf["n_layer"], num_heads=hf["n_head"],
-        mlp_dim=hf.get("n_inner") or 4 * hf["n_embd"],
+        flavour="gpt2", vocab_size=_field(hf, "vocab_size"),
+        d_model=_field(hf, "n_embd"), num_layers=_field(hf, "n_layer"),
+        num_heads=_field(hf, "n_head"), mlp_dim=hf.get("n_inner") or None,
         norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         tie_embeddings=hf.get("tie_word_embeddings", True))
   else:
@@ -186,30 +243,43 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
     _require(hf, "partial_rotary_factor", (1.0,), 1.0,
              "RoPE on part of each head is not implemented.")
     theta, scaling = _rope_params(hf)
-    positions = hf["max_position_embeddings"]
+    positions = _field(hf, "max_position_embeddings")
+    heads = _field(hf, "num_attention_heads")
     kwargs = dict(
-        flavour="llama", vocab_size=hf["vocab_size"],
-        d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"],
-        num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        head_dim=hf.get("head_dim") or None, mlp_dim=hf["intermediate_size"],
+        flavour="llama", vocab_size=_field(hf, "vocab_size"),
+        d_model=_field(hf, "hidden_size"),
+        num_layers=_field(hf, "num_hidden_layers"), num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or None,
+        mlp_dim=_field(hf, "intermediate_size"),
         rope_theta=theta, rope_scaling=scaling,
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         tie_embeddings=hf.get("tie_word_embeddings", False),
         qkv_bias=arch == "Qwen2ForCausalLM")
   if max_positions is not None:
-    if max_positions > positions:
+    max_positions = _checks.check_int("max_positions", max_positions, low=1)
+    if not isinstance(positions, int) or max_positions > positions:
       raise ValueError(f"max_positions={max_positions} exceeds the "
-                       f"checkpoint's {positions} positions.")
+                       f"checkpoint's {positions!r} positions.")
     positions = max_positions
   _check_sliding_window(arch, hf, positions)
-  return TransformerConfig(max_positions=positions, dtype=dtype,
-                           param_dtype=dtype, **kwargs)
+  try:
+    return TransformerConfig(max_positions=positions, dtype=dtype,
+                             param_dtype=dtype, **kwargs)
+  except (TypeError, ValueError) as e:  # e.g. a string where a size goes
+    raise ValueError(f"config.json does not describe a valid "
+                     f"{arch}: {e}") from None
 
 
 def _check_sliding_window(arch: str, hf: dict[str, Any], positions: int):
   """Full attention equals sliding-window attention over <= window tokens."""
   window = hf.get("sliding_window")
+  if arch == "MistralForCausalLM" and "sliding_window" not in hf:
+    window = 4096  # MistralConfig's default: absent is not "no window"
+  if window is not None and (isinstance(window, bool)
+                             or not isinstance(window, int)):
+    raise UnsupportedConfigError("sliding_window", window,
+                                 "expected an integer or null.")
   uses_window = window is not None
   if arch == "Qwen2ForCausalLM":
     layer_types = hf.get("layer_types") or []
@@ -237,6 +307,10 @@ def read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
   from safetensors import safe_open  # pylint: disable=g-import-not-at-top
   index = read_json(directory, "model.safetensors.index.json")
   if index is not None:
+    if not isinstance(index, dict) or not isinstance(
+        index.get("weight_map"), dict):
+      raise ValueError(f"{directory / 'model.safetensors.index.json'} has no "
+                       "'weight_map' object (tensor name -> shard file).")
     files = sorted(set(index["weight_map"].values()))
   elif (directory / "model.safetensors").is_file():
     files = ["model.safetensors"]
@@ -266,8 +340,19 @@ def _strip(tensors: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]
   return out
 
 
+def _taker(t: dict[str, np.ndarray], prefix: str):
+  """`t.pop`, raising a ValueError that names a missing tensor."""
+  def take(name):
+    if name not in t:
+      raise ValueError(f"The checkpoint has no tensor {prefix + name!r} (nor "
+                       f"{name!r}), which the config's model needs; is "
+                       "config.json the checkpoint's own?")
+    return t.pop(name)
+  return take
+
+
 def _gpt2_params(config: TransformerConfig, t: dict[str, np.ndarray]):
-  take = t.pop
+  take = _taker(t, "transformer.")
   d = config.d_model
   norm = lambda name: {"scale": take(f"{name}.weight"),
                        "bias": take(f"{name}.bias")}
@@ -278,6 +363,13 @@ def _gpt2_params(config: TransformerConfig, t: dict[str, np.ndarray]):
   for i in range(config.num_layers):
     p = f"h.{i}"
     qkv_w, qkv_b = take(f"{p}.attn.c_attn.weight"), take(f"{p}.attn.c_attn.bias")
+    # Split below into thirds: a fused tensor of another width would be cut
+    # silently, so its shape is checked whole.
+    for name, x, want in (("weight", qkv_w, (d, 3 * d)),
+                          ("bias", qkv_b, (3 * d,))):
+      if tuple(x.shape) != want:
+        raise ValueError(f"Checkpoint tensor {p}.attn.c_attn.{name} has shape "
+                         f"{tuple(x.shape)}, the config implies {want}.")
     blocks[i] = {
         "attn_norm": norm(f"{p}.ln_1"), "mlp_norm": norm(f"{p}.ln_2"),
         "attn": {
@@ -294,7 +386,7 @@ def _gpt2_params(config: TransformerConfig, t: dict[str, np.ndarray]):
 
 
 def _llama_params(config: TransformerConfig, t: dict[str, np.ndarray]):
-  take = t.pop
+  take = _taker(t, "model.")
   # torch Linear weights are [out, in]; flax kernels are [in, out].
   dense = lambda name, bias=False: (
       {"kernel": take(f"{name}.weight").T}
@@ -392,18 +484,31 @@ def load(path: str | os.PathLike, *, dtype: Any = None,
     UnsupportedConfigError naming the config.json field the model does not
     implement; FileNotFoundError / OSError for missing files or downloads.
   """
+  if dtype is not None:
+    dtype = transformer_lib.float_dtype_name("dtype", dtype)
+  if max_positions is not None:
+    max_positions = _checks.check_int("max_positions", max_positions, low=1)
   directory = resolve(path)
   hf = read_json(directory, "config.json")
   tensors = read_safetensors(directory)
   if dtype is None:
     # The embedding's dtype stands for the checkpoint's (norm scales are
     # sometimes stored wider).
-    emb = next(v for k, v in tensors.items() if k.endswith(("wte.weight",
-                                                           "embed_tokens.weight")))
-    dtype = emb.dtype
-  dtype_name = np.dtype(jnp.dtype(dtype)).name
-  config = config_from_hf(hf, dtype=dtype_name, max_positions=max_positions)
-  model = model_from_tensors(config, tensors, dtype=jnp.dtype(dtype_name))
+    emb = [v for k, v in tensors.items()
+           if k.endswith(("wte.weight", "embed_tokens.weight"))]
+    if not emb:
+      raise ValueError(f"{directory} holds no token embedding (wte.weight or "
+                       "embed_tokens.weight); is it a causal LM checkpoint?")
+    dtype = transformer_lib.float_dtype_name("the checkpoint's dtype",
+                                             emb[0].dtype)
+    if dtype == "float64" and not jax.config.read("jax_enable_x64"):
+      dtype = "float32"  # what JAX would make of it anyway, said up front
+  config = config_from_hf(hf, dtype=dtype, max_positions=max_positions)
+  if config.flavour == "gpt2" and max_positions is not None:
+    # A capped context keeps the first rows of the position table.
+    for key in [k for k in tensors if k.endswith("wpe.weight")]:
+      tensors[key] = tensors[key][:config.max_positions]
+  model = model_from_tensors(config, tensors, dtype=jnp.dtype(dtype))
   tok = None
   if tokenizer and (directory / "tokenizer.json").is_file():
     from specjax.data.hf_tokenizer import HFTokenizer  # pylint: disable=g-import-not-at-top

@@ -152,8 +152,16 @@ class TransformerConfig:
                                            self.rope_theta))
     set_("norm_eps", _checks.check_float("TransformerConfig.norm_eps",
                                          self.norm_eps))
+    # theta <= 0 gives NaN frequencies, eps < 0 the square root of a
+    # negative: NaN logits, never an error, unless refused here.
+    if self.rope_theta <= 0:
+      raise ValueError(f"TransformerConfig.rope_theta must be > 0, got "
+                       f"{self.rope_theta}.")
+    if self.norm_eps < 0:
+      raise ValueError(f"TransformerConfig.norm_eps must be >= 0, got "
+                       f"{self.norm_eps}.")
     for field in ("dtype", "param_dtype"):
-      set_(field, _float_dtype_name(f"TransformerConfig.{field}",
+      set_(field, float_dtype_name(f"TransformerConfig.{field}",
                                     getattr(self, field)))
     set_("qkv_bias", bool(self.qkv_bias))
     if self.qkv_bias and self.flavour != "llama":
@@ -174,6 +182,18 @@ class TransformerConfig:
             f"TransformerConfig.rope_scaling of rope_type "
             f"{scaling['rope_type']!r} needs exactly the fields "
             f"{sorted(need)}, got {sorted(set(scaling) - {'rope_type'})}.")
+      for key in need:
+        value = _checks.check_float(
+            f"TransformerConfig.rope_scaling[{key!r}]", scaling[key])
+        if value <= 0:
+          raise ValueError(f"TransformerConfig.rope_scaling[{key!r}] must be "
+                           f"> 0, got {value}.")
+      if (scaling["rope_type"] == "llama3"
+          and scaling["high_freq_factor"] <= scaling["low_freq_factor"]):
+        raise ValueError(
+            "TransformerConfig.rope_scaling needs high_freq_factor > "
+            f"low_freq_factor (llama3 blends the band between them), got "
+            f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}.")
       set_("rope_scaling", tuple(sorted(scaling.items())))
 
   @classmethod
@@ -184,7 +204,7 @@ class TransformerConfig:
     return cls(**{**PRESETS[name], **overrides})
 
 
-def _float_dtype_name(name: str, value: Any) -> str:
+def float_dtype_name(name: str, value: Any) -> str:
   """The canonical name ('float32', 'bfloat16', ...) of a floating dtype."""
   try:
     dtype = np.dtype(jnp.dtype(value)).name
