@@ -757,6 +757,11 @@ def test_auto_measures_costs_once(target):
      ValueError, "prompt_prior"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), prompt_prior=None),
      TypeError, "prompt_prior"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0,), prior=5), TypeError,
+     "prior must be two"),
+    # The loop computes in float32: a cost that overflows it is refused.
+    (lambda: draft_length.split(draft_length.Goodput(c=1e39, r=(1.0,))),
+     ValueError, "float32"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):

@@ -389,6 +389,9 @@ def test_bad_target_kind_and_width_get_clear_errors(target):
     sj.speculative_generate(_target(flavour), draft, prompts, lengths,
                             jax.random.key(0), gamma=2, max_new_tokens=4)
   draft.check_target(target.astype("bfloat16"))
+  # Nor may such a target be paired with this head directly.
+  with pytest.raises(ValueError, match="made for another target"):
+    sj.EagleDraft(target=_target(flavour), head=draft.head)
   with pytest.raises(TypeError, match="TransformerLM"):
     sj.EagleDraft.create(ngram)
   with pytest.raises(TypeError, match="EagleHead"):

@@ -77,7 +77,7 @@ def test_bad_adapter_arguments_get_clear_errors(target):
     sj.SelfDraft(target, layers=1, adapter=target)
   with pytest.raises(TypeError, match="TransformerLM"):
     sj.ExitAdapter.create(sj.NGramLM.fit(np.arange(50) % V, V, order=1), 1)
-  with pytest.raises(ValueError, match="layers"):
+  with pytest.raises(ValueError, match="ExitAdapter.create layers"):
     sj.ExitAdapter.create(target, 5)
   with pytest.raises(ValueError, match="mlp_dim"):
     sj.ExitAdapter.create(target, 1, mlp_dim=0)

@@ -126,6 +126,7 @@ def _variants(target):
       "first-2-shared": SelfDraft(target, layers=2, share_cache=True),
       "embed-only-shared": SelfDraft(target, layers=0, share_cache=True),
       "skip-middle": SelfDraft.skipping(target, skip=[1]),
+      "embed-only": SelfDraft(target, layers=0),  # a cache of no layers
       "first-2-shared-adapter": SelfDraft(
           target, layers=2, share_cache=True,
           adapter=perturbed_adapter(target, 2)),
@@ -156,7 +157,10 @@ def test_greedy_speculative_equals_autoregressive(target, gamma, batch):
     # Level-by-level drafting through the kept blocks on the target's cache
     # (the tree round's hand-off), and on the draft's own (moved) cache.
     ("first-2-shared-adapter", "tree:2,2"),
-    ("skip-middle", "tree-wor:parents=-1,-1,0,1,2")])
+    ("skip-middle", "tree-wor:parents=-1,-1,0,1,2"),
+    # The tree round moves the kept path in the draft's own cache, here one
+    # of no layers (it raised an IndexError while tracing).
+    pytest.param("embed-only", "tree:2,1", marks=pytest.mark.slow)])
 def test_greedy_trees_equal_greedy_autoregressive(name, spec):
   # One flavour: the tree pass itself is checked on both in test_trees.py.
   target = _target("llama")
@@ -170,6 +174,12 @@ def test_greedy_trees_equal_greedy_autoregressive(name, spec):
   np.testing.assert_array_equal(out.lengths, ref.lengths)
   s = out.summary()
   assert s["accepted"] <= s["verified"] <= s["draft_calls"]
+
+
+def test_a_cache_of_no_layers_moves_nothing(target):
+  cache = SelfDraft(target, layers=0).init_cache(2, 16)
+  slots_BxK = jnp.zeros((2, 3), jnp.int32)
+  assert cache.move(slots_BxK, slots_BxK + 1) is cache
 
 
 def test_all_layers_shared_accepts_everything(target):
@@ -304,6 +314,7 @@ def test_broken_cache_sharing_is_rejected(exact_target, verifier):
     (dict(layers=(0, 0)), ValueError, "increasing"),
     (dict(layers=(0, 3)), ValueError, "layers"),
     (dict(layers=(0, 1.5)), TypeError, "layers"),
+    (dict(layers=1.0), TypeError, "SelfDraft layers must be an int k"),
     (dict(layers=(0, 2), share_cache=True), ValueError, "share_cache"),
     (dict(layers=1, share_cache="yes"), TypeError, "share_cache"),
 ])

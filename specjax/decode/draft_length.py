@@ -133,8 +133,16 @@ def split(rule: Rule) -> tuple[Rule, dict[str, np.ndarray]]:
   one compiled loop: a `warm_start` prior, measured costs, a threshold.
   A field that is None stays None in the skeleton: it changes the program.
   """
-  values = {name: np.asarray(getattr(rule, name), np.float32)
-            for name in rule.traced_fields if getattr(rule, name) is not None}
+  values = {}
+  for name in rule.traced_fields:
+    value = getattr(rule, name)
+    if value is None:
+      continue
+    with np.errstate(over="ignore"):
+      values[name] = np.asarray(value, np.float32)
+    if not np.isfinite(values[name]).all():
+      raise ValueError(f"{type(rule).__name__}.{name}={value!r} does not fit "
+                       "in float32, in which the loop computes; rescale it.")
   return _with_fields(rule, dict.fromkeys(values, TRACED)), values
 
 
@@ -353,7 +361,12 @@ class Goodput(Rule):
     if len(r) != gamma_max or any(x <= 0 for x in r):
       raise ValueError(f"r must hold gamma_max={gamma_max} positive cost "
                        f"ratios (r[g-1] for g + 1 tokens), got {r}.")
-    prior = tuple(_checks.check_float("prior[i]", x) for x in self.prior)
+    try:
+      prior = tuple(_checks.check_float("prior[i]", x) for x in self.prior)
+    except TypeError:
+      raise TypeError("prior must be two positive pseudo-counts (accepted, "
+                      f"rejected), e.g. (3.0, 1.0); got {self.prior!r}."
+                      ) from None
     if len(prior) != 2 or min(prior) <= 0:
       raise ValueError(f"prior must be two positive pseudo-counts, got {prior}.")
     c_first = c if self.c_first is None else _checks.check_float(

@@ -100,6 +100,8 @@ class KVCache:
     before any write, so overlapping ranges are safe; out-of-range
     destinations are dropped. `lengths` is not changed.
     """
+    if not self.k:  # no layers (a zero-block self-draft): nothing to move
+      return self
     batch_Bx1x1 = jnp.arange(self.batch_size, dtype=jnp.int32)[:, None, None]
     num_kv_heads = self.k[0].shape[1]
     head_1xKx1 = jnp.arange(num_kv_heads, dtype=jnp.int32)[None, :, None]

@@ -173,6 +173,17 @@ class EagleDraft(struct.PyTreeNode):
       raise TypeError(f"EagleDraft head must be an EagleHead, got "
                       f"{type(self.head).__name__}.")
     self._check_width("target", self.target.config)
+    # A head's config is its target's, one block deep (`head_config`):
+    # another flavour, head count or context means another target's head,
+    # which would run and only cost acceptance, silently.
+    h = self.head.config
+    want = head_config(self.target.config, mlp_dim=h.mlp_dim)
+    if architecture(h) != architecture(want):
+      raise ValueError(
+          f"The EagleDraft head was made for another target: its config is "
+          f"{h}, a head for this target's is {want}. Use a head made for this "
+          "target (EagleDraft.create(target) or "
+          "specjax.train.eagle.train_head).")
 
   @classmethod
   def create(cls, target: TransformerLM, rngs: int | jax.Array = 0, *,

@@ -124,7 +124,8 @@ class ExitAdapter(wrapped.WrapsModule, struct.PyTreeNode):
     if not isinstance(target, transformer_lib.TransformerLM):
       raise TypeError(f"ExitAdapter target must be a specjax TransformerLM, "
                       f"got {type(target).__name__}.")
-    layers = self_draft.normalise_layers(layers, target.config.num_layers)
+    layers = self_draft.normalise_layers(layers, target.config.num_layers,
+                                         "ExitAdapter.create layers")
     seed = _checks.check_int("seed", seed, low=0)
     config = ExitAdapterConfig(target=target.config, layers=layers,
                                mlp_dim=mlp_dim)

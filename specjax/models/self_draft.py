@@ -58,24 +58,26 @@ from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.transformer import TransformerLM
 
 
-def normalise_layers(layers: Any, num_layers: int) -> tuple[int, ...]:
+def normalise_layers(layers: Any, num_layers: int,
+                     name: str = "SelfDraft layers") -> tuple[int, ...]:
   """`layers` (an int k or block indices) as a strictly increasing tuple."""
+  what = (f"{name} must be an int k (the first k blocks) or a sequence of "
+          f"block indices in [0, {num_layers})")
   if isinstance(layers, (bool, np.bool_)):
-    raise TypeError(f"SelfDraft layers must be an int k (the first k blocks) "
-                    f"or a sequence of block indices, got {layers!r}.")
+    raise TypeError(f"{what}, got {layers!r}.")
   if isinstance(layers, (int, np.integer)):
-    k = _checks.check_int("SelfDraft layers", layers, low=0, high=num_layers)
+    k = _checks.check_int(name, layers, low=0, high=num_layers)
     return tuple(range(k))
+  if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+    raise TypeError(f"{what}, got {layers!r}.")
   try:
-    kept = [int(_checks.check_int("SelfDraft layers[i]", i, low=0,
+    kept = [int(_checks.check_int(f"{name}[i]", i, low=0,
                                   high=num_layers - 1)) for i in layers]
   except TypeError as e:
-    raise TypeError(f"SelfDraft layers must be an int k (the first k blocks) "
-                    f"or a sequence of block indices in [0, {num_layers}); "
-                    f"{e}") from None
+    raise TypeError(f"{what}; {e}") from None
   if sorted(set(kept)) != kept:
-    raise ValueError(f"SelfDraft layers must be strictly increasing block "
-                     f"indices (blocks run in order), got {tuple(kept)}.")
+    raise ValueError(f"{name} must be strictly increasing block indices "
+                     f"(blocks run in order), got {tuple(kept)}.")
   return tuple(kept)
 
 
