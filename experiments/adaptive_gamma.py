@@ -122,7 +122,7 @@ def _check_drafts(names):
       if extra and (extra != "adapter" or _TARGET.value != "quick"):
         raise ValueError(f"--drafts {name!r}: only self:K+adapter, and only "
                          "with --target=quick (the zoo trains its adapters).")
-    elif name not in zoo.names():
+    elif name not in zoo.names() + ["tiny"]:
       raise ValueError(f"--drafts {name!r} is neither self:K nor a zoo name "
                        f"({', '.join(zoo.names())}).")
 

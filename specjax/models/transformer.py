@@ -162,7 +162,7 @@ class TransformerConfig:
                        f"{self.norm_eps}.")
     for field in ("dtype", "param_dtype"):
       set_(field, float_dtype_name(f"TransformerConfig.{field}",
-                                    getattr(self, field)))
+                                   getattr(self, field)))
     set_("qkv_bias", bool(self.qkv_bias))
     if self.qkv_bias and self.flavour != "llama":
       raise ValueError("TransformerConfig.qkv_bias is for flavour 'llama' "
