@@ -352,13 +352,14 @@ def _write(records, stem):
     writer.writerows(records)
 
 
-def _verifier_specs(text):
+def _specs(text):
+  """The entries of a ';'-separated flag (--verifiers, --trees)."""
   return [v for v in text.split(";") if v]
 
 
 @flags.validator("verifiers")
 def _check_verifiers(text):
-  for spec in _verifier_specs(text):
+  for spec in _specs(text):
     try:
       vf.get_verifier(spec)
     except ValueError as e:
@@ -375,10 +376,10 @@ def main(argv):
                            _QUICK_DRAFTS.value, _ROWS.value, _NEW.value,
                            _SAMPLES.value)
     elif _MODELS.value == "quick":
-      records = run_trees([t for t in _TREES.value.split(";") if t],
+      records = run_trees(_specs(_TREES.value),
                           _QUICK_DRAFTS.value, _ROWS.value, _NEW.value)
     else:
-      records = run(_MODELS.value, _verifier_specs(_VERIFIERS.value),
+      records = run(_MODELS.value, _specs(_VERIFIERS.value),
                     [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
   if not distributed.is_primary():
     return

@@ -81,6 +81,19 @@ def head_config(target_config: TransformerConfig, *,
                              mlp_dim=mlp_dim or target_config.mlp_dim)
 
 
+def head_mismatch(config: TransformerConfig,
+                  target_config: TransformerConfig) -> list[str]:
+  """`field: <head's> (head) vs <wanted> (target's head)` lines where a head
+  of `config` is not a head for `target_config` (`head_config` with the
+  head's own MLP width); empty when it is. Dtypes may differ: a cast target
+  is the same model (`architecture`)."""
+  have = dataclasses.asdict(architecture(config))
+  want = dataclasses.asdict(architecture(
+      head_config(target_config, mlp_dim=config.mlp_dim)))
+  return [f"{k}: {have[k]!r} (head) vs {want[k]!r} (this target's head)"
+          for k in have if have[k] != want[k]]
+
+
 class EagleHeadModule(nnx.Module):
   """Norms, fc(2D -> D), one `Block`: (feature, embedding) pairs to features."""
 
@@ -176,14 +189,12 @@ class EagleDraft(struct.PyTreeNode):
     # A head's config is its target's, one block deep (`head_config`):
     # another flavour, head count or context means another target's head,
     # which would run and only cost acceptance, silently.
-    h = self.head.config
-    want = head_config(self.target.config, mlp_dim=h.mlp_dim)
-    if architecture(h) != architecture(want):
+    diff = head_mismatch(self.head.config, self.target.config)
+    if diff:
       raise ValueError(
-          f"The EagleDraft head was made for another target: its config is "
-          f"{h}, a head for this target's is {want}. Use a head made for this "
-          "target (EagleDraft.create(target) or "
-          "specjax.train.eagle.train_head).")
+          "The EagleDraft head was made for another target; use a head made "
+          "for this target (EagleDraft.create(target) or "
+          "specjax.train.eagle.train_head):\n  " + "\n  ".join(diff))
 
   @classmethod
   def create(cls, target: TransformerLM, rngs: int | jax.Array = 0, *,

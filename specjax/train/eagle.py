@@ -202,10 +202,7 @@ def _check_head_for(config: TransformerConfig, target: Any) -> None:
   if not isinstance(target, TransformerLM):
     raise TypeError(f"target must be a specjax TransformerLM, got "
                     f"{type(target).__name__}.")
-  loose = lambda c: dataclasses.asdict(eagle.architecture(c))
-  diff = checkpoint_lib.config_diff(
-      loose(config), loose(eagle.head_config(target.config,
-                                             mlp_dim=config.mlp_dim)))
+  diff = eagle.head_mismatch(config, target.config)
   if diff:
     raise ValueError("this head was trained for another target (a head's "
                      "config is its target's, one layer deep; train one for "
