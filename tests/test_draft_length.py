@@ -136,7 +136,12 @@ def _sample(target, draft, rule, sampling):
   return (tokens * EV ** np.arange(EK - 1, -1, -1)).sum(1), out.summary()
 
 
-@pytest.mark.optimized
+# Not marked `optimized`, though each runs 10^5 rows: an adaptive loop holds
+# a round per width, so XLA's full optimizations cost more in compiling than
+# they save in running. Single process, the four tests' calls took 61 s and
+# 58 s at -O2, 53 s and 51 s at the suite's -O0: `python -m pytest -n0
+# --durations=0 tests/test_draft_length.py -k "adaptive_generations or
+# peeking"`, with JAX_DISABLE_MOST_OPTIMIZATIONS=0 (-O2) and without.
 @pytest.mark.parametrize("rule", [
     draft_length.Confidence(threshold=0.6, gamma_max=3),
     # No threshold: the planned path (whole fixed-length rounds, switched),
@@ -172,7 +177,6 @@ def test_adaptive_generations_are_exact(toys, rule):
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
 
-@pytest.mark.optimized
 def test_peeking_two_ahead_is_rejected(toys):
   target, draft = toys
   sampling = sj.SamplingConfig(temperature=1.0)
