@@ -51,6 +51,7 @@ loops: also gamma, budget and sampling config). Never by `id(model)`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -64,6 +65,7 @@ from flax import struct
 
 from specjax import _checks
 from specjax import accounting
+from specjax import jit_memory
 from specjax import sampling as sampling_lib
 from specjax import stats
 from specjax.decode import loop as loop_lib
@@ -82,20 +84,41 @@ def check_timing(seconds: Any, repeats: Any) -> tuple[float, int]:
   return seconds, _checks.check_int("repeats", repeats, low=1)
 
 
+@contextlib.contextmanager
+def no_compiles(what: str):
+  """Raises if XLA compiled anything inside the block: a timed call that
+  compiles times the compilation. (`jit_memory.deferred()` around a timer's
+  warm-ups and timed calls keeps specjax's own cache clearing out of it.)"""
+  before = jit_memory.compiles()
+  yield
+  compiled = jit_memory.compiles() - before
+  if compiled:
+    raise RuntimeError(
+        f"{what}: {compiled} XLA compile(s) ran during the timed calls, so "
+        "their times include compiling. A timed function must reuse what "
+        "its warm-up call compiled: the same shapes, dtypes and static "
+        "arguments on every call.")
+
+
 def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int
                       ) -> dict[str, list[float]]:
   """Seconds of each call, `repeats` times, the calls taking turns (so a
   slow spell of a shared machine hits all of them), after one warm-up call
-  of each (compilation is never timed)."""
+  of each. Compilation is never timed: a timed call that compiles raises
+  (`no_compiles`)."""
   repeats = _checks.check_int("repeats", repeats, low=1)
-  for fn in fns.values():
-    jax.block_until_ready(fn())
   times = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      start = time.perf_counter()
+  # Before the warm-ups compile: a gamma="auto" call runs a dozen timers.
+  jit_memory.relieve_if_needed("measure.interleaved_times")
+  with jit_memory.deferred():
+    for fn in fns.values():
       jax.block_until_ready(fn())
-      times[name].append(time.perf_counter() - start)
+    with no_compiles("measure.interleaved_times"):
+      for _ in range(repeats):
+        for name, fn in fns.items():
+          start = time.perf_counter()
+          jax.block_until_ready(fn())
+          times[name].append(time.perf_counter() - start)
   return times
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax import coupling
+from specjax import jit_memory
 from specjax import sampling as sampling_lib
 from specjax import sharding
 from specjax.decode import adaptive
@@ -654,6 +655,9 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=_lookahead(gamma, verifier), sampling=sampling, eos_id=eos_id,
       pad_id=pad_id, models=(("target", target), ("draft", draft)))
+  # Before anything here compiles: frees compiled programs if they near the
+  # kernel's memory-map limit (specjax.jit_memory).
+  jit_memory.relieve_if_needed("speculative_generate")
   if auto:
     # Costs at the middle of the generation, at this batch size (r(B), c(B)).
     rule = draft_length_lib.measure_goodput(
@@ -721,6 +725,7 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
       model, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=0, sampling=sampling, eos_id=eos_id, pad_id=pad_id,
       models=(("model", model),))
+  jit_memory.relieve_if_needed("generate")
   mesh = sharding.as_mesh(mesh)
   (model,), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (model,), (prompts, lengths, keys))
