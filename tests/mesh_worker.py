@@ -10,6 +10,7 @@ in one process (one JAX start-up); each records its CPU seconds.
   python tests/mesh_worker.py all WORKDIR
   python tests/mesh_worker.py decode
   python tests/mesh_worker.py train WORKDIR
+  python tests/mesh_worker.py kinds        (opt-in: -m slow)
   python tests/mesh_worker.py multiproc PROCESS_ID PORT   (2 processes)
 """
 
@@ -301,6 +302,63 @@ def multiproc(process_id, port):
   return res
 
 
+# -- every draft kind, verifier and draft-length rule on 2x4 (opt-in) ---------
+
+def kinds():
+  """{case: True if 2x4 gave the unmeshed tokens (and greedy, `generate`'s)}
+  for every draft kind x verifier / draft-length rule, at T = 0 and 1."""
+  target = sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
+      max_positions=48, flavour="llama"), 0)
+  # Peaked laws, so that drafts are rejected and the residual is drawn.
+  target = target.replace(state=jax.tree_util.tree_map_with_path(
+      lambda path, x: 4.0 * x if "embed" in jax.tree_util.keystr(path) else x,
+      target.state))
+  small = sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=64, d_model=16, num_layers=1, num_heads=2, max_positions=48),
+                                  1)
+  corpus = np.random.default_rng(0).integers(0, 64, 800)
+  drafts = {
+      "self:1 shared": sj.SelfDraft(target, layers=1, share_cache=True),
+      "self skip 1": sj.SelfDraft.skipping(target, skip=[1]),
+      "self:1 adapter": sj.SelfDraft(
+          target, layers=1, share_cache=True,
+          adapter=sj.ExitAdapter.create(target, 1)),
+      "eagle": sj.EagleDraft.create(target, 3),
+      "transformer": small,
+      "bigram": sj.NGramLM.fit(corpus, 64, order=2),
+      "prompt lookup": sj.PromptLookupDraft(64, max_ngram=2),
+  }
+  rules = {"token": ("token", 3),
+           "confidence": ("token", sj.Confidence(threshold=0.5, gamma_max=4)),
+           "goodput": ("token", sj.Goodput(c=0.3, r=(1.1, 1.2, 1.3, 1.4),
+                                           gamma_max=4)),
+           "block": ("block", 3), "tree:2,1": ("tree:2,1", None),
+           "tree-wor:2,2": ("tree-wor:2,2", None)}
+  p = np.random.default_rng(1).integers(0, 64, (8, 6)).astype(np.int32)
+  lens = np.array([6, 3, 5, 1, 6, 2, 4, 6], np.int32)
+  mesh = _mesh("data:2,model:4")
+  res = {}
+  for (name, draft), (rule, (verifier, gamma)), t in itertools.product(
+      drafts.items(), rules.items(), (0.0, 1.0)):
+    if name == "prompt lookup" and verifier.startswith("tree"):
+      continue  # no tree_decode: refused with a clear error
+    kw = dict(gamma=gamma, verifier=verifier, max_new_tokens=10, eos_id=5,
+              sampling=sj.SamplingConfig(t))
+    one = sj.speculative_generate(target, draft, p, lens, jax.random.key(3),
+                                  **kw)
+    two = sj.speculative_generate(target, draft, p, lens, jax.random.key(3),
+                                  mesh=mesh, **kw)
+    same = (np.array_equal(one.tokens, two.tokens)
+            and np.array_equal(one.lengths, two.lengths))
+    if t == 0.0:
+      ar = sj.generate(target, p, lens, jax.random.key(0), max_new_tokens=10,
+                       eos_id=5, sampling=sj.SamplingConfig(0.0))
+      same = same and np.array_equal(one.tokens, ar.tokens)
+    res[f"{name} | {rule} | T={t:g}"] = bool(same)
+  return res
+
+
 def _timed(fn, *args):
   start = time.process_time()
   out = fn(*args)
@@ -315,6 +373,8 @@ def main(argv):
     result = decode()
   elif section == "train":
     result = train(argv[2])
+  elif section == "kinds":
+    result = kinds()
   elif section == "multiproc":
     result = multiproc(int(argv[2]), int(argv[3]))
   else:

@@ -117,3 +117,18 @@ def test_timers_refuse_a_timed_call_that_compiles():
   # The same shape: only the warm-up compiles.
   times = measure.interleaved_times({"a": lambda: f(jnp.ones(3))}, 2)
   assert len(times["a"]) == 2
+
+
+def test_a_timer_clears_before_its_warm_up_not_between_its_calls(fake):
+  counts, cleared = fake
+  counts["now"] = 850
+  with pytest.warns(RuntimeWarning, match="max_map_count"):
+    jax.jit(lambda x: x * 13)(jnp.ones(3))
+  calls = []
+
+  def fn():
+    calls.append(len(cleared))  # clearings seen by each call
+    return jnp.ones(2)
+  with pytest.warns(RuntimeWarning, match="measure.interleaved_times: cleared"):
+    measure.interleaved_times({"a": fn}, 3)
+  assert calls == [1, 1, 1, 1]  # cleared before the warm-up, once
