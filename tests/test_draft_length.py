@@ -142,6 +142,7 @@ def _sample(target, draft, rule, sampling):
 # 58 s at -O2, 53 s and 51 s at the suite's -O0: `python -m pytest -n0
 # --durations=0 tests/test_draft_length.py -k "adaptive_generations or
 # peeking"`, with JAX_DISABLE_MOST_OPTIMIZATIONS=0 (-O2) and without.
+@pytest.mark.big_batch
 @pytest.mark.parametrize("rule", [
     draft_length.Confidence(threshold=0.6, gamma_max=3),
     # No threshold: the planned path (whole fixed-length rounds, switched),
@@ -177,6 +178,7 @@ def test_adaptive_generations_are_exact(toys, rule):
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
 
+@pytest.mark.big_batch
 def test_peeking_two_ahead_is_rejected(toys):
   target, draft = toys
   sampling = sj.SamplingConfig(temperature=1.0)

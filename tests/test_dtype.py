@@ -80,6 +80,7 @@ def test_param_dtype_and_float32_logits():
                          param_dtype="int8")
 
 
+@pytest.mark.big_batch
 @pytest.mark.parametrize("target_dtype, draft_dtype", [
     ("bfloat16", "float32"),
     # The other direction runs the same casts: opt-in (bf16 is slow on CPU).
@@ -94,6 +95,7 @@ def test_mixed_precision_decoding_is_exact(target_dtype, draft_dtype):
   assert out.summary()["one_minus_tv"] < 0.9
 
 
+@pytest.mark.big_batch
 def test_mixed_precision_negative_control_is_rejected():
   target = _model(0, "llama", "bfloat16")
   draft = _model(1, "gpt2", "float32")

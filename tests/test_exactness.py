@@ -122,6 +122,7 @@ def _assert_covers_full_accepts_and_eos(out, gamma, k):
   assert 1000 < (lengths < k).sum() < N - 1000
 
 
+@pytest.mark.big_batch
 @pytest.mark.optimized
 @pytest.mark.parametrize("sampling, gamma", [
     (sj.SamplingConfig(temperature=1.0), 3),
@@ -180,6 +181,7 @@ def _draft_kinds(models):
   }
 
 
+@pytest.mark.big_batch
 @pytest.mark.optimized
 @pytest.mark.parametrize("kind", [
     "bigram",
@@ -198,6 +200,7 @@ def test_every_draft_kind_is_exact(models, kind):
 # A fifth of the rows: at -O0 the cheaper compile outweighs the slower run
 # (both controls' calls: 9.1 s and 9.9 s, against 11.7 s and 10.9 s with
 # JAX_DISABLE_MOST_OPTIMIZATIONS=0; `-n0 --durations=0 -k negative_controls`).
+@pytest.mark.big_batch
 @pytest.mark.parametrize("name", controls.NAMES)
 def test_negative_controls_are_rejected(models, name):
   target, draft = models
@@ -211,6 +214,7 @@ def test_negative_controls_are_rejected(models, name):
   assert not any(r.passed for r in results), "\n".join(map(str, results))
 
 
+@pytest.mark.big_batch
 @pytest.mark.optimized
 @pytest.mark.parametrize("spec, n, kind", [
     # Both tree kinds and the control also run on the lab's real loop

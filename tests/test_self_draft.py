@@ -266,6 +266,7 @@ class _EarlyViewSelfDraft(SelfDraft):
     return view.replace(lengths=jnp.maximum(view.lengths - 1, 0))
 
 
+@pytest.mark.big_batch
 @pytest.mark.optimized
 @pytest.mark.parametrize("layers, share, adapter, verifier", [
     pytest.param(1, False, False, "token", marks=pytest.mark.slow),
@@ -291,6 +292,7 @@ def test_generations_are_exact(exact_target, layers, share, adapter,
   assert s["one_minus_tv"] < 0.9, s
 
 
+@pytest.mark.big_batch
 @pytest.mark.optimized
 @pytest.mark.parametrize("verifier", [
     "token", pytest.param("tree:2,1", marks=pytest.mark.slow)])

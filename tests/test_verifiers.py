@@ -243,6 +243,7 @@ def _run_loop(lab_loop, spec, gamma, eos_id):
   return testing.check_distribution(ids, law), out
 
 
+@pytest.mark.big_batch
 @pytest.mark.parametrize("spec", EXACT)
 @pytest.mark.parametrize("gamma, eos_id", [
     (2, EOS), pytest.param(2, None, marks=pytest.mark.slow),
@@ -254,6 +255,7 @@ def test_real_loop_on_the_lab_is_exact(lab_loop, spec, gamma, eos_id):
     assert np.asarray(out.lengths).min() < 2 * (gamma + 1)
 
 
+@pytest.mark.big_batch
 @pytest.mark.parametrize("spec", list(CONTROLS) + [
     pytest.param(spec, marks=pytest.mark.slow) for spec in LOSSY])
 def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
@@ -266,6 +268,7 @@ def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
 TREES = ("tree:2,1", "tree-wor:2,1")
 
 
+@pytest.mark.big_batch
 @pytest.mark.parametrize("spec", TREES)
 def test_real_loop_trees_on_the_lab_are_exact(lab_loop, spec):
   """The compiled tree round (level-by-level drafting, one tree pass, RRS,
@@ -282,6 +285,7 @@ def test_real_loop_trees_on_the_lab_are_exact(lab_loop, spec):
   assert np.asarray(out.lengths).min() < 2 * (depth + 1)
 
 
+@pytest.mark.big_batch
 def test_real_loop_rejects_the_tree_control(lab_loop):
   result, _ = _run_loop(lab_loop, "tree-skip-residual:2,1", 2, EOS)
   assert not result.passed, str(result)
