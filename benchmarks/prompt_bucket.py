@@ -53,13 +53,13 @@ def main(argv):
       t = _timed_call(target, draft, prompts, lengths, repeat)
       if repeat:
         seconds[floor].append(t)
-  loop.MIN_PROMPT_BUCKET = floors[0]
   best = {f: min(s) for f, s in seconds.items()}
   for floor in floors:
     print(f"floor {floor:2d}, prompts padded to {widths[floor]:2d}: "
           f"{best[floor]:.2f} s (best of {len(seconds[floor])})")
   print(f"{rows} rows of {prompt_len}-token prompts: floor {floors[0]} takes "
         f"{best[floors[0]] / best[1]:.2f}x the time of floor 1")
+
 
 if __name__ == "__main__":
   main(sys.argv)

@@ -28,7 +28,6 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import pytest  # pylint: disable=wrong-import-position
 from hypothesis import settings  # pylint: disable=wrong-import-position
-from specjax.decode import loop as decode_loop  # pylint: disable=wrong-import-position
 
 # A plugin may have imported jax before the variables were set.
 jax.config.update("jax_disable_most_optimizations",
@@ -64,12 +63,12 @@ def _prompt_buckets_for_big_batches(request, monkeypatch):
   positions, so short prompts of any length share one program; on the
   statistical tests' 10^4-10^5 rows of 3-6-token prompts, that padding was
   most of the run (`python benchmarks/prompt_bucket.py`: 7.1 s at width 16,
-  3.4 s at width 4). Marked tests pad to the next power of
-  two: 3-token prompts to 4, ragged batches to their longest prompt's
-  bucket, so padded positions stay in every such program."""
+  3.4 s at width 4). Marked tests pad to the next power of two: 3-token
+  prompts to 4, ragged batches to their longest prompt's bucket, so padded
+  positions stay in every such program. (The dotted target imports the loop
+  only in a marked test, not in the xdist controller.)"""
   if request.node.get_closest_marker("big_batch") is not None:
-    monkeypatch.setattr(decode_loop, "MIN_PROMPT_BUCKET", 1)
-  yield
+    monkeypatch.setattr("specjax.decode.loop.MIN_PROMPT_BUCKET", 1)
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
