@@ -68,6 +68,7 @@ from specjax import accounting
 from specjax import jit_memory
 from specjax import sampling as sampling_lib
 from specjax import stats
+from specjax.decode import draft_length
 from specjax.decode import loop as loop_lib
 from specjax.decode import verifiers as verifiers_lib
 
@@ -354,8 +355,8 @@ def _prompts(shape: LoopShape):
 def loop_round_steps(target, draft, shape: LoopShape,
                      sampling: sampling_lib.SamplingConfig, *, widths,
                      calls: int = 10, repeats: int = 3,
-                     prompts_BxP=None) -> list[float]:
-  """The loop's own round at each fixed gamma in `widths`, in `generate` steps.
+                     prompts_BxP=None, rule=None) -> list[float]:
+  """The loop's own round at each width in `widths`, in `generate` steps.
 
   `speculative_generate(gamma=g)` for each width and `generate`, on
   `shape`'s batch, prompt length and budget with `prompts_BxP` (int
@@ -367,8 +368,19 @@ def loop_round_steps(target, draft, shape: LoopShape,
   trials. This is what the passes timed alone miss (the draft's scan and
   its cache writes, the commit, the loop's carry). Each call's prefill is
   spread over its rounds, which the low acceptance makes many.
+
+  With `rule` (a `Goodput` without a threshold, widths up to its
+  gamma_max), width g runs as `gamma=draft_length.pinned(rule, g)`: the
+  rule's own planned loop, every round of width g. That is one compile for
+  every width, where fixed gammas compile one loop each, and it is the
+  program the rule's calls run (its rounds are the fixed loop's, plus the
+  rule's planning).
   """
   widths = tuple(_checks.check_int("widths[i]", g, low=1) for g in widths)
+  if rule is not None:
+    gammas = {g: draft_length.pinned(rule, g) for g in widths}
+  else:
+    gammas = {g: g for g in widths}
   want = (shape.batch_size, shape.prompt_len)
   if prompts_BxP is None:
     prompts_BxP = np.random.default_rng(0).integers(
@@ -380,7 +392,7 @@ def loop_round_steps(target, draft, shape: LoopShape,
   lengths_B = np.full((shape.batch_size,), shape.prompt_len, np.int32)
   key = jax.random.key(0)
   fns = {g: (lambda g=g: loop_lib.speculative_generate(
-      target, draft, prompts_BxP, lengths_B, key, gamma=g,
+      target, draft, prompts_BxP, lengths_B, key, gamma=gammas[g],
       max_new_tokens=shape.max_new_tokens, sampling=sampling))
          for g in widths}
   fns[0] = lambda: loop_lib.generate(

@@ -378,6 +378,48 @@ def test_rules_that_differ_in_numbers_share_one_compiled_loop(target):
       draft_length.Confidence(0.9))
 
 
+def test_a_pinned_rule_runs_one_width_on_the_rules_own_loop(target):
+  """`pinned(rule, g)` plans and keeps width g whatever the rows' estimates
+  and budgets, with `rule`'s skeleton: its calls run rounds of g drafts on
+  the loop compiled for `rule`, at every g."""
+  rule = draft_length.Goodput(c=0.1, r=(1.0, 1.1, 1.2), probe=1.0,
+                              hysteresis=0.02)
+  rng = np.random.default_rng(0)
+  verified = np.array([0, 1000, 1000, 5, 40, 7])
+  stats = sj.RowStats.zeros(6, 3).replace(
+      verified=jnp.asarray(verified, jnp.int32),
+      overlap_sum=jnp.asarray([0.0, 0.0, 1000.0, 2.5, 39.0, 1.0]))
+  active_B = jnp.asarray([True, True, True, True, False, True])
+  remaining_B = jnp.asarray(rng.integers(1, 500, 6), jnp.int32)
+  for g in (1, 2, 3):
+    pin = draft_length.pinned(rule, g)
+    assert draft_length.split(pin)[0] == draft_length.split(rule)[0]
+    np.testing.assert_array_equal(pin.plan(stats, active_B, remaining_B), g)
+    for w in range(4):
+      assert bool(pin.keeps(w, stats, active_B, remaining_B)) is (w == g)
+  prompts, lengths = _prompts(2, seed=6)
+  run = lambda gamma: sj.speculative_generate(
+      target, target, prompts, lengths, jax.random.key(0), gamma=gamma,
+      max_new_tokens=16, sampling=sj.GREEDY)
+  run(draft_length.pinned(rule, 1))
+  compiled = loop._generate._cache_size()
+  for g in (2, 3):
+    s = run(draft_length.pinned(rule, g)).stats
+    np.testing.assert_array_equal(s.draft_calls, g * s.rounds)
+  run(rule)
+  assert loop._generate._cache_size() == compiled
+  with pytest.raises(TypeError, match="without a threshold"):
+    draft_length.pinned(dataclasses.replace(rule, probe=None, threshold=0.5),
+                        1)
+  with pytest.raises(TypeError, match="Goodput"):
+    draft_length.pinned(draft_length.Confidence(0.5, 3), 1)
+  for width in (0, 4):
+    with pytest.raises(ValueError, match="width"):
+      draft_length.pinned(rule, width)
+  with pytest.raises(TypeError, match="width"):
+    draft_length.pinned(rule, 2.0)
+
+
 def test_goodput_estimates_acceptance_from_overlaps():
   """By default each judged draft adds its keep probability sum_x min(p, q)
   to the kept count (Rao-Blackwellised); estimator='accepted' counts the
@@ -483,9 +525,10 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   monkeypatch.setattr(measure, "null_loop_seconds",
                       lambda *a, **k: (0.25, 0.0))
   in_loop = [1.5, 1.9, 2.3, 2.6]
-  asked = []
+  asked, on = [], []
   monkeypatch.setattr(measure, "loop_round_steps",
-                      lambda *a, widths, **k: asked.append(tuple(widths))
+                      lambda *a, widths, rule=None, **k: asked.append(
+                          tuple(widths)) or on.append(rule)
                       or in_loop[:len(widths)])
   now = {}
   def measured(calibrate):
@@ -502,6 +545,9 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   draft_length._MEASURED.clear()  # stubbed: not for later calls
   assert default is rule
   assert asked == [(1, 2, 3, 4)]
+  # The widths were timed on the measured rule's own loop (`pinned`), which
+  # its calls then reuse.
+  assert draft_length.split(on[0])[0] == draft_length.split(rule)[0]
   # Calibrated, the target's passes are timed only for the probe round.
   assert timed == {True: [1, 2], False: [1, 2, 3, 4, 5]}
   step = 1.0 + rule.overhead

@@ -176,6 +176,32 @@ def test_loop_round_steps_times_each_width_against_generate(tiny):
                              prompts_BxP=own[:1])
 
 
+def test_loop_round_steps_prices_a_rule_on_its_own_loop(tiny):
+  """With `rule`, every width runs on the rule's one compiled loop
+  (`draft_length.pinned`), which the rule's own call then reuses."""
+  target, draft = tiny
+  shape = measure.LoopShape(2, 6, 12, 3)
+  rule = sj.Goodput(c=0.1, r=(1.0, 1.1, 1.2), probe=1.0)
+  before = loop._generate._cache_size()
+  steps = measure.loop_round_steps(target, draft, shape, sj.GREEDY,
+                                   widths=(1, 3), calls=1, repeats=1,
+                                   rule=rule)
+  assert len(steps) == 2 and all(math.isfinite(x) and x > 0 for x in steps)
+  compiled = loop._generate._cache_size()
+  assert compiled - before <= 2  # the rule's loop (and `generate`'s)
+  prompts = np.arange(12, dtype=np.int32).reshape(2, 6) % 40
+  sj.speculative_generate(target, draft, prompts, np.full((2,), 6, np.int32),
+                          jax.random.key(1), gamma=rule, max_new_tokens=12,
+                          sampling=sj.GREEDY)
+  assert loop._generate._cache_size() == compiled
+  with pytest.raises(TypeError, match="Goodput"):
+    measure.loop_round_steps(target, draft, shape, sj.GREEDY, widths=(1,),
+                             rule=sj.Confidence(0.5, 3))
+  with pytest.raises(ValueError, match="width"):
+    measure.loop_round_steps(target, draft, shape, sj.GREEDY, widths=(4,),
+                             rule=rule)
+
+
 def test_null_model_accepts_its_twin_and_rejects_its_negation():
   null = measure.NullLM.like(sj.NGramLM.uniform(40))
   prompts, lengths = np.zeros((2, 8), np.int32), np.array([8, 5], np.int32)

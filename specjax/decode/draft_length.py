@@ -559,6 +559,40 @@ class Goodput(Rule):
     return jnp.max(q_BxV, axis=-1) < self.threshold, length_B
 
 
+# A round cost that no acceptance estimate can make worth planning: a round
+# of the pinned width costs 1 and emits at least one token, any other at
+# most gamma_max + 1 <= 65 (`_check_gamma_max`).
+_UNPLANNED_COST = 1e4
+
+
+def pinned(rule: Goodput, width: int) -> Goodput:
+  """`rule` with numbers that plan, and keep, `width` every round.
+
+  Only the traced values change (`Goodput.traced_fields`): round costs of 1
+  for `width` and `_UNPLANNED_COST` for every other width and the probe
+  round, no switch cost or margin. So the call runs `rule`'s own compiled
+  loop (the same skeleton, `split`), every round a fixed round of `width`.
+  `measure_goodput` prices each width this way: one compile serves every
+  width and the rule's own calls after it.
+
+  Args:
+    rule: a `Goodput` that only plans (no `threshold`).
+    width: int in [1, rule.gamma_max].
+  """
+  if not isinstance(rule, Goodput) or rule.stops_early:
+    raise TypeError("rule must be a Goodput without a threshold (a rule "
+                    "that plans each round's width before drafting), got "
+                    f"{rule!r}.")
+  width = _checks.check_int("width", width, low=1, high=rule.gamma_max)
+  far = _UNPLANNED_COST
+  return dataclasses.replace(
+      rule, c=0.0, c_first=0.0, overhead=0.0, hysteresis=0.0,
+      switch_cost=0.0,
+      r=tuple(1.0 if g == width else far
+              for g in range(1, rule.gamma_max + 1)),
+      probe=None if rule.probe is None else far)
+
+
 # What a judged draft adds to a `Goodput` row's kept count (its docstring).
 ESTIMATORS = ("overlap", "accepted")
 
@@ -614,9 +648,12 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   With `calibrate` (the default, and what `gamma="auto"` uses) every
   width's round is priced by the loop's own round of that width, in
   `generate` steps (`measure.loop_round_steps`): r takes up the difference,
-  and the probe round is scaled as the width-1 round is. This compiles
-  gamma_max fixed-gamma loops and `generate` on these shapes and times
-  them: about a minute on the first call at gamma_max 8 on a 2-core CPU.
+  and the probe round is scaled as the width-1 round is. Without a
+  threshold each width is timed as the rule's own loop pinned at that width
+  (`pinned`): one compile for every width, on these shapes, which a
+  `gamma="auto"` call of these shapes then reuses. (With a threshold the
+  rule's loop is not one of fixed-width rounds, and gamma_max fixed-gamma
+  loops are compiled and timed instead.)
   With `calibrate=False` the verify passes on 2..gamma_max + 1 tokens are
   timed alone instead (a few seconds). Those prices missed the loop's
   rounds in level and in shape (code comment below), and side by side at
@@ -653,6 +690,15 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   key = (measure.model_key(target), measure.model_key(draft), shape,
          _check_threshold(threshold), sampling, calibrate)
   if key not in _MEASURED:
+    def measured(*, r, probe, **costs):
+      """The rule at these costs, with the structure of this measurement."""
+      return Goodput(
+          r=tuple(r), gamma_max=gamma_max, threshold=threshold,
+          probe=None if threshold is not None else probe, **costs,
+          **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
+          **({"probe_every": 1}
+             if getattr(draft, "reads_target_features", False) else {}))
+
     def times(model, widths):
       # Interleaved: every width sees the same spells of a noisy machine.
       capacity = shape.capacity(model)
@@ -688,21 +734,23 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
       # (results/adaptive_gamma/goodput_costs.txt). Every width is priced
       # by the loop's own round of that width.
       widths = range(1, gamma_max + 1)
-      in_loop = measure.loop_round_steps(target, draft, shape, sampling,
-                                         widths=widths, repeats=repeats)
+      # A rule that only plans is timed as its own loop pinned at each
+      # width (`pinned` sets the costs): one compile for every width, which
+      # the call that asked for the rule then reuses, where fixed gammas
+      # compiled one loop each.
+      in_loop = measure.loop_round_steps(
+          target, draft, shape, sampling, widths=widths, repeats=repeats,
+          rule=None if threshold is not None else measured(
+              c=c, r=[1.0] * gamma_max, c_first=c_first, overhead=overhead,
+              probe=probe))
       r = [1.0, *monotone_fit(
           [steps * step - c_first - (g - 1) * c - overhead
            for g, steps in zip(widths, in_loop)], low=1.0)]
       # The probe round is a width-1 round with a 1-token verify: scaled as
       # the width-1 round is.
       probe *= in_loop[0] * step / alone
-    _MEASURED[key] = Goodput(
-        c=c, r=tuple(r[1:]), gamma_max=gamma_max, threshold=threshold,
-        c_first=c_first, overhead=overhead,
-        probe=None if threshold is not None else probe,
-        **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
-        **({"probe_every": 1}
-           if getattr(draft, "reads_target_features", False) else {}))
+    _MEASURED[key] = measured(c=c, r=r[1:], c_first=c_first,
+                              overhead=overhead, probe=probe)
   return _MEASURED[key]
 
 
