@@ -21,7 +21,7 @@ at 5,417 mappings, 5.7 ms at 10,652, in that benchmark):
   before it compiles anything (`relieve_if_needed`), with a warning:
   programs compiled before compile again when next called, which is slower
   but not a crash. (One `gamma="auto"` call runs a dozen timers, and
-  compiles 41 programs on `benchmarks/jit_mappings.py --auto`'s models.)
+  compiles 33 programs on `benchmarks/jit_mappings.py --auto`'s models.)
 Clearing happens only at the start of those calls, never inside a
 compilation: a clear there leaves the program being compiled to compile a
 second time at its next call. Nor inside a timer: a clear between a timer's

@@ -761,7 +761,7 @@ def test_warm_start_bad_input(previous, strength, error, match):
     rule.warm_start(previous, strength=strength)
 
 
-@pytest.mark.slow  # ~1 min: times the models, then compiles 8 verify widths
+@pytest.mark.slow  # ~15 s: times the models at 8 widths on one planned loop
 def test_auto_measures_costs_once(target):
   prompts, lengths = _prompts(2)
   draft = sj.SelfDraft(target, layers=1)
