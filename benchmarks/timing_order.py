@@ -1,16 +1,18 @@
 r"""Does the order of interleaved calls bias a timed ratio? An A/A check.
 
-  python benchmarks/timing_order.py [DRAFT] [TEMPERATURE] [BATCH] [CYCLES]
-      # defaults: distilled-draft-0.1m@target-3m 1 1 80
+  python benchmarks/timing_order.py [DRAFT] [TEMPERATURE] [BATCH] [CYCLES] [NEW]
+      # defaults: distilled-draft-0.1m@target-3m 1 1 80 128
 
 On the quick job's models (cached by `python -m experiments.reproduce`; DRAFT
-may also be self:1 or self:2, the target's own first blocks), 64 + 128 tokens:
-five calls timed in cycles, each cycle one call of each. Two of them are the
+may also be self:1 or self:2, the target's own first blocks), 64 + NEW tokens:
+six calls timed in cycles, each cycle one call of each. Two of them are the
 same call ("fixed 8" and "fixed 8 again": one function, one compiled program),
 so their ratio is 1 but for the timing; "goodput 8" is a `Goodput` rule priced
 so that width 8 always wins (`gamma="auto"`'s program, drafting what fixed 8
-does); "fixed 1" and `generate` run between them, as other programs do in an
-experiment's cycle. Three schedules, one after the other: the same order every
+does), and "goodput 8, no prompt" the same with `prompt_prior=0` (its
+prefill scores no prompt window); "fixed 1" and `generate` run between them,
+as other programs do in an experiment's cycle. A NEW that changes a ratio
+says whether its cost is per call or per round. Three schedules, one after the other: the same order every
 cycle (as `specjax.measure.interleaved_times`), the order reversed every other
 cycle (ABBA), and a seeded shuffle each cycle. Per schedule: the median over
 cycles of each pair's ratio, with a 95% bootstrap interval over cycles. The
@@ -18,6 +20,7 @@ interval treats cycles as independent, which a drifting machine makes them not:
 the A/A row says how far to trust it.
 """
 
+import dataclasses
 import os
 import random
 import sys
@@ -35,7 +38,7 @@ from configs import reproduce  # noqa: E402
 
 SCHEDULES = ("same order", "ABBA", "shuffled")
 PAIRS = (("fixed 8 again", "fixed 8"), ("goodput 8", "fixed 8"),
-         ("goodput 8", "fixed 8 again"))
+         ("goodput 8", "fixed 8 again"), ("goodput 8, no prompt", "fixed 8"))
 
 
 def order(names, schedule, cycle, rng):
@@ -57,6 +60,7 @@ def main():
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
   batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   cycles = int(sys.argv[4]) if len(sys.argv) > 4 else 80
+  new = int(sys.argv[5]) if len(sys.argv) > 5 else 128
   target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
                                      data.stdlib_corpus())
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
@@ -69,16 +73,19 @@ def main():
   def spec(gamma):
     return lambda: sj.speculative_generate(
         target, draft.model, prompts, lengths, jax.random.key(0),
-        gamma=gamma, max_new_tokens=128, sampling=sampling)
+        gamma=gamma, max_new_tokens=new, sampling=sampling)
   fixed8 = spec(8)
   fns = {"fixed 8": fixed8, "goodput 8": spec(goodput8),
+         "goodput 8, no prompt": spec(dataclasses.replace(goodput8,
+                                                          prompt_prior=0.0)),
          "fixed 8 again": fixed8, "fixed 1": spec(1),
          "generate": lambda: sj.generate(target, prompts, lengths,
-                                         jax.random.key(0), max_new_tokens=128,
+                                         jax.random.key(0), max_new_tokens=new,
                                          sampling=sampling)}
   for fn in fns.values():
     jax.block_until_ready(fn())
-  print(f"{name}, T={temperature:g}, batch {batch}, {cycles} cycles per "
+  print(f"{name}, T={temperature:g}, batch {batch}, 64 + {new} tokens, "
+        f"{cycles} cycles per "
         "schedule: median ratio of seconds per call [95% over cycles]")
   rng = random.Random(0)
   for schedule in SCHEDULES:
