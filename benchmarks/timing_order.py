@@ -12,9 +12,10 @@ so that width 8 always wins (`gamma="auto"`'s program, drafting what fixed 8
 does), and "goodput 8, no prompt" the same with `prompt_prior=0` (its
 prefill scores no prompt window); "fixed 1" and `generate` run between them,
 as other programs do in an experiment's cycle. A NEW that changes a ratio
-says whether its cost is per call or per round. Three schedules, one after the other: the same order every
-cycle (as `specjax.measure.interleaved_times`), the order reversed every other
-cycle (ABBA), and a seeded shuffle each cycle. Per schedule: the median over
+says whether its cost is per call or per round. Three schedules, one after
+the other: the same order every cycle (as
+`specjax.measure.interleaved_times`), the order reversed every other cycle
+(ABBA), and a seeded shuffle each cycle. Per schedule: the median over
 cycles of each pair's ratio, with a 95% bootstrap interval over cycles. The
 interval treats cycles as independent, which a drifting machine makes them not:
 the A/A row says how far to trust it.
