@@ -10,8 +10,9 @@ and a `Goodput` rule of gamma_max G pinned at width G
 (`draft_length.pinned`, no probe, no prompt scoring), which runs the same
 rounds in a planned loop holding one loop per width 1..G. Each of CYCLES
 cycles runs every call once, in a seeded random order; per G, the median
-seconds of each and the median of their per-cycle difference. At NEW = 1 a call is one round, so the
-difference is what the planned loop costs a call beyond its rounds.
+seconds of each and the median of their per-cycle difference. At NEW = 1 a
+call is one round, so the difference is what the planned loop costs a call
+beyond its rounds.
 """
 
 import os

@@ -7,9 +7,9 @@ On the quick job's models (cached by `python -m experiments.reproduce`; DRAFT
 may also be self:1 or self:2, the target's own first blocks), 64 + NEW tokens:
 six calls timed in cycles, each cycle one call of each. Two of them are the
 same call ("fixed 8" and "fixed 8 again": one function, one compiled program),
-so their ratio is 1 but for the timing; "goodput 8" is a `Goodput` rule priced
-so that width 8 always wins (`gamma="auto"`'s program, drafting what fixed 8
-does), and "goodput 8, no prompt" the same with `prompt_prior=0` (its
+so their ratio is 1 but for the timing; "goodput 8" is a `Goodput` rule
+pinned at width 8 (`draft_length.pinned`: `gamma="auto"`'s program, drafting
+what fixed 8 does), and "goodput 8, no prompt" the same with `prompt_prior=0` (its
 prefill scores no prompt window); "fixed 1" and `generate` run between them,
 as other programs do in an experiment's cycle. A NEW that changes a ratio
 says whether its cost is per call or per round. Three schedules, one after
@@ -68,8 +68,9 @@ def main():
   prompts = data.prompts(heldout, batch, 64, seed=0)
   lengths = np.full((batch,), 64, np.int32)
   sampling = sj.SamplingConfig(temperature=temperature)
-  # Width 8 costs 1 target pass, any other width 50 and a probe 100.
-  goodput8 = draft_length.Goodput(c=0.0, r=(50.0,) * 7 + (1.0,), probe=100.0)
+  # auto's structure (gamma_max 8, probe rounds), pinned at width 8.
+  goodput8 = draft_length.pinned(
+      draft_length.Goodput(c=0.0, r=(1.0,) * 8, probe=1.0), 8)
 
   def spec(gamma):
     return lambda: sj.speculative_generate(
