@@ -12,7 +12,8 @@ loop's own rounds (`measure.loop_round_steps`) two ways:
           width (how `measure_goodput` priced the widths before);
   pinned  the `Goodput` rule `measure_goodput` returns, pinned at each width
           (`draft_length.pinned`): one planned loop for every width, the
-          program `gamma="auto"` then runs.
+          program `gamma="auto"` then ran (it now plans widths 1, 2, 4,
+          8: `benchmarks/width_set.py`).
 
 First each way from an empty compilation cache (the caches cleared before
 each): the wall time of the pricing, its compiles and their seconds, and
@@ -28,7 +29,6 @@ import sys
 import time
 
 import jax
-import jax.monitoring
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -39,20 +39,12 @@ from specjax import measure  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
-_COMPILE_SECONDS = [0.0]
-
-
-def _on_event(event, seconds, **kwargs):
-  del kwargs
-  if event == "/jax/core/compile/backend_compile_duration":
-    _COMPILE_SECONDS[0] += seconds
 
 
 def main(argv):
   name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
   batch = int(argv[2]) if len(argv) > 2 else 1
   trials = int(argv[3]) if len(argv) > 3 else 5
-  jax.monitoring.register_event_duration_secs_listener(_on_event)
   target, _ = adaptive_gamma._load("quick")  # pylint: disable=protected-access
   draft = adaptive_gamma._draft(name, target)  # pylint: disable=protected-access
   shape = measure.LoopShape(batch, 64, 128, 8)
@@ -72,15 +64,16 @@ def main(argv):
         f"{os.cpu_count()} cores")
   for way, pinned_to in ways.items():
     jax.clear_caches()
-    compiles, seconds = jit_memory.compiles(), _COMPILE_SECONDS[0]
+    compiles, seconds = jit_memory.compiles(), jit_memory.compile_seconds()
     start = time.perf_counter()
     measure.loop_round_steps(target, draft, shape, sampling, widths=widths,
                              calls=2, repeats=1, rule=pinned_to)
     priced = time.perf_counter() - start
     print(f"  {way:6s} pricing from cold: {priced:6.1f} s, "
           f"{jit_memory.compiles() - compiles} compiles, "
-          f"{_COMPILE_SECONDS[0] - seconds:5.1f} s of them", flush=True)
-    compiles, seconds = jit_memory.compiles(), _COMPILE_SECONDS[0]
+          f"{jit_memory.compile_seconds() - seconds:5.1f} s of them",
+          flush=True)
+    compiles, seconds = jit_memory.compiles(), jit_memory.compile_seconds()
     start = time.perf_counter()
     jax.block_until_ready(sj.speculative_generate(
         target, draft, prompts, lengths, jax.random.key(0), gamma=rule,

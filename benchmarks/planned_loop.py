@@ -14,7 +14,8 @@ and of a `Goodput` rule priced so that width 4 always wins ("goodput 4 of
 8"), which plans as `gamma="auto"` does every round, so its row against
 "plan 4 of 8" is the cost of the rule's own per-round work; "goodput 8
 of 8" is the same rule priced so that width 8 always wins (against "fixed
-8": what `gamma="auto"` pays over the fixed loop where it drafts 8);
+8": what `gamma="auto"` paid over the fixed loop where it drafts 8, when
+it planned every width);
 "... each round" is the width-4 rule planning again inside every round,
 as the loop did before `Rule.plans_one_width`. "4/8 each round" and
 "4/8 each 4" plan 4 and 8 in turn, changing width every round or every 4

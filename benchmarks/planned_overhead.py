@@ -8,8 +8,12 @@ DRAFT may also be self:1 or self:2), batch 1, a 64-byte held-out prompt,
 NEW new tokens, T = 1. For gamma_max G in 2, 4, 8: the fixed gamma = G loop
 and a `Goodput` rule of gamma_max G pinned at width G
 (`draft_length.pinned`, no probe, no prompt scoring), which runs the same
-rounds in a planned loop holding one loop per width 1..G. Each of CYCLES
-cycles runs every call once, in a seeded random order; per G, the median
+rounds in a planned loop holding one loop per width 1..G; then, at
+gamma_max 8, the same rule planning only widths 1, 2, 4, 8 and only width
+8 (`Goodput.widths`): four loops and one; and the rule of every width
+scoring the prompt (`prompt_prior` 16, gamma="auto"'s default: the
+prefills then compute both models' logits on the prompt). Each of CYCLES
+cycles runs every call once, in a seeded random order; per row, the median
 seconds of each and the median of their per-cycle difference. At NEW = 1 a
 call is one round, so the difference is what the planned loop costs a call
 beyond its rounds.
@@ -43,10 +47,18 @@ def main(argv):
   lengths = np.full((1,), 64, np.int32)
   sampling = sj.SamplingConfig(temperature=1.0)
   gammas = {}
-  for g in (2, 4, 8):
-    rule = draft_length.Goodput(c=0.1, r=(1.0,) * g, prompt_prior=0.0)
+  rows = {}  # a planned loop's label -> its fixed loop's
+  for g, widths, prior in ((2, None, 0.0), (4, None, 0.0), (8, None, 0.0),
+                           (8, (1, 2, 4, 8), 0.0), (8, (8,), 0.0),
+                           (8, None, 16.0)):
+    rule = draft_length.Goodput(c=0.1, r=(1.0,) * g, prompt_prior=prior,
+                                widths=widths)
+    label = (f"gamma_max {g}"
+             + (f", widths {','.join(map(str, widths))}" if widths else "")
+             + (", prompt scored" if prior else ""))
     gammas[f"fixed {g}"] = g
-    gammas[f"planned {g}"] = draft_length.pinned(rule, g)
+    gammas[label] = draft_length.pinned(rule, g)
+    rows[label] = f"fixed {g}"
 
   def call(gamma):
     jax.block_until_ready(sj.speculative_generate(
@@ -63,10 +75,10 @@ def main(argv):
       seconds[k].append(time.perf_counter() - start)
   print(f"{name}, batch 1, 64 + {new} tokens, T = 1, {cycles} cycles: "
         "median ms per call")
-  for g in (2, 4, 8):
-    fixed, planned = seconds[f"fixed {g}"], seconds[f"planned {g}"]
+  for label, fixed_label in rows.items():
+    fixed, planned = seconds[fixed_label], seconds[label]
     extra = statistics.median(b - a for a, b in zip(fixed, planned))
-    print(f"  gamma_max {g}: fixed {1e3 * statistics.median(fixed):6.2f}, "
+    print(f"  {label + ':':30s} fixed {1e3 * statistics.median(fixed):6.2f}, "
           f"planned {1e3 * statistics.median(planned):6.2f}, "
           f"planned - fixed {1e3 * extra:+6.2f}")
 

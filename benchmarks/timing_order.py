@@ -8,7 +8,8 @@ may also be self:1 or self:2, the target's own first blocks), 64 + NEW tokens:
 six calls timed in cycles, each cycle one call of each. Two of them are the
 same call ("fixed 8" and "fixed 8 again": one function, one compiled program),
 so their ratio is 1 but for the timing; "goodput 8" is a `Goodput` rule
-pinned at width 8 (`draft_length.pinned`: `gamma="auto"`'s program, drafting
+pinned at width 8 (`draft_length.pinned`: the planned program of every
+width 1..8, `gamma="auto"`'s until it planned 1, 2, 4, 8 only, drafting
 what fixed 8 does), and "goodput 8, no prompt" the same with `prompt_prior=0` (its
 prefill scores no prompt window); "fixed 1" and `generate` run between them,
 as other programs do in an experiment's cycle. A NEW that changes a ratio

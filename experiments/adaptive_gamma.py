@@ -7,15 +7,20 @@ r"""gamma="auto" (and the confidence rule) against every fixed gamma, per draft 
 For every (draft, batch) cell it times, after compilation and interleaved
 call by call, `generate` and `speculative_generate` with each fixed gamma,
 with
-gamma="auto" (the Goodput rule, every width's round priced at that batch
-by the loop's own round, `measure_goodput`), with auto priced by the
+gamma="auto" (the Goodput rule planning widths 1, 2, 4, ... up to the
+largest gamma, each width's round priced at that batch by the loop's own
+round, `measure_goodput`), with auto priced by the
 verify passes timed alone ("auto alone": `measure_goodput(calibrate=False)`,
 the default before), with auto warm-started from a pilot call on other
 held-out prompts of the same batch ("auto+warm": `Goodput.warm_start`, so
 rows start from the pilot's acceptance instead of the default prior's
 3/4), with auto as it was before `Goodput.prompt_prior` ("auto no prompt":
 rows start from the prior's 3/4, not from their prompts, teacher-forced),
-with auto from the prior `--prior` if given ("auto prior a:b") and with auto
+with auto from the prior `--prior` if given ("auto prior a:b"), with auto
+planning the widths `--widths` instead if given, with and without its
+prompt ("auto widths 1,2,3,4,5,6,7,8", "... no prompt":
+`measure_goodput(widths=...)`; the planned loop holds a loop of rounds per
+width) and with auto
 plus a confidence stop (`--threshold`), over the same held-out prompts, every
 call (warm-up and repeats) drawing its own sample. Per cell it prints
 one line per variant, side by side: speedup over `generate` (total time
@@ -57,6 +62,7 @@ from specjax import distributed
 from specjax import measure
 from specjax import sharding
 from specjax import zoo
+from specjax.decode import draft_length
 from specjax.train import recipes
 
 _TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
@@ -80,12 +86,16 @@ _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats, each on its "
 _PRIOR = flags.DEFINE_string(
     "prior", "", "Also time auto from this prior, pseudo-counts 'a:b' of "
     "kept and rejected drafts (the variant 'auto prior a:b').")
+_WIDTHS = flags.DEFINE_list(
+    "widths", [], "Also time auto planning these draft lengths instead of "
+    "1, 2, 4, ... (the variants 'auto widths W' and 'auto widths W no "
+    "prompt'), e.g. 1,2,3,4,5,6,7,8.")
 _RESULTS = flags.DEFINE_string("results_dir", "results/adaptive_gamma",
                                "Where to write the rows and the figure.")
 distributed.define_flags()
 distributed.define_dtype_flags()
 # Checked when the flags are parsed, before any model is loaded or trained.
-for _name in ("batches", "gammas"):
+for _name in ("batches", "gammas", "widths"):
   flags.register_validator(
       _name, lambda v: all(x.strip().isdigit() and int(x) >= 1 for x in v),
       f"--{_name} must be ints >= 1, e.g. --{_name}=1,8")
@@ -168,17 +178,21 @@ def held_out_calls(calls, batch, prompt_len):
 
 
 def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
-             threshold, max_new, repeats, prior=None):
+             threshold, max_new, repeats, prior=None, widths=None):
   """Speedups of every variant over `generate` for one (draft, batch);
   `pilot_BxP`: other prompts, for the pilot call of "auto+warm"; `prior`:
-  (a, b) pseudo-counts of an "auto prior a:b" variant, or None."""
+  (a, b) pseudo-counts of an "auto prior a:b" variant, or None; `widths`:
+  the draft lengths of the "auto widths" variants, or None."""
   batch, width = prompts_NxBxP.shape[1:]
   lengths = np.full((batch,), width, np.int32)
   keys = [jax.random.key(i) for i in range(len(prompts_NxBxP))]
-  measured = lambda **kw: sj.measure_goodput(
-      target, draft, batch_size=batch, gamma_max=max(gammas),
-      prompt_len=width, max_new_tokens=max_new, sampling=sampling, **kw)
-  # What gamma="auto" runs: every width priced by the loop's own round.
+  def measured(**kw):
+    # gamma="auto"'s widths unless told otherwise.
+    kw.setdefault("widths", draft_length.doubling_widths(max(gammas)))
+    return sj.measure_goodput(
+        target, draft, batch_size=batch, gamma_max=max(gammas),
+        prompt_len=width, max_new_tokens=max_new, sampling=sampling, **kw)
+  # What gamma="auto" runs: its widths priced by the loop's own rounds.
   auto = measured()
   variants = {f"gamma={g}": g for g in gammas}
   variants["auto"] = auto
@@ -192,6 +206,11 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   if prior is not None:
     variants["auto prior {:g}:{:g}".format(*prior)] = dataclasses.replace(
         auto, prior=prior)
+  if widths:
+    name = "auto widths " + ",".join(map(str, widths))
+    variants[name] = measured(widths=widths)
+    variants[name + " no prompt"] = dataclasses.replace(variants[name],
+                                                        prompt_prior=0.0)
   variants["auto+conf"] = dataclasses.replace(auto, threshold=threshold,
                                              probe=None)
 
@@ -366,7 +385,8 @@ def _run():
     for batch in (int(b) for b in _BATCHES.value):
       prompts = held_out_calls(_PROMPTS.value, batch, _PROMPT_LEN.value)
       row = run_cell(target, draft, prompts[1:], prompts[0], sampling, gammas,
-                     _THRESHOLD.value, _NEW.value, _REPEATS.value, prior)
+                     _THRESHOLD.value, _NEW.value, _REPEATS.value, prior,
+                     [int(w) for w in _WIDTHS.value])
       row.update(draft=name, batch=batch, target=what)
       # Each cell compiles a dozen loops; freed between cells, since one
       # process holding every cell's (the six cells of the README's run) ran

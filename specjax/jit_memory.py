@@ -52,8 +52,8 @@ _MAPS = "/proc/self/maps"
 _LIMIT_FILE = "/proc/sys/vm/max_map_count"
 
 _lock = threading.Lock()
-_state = {"compiles": 0, "warned": False, "relieve": False, "reliefs": 0,
-          "stuck": False, "deferred": 0}
+_state = {"compiles": 0, "compile_seconds": 0.0, "warned": False,
+          "relieve": False, "reliefs": 0, "stuck": False, "deferred": 0}
 
 
 def mapping_limit() -> int | None:
@@ -80,6 +80,11 @@ def compiles() -> int:
   return _state["compiles"]
 
 
+def compile_seconds() -> float:
+  """Seconds those compiles (or loads) took, as JAX times them."""
+  return _state["compile_seconds"]
+
+
 def _advice(count: int, limit: int) -> str:
   return (f"this process holds {count:,} memory mappings, {count / limit:.0%} "
           f"of the kernel's limit vm.max_map_count={limit:,}; XLA:CPU maps "
@@ -92,11 +97,12 @@ def _advice(count: int, limit: int) -> str:
 
 def _on_event(event: str, duration_secs: float, **kwargs) -> None:
   """After each compile: count the mappings; warn or mark for relief."""
-  del duration_secs, kwargs
+  del kwargs
   if event != _COMPILE_EVENT:
     return
   with _lock:
     _state["compiles"] += 1
+    _state["compile_seconds"] += duration_secs
   limit = mapping_limit()
   count = mapping_count() if limit else None
   if not count:

@@ -128,6 +128,15 @@ _MIXED_PROBES = draft_length.Goodput(c=0.1, r=(5.0, 1.2), probe=0.9,
                                      estimator="accepted", switch_cost=0.0)
 
 
+# Widths 1 and 3 only (no loop of width 2): from the uniform prior the
+# batch plans width 3 (3 tokens to go at alpha 1/2: 4.16 passes against
+# width 1's 4.4), then width 1 once a row's first draft is rejected (alpha
+# 1/3, 2 tokens to go: 3.3 passes against 3.51).
+_WIDTHS_1_3 = draft_length.Goodput(c=0.2, r=(2.0, 2.0, 2.0), widths=(3, 1),
+                                   prior=(1.0, 1.0), estimator="accepted",
+                                   switch_cost=0.0)
+
+
 def _sample(target, draft, rule, sampling):
   out = sj.speculative_generate(
       target, draft, np.tile(EPROMPT, (EN, 1)), np.full(EN, 3, np.int32),
@@ -151,6 +160,7 @@ def _sample(target, draft, rule, sampling):
     # With probe rounds: width 2 while the estimate is the prior's 0.5, then
     # probes once the batch's worst row has been rejected (see below).
     _MIXED_PROBES,
+    _WIDTHS_1_3,
 ])
 def test_adaptive_generations_are_exact(toys, rule):
   target, draft = toys
@@ -164,6 +174,9 @@ def test_adaptive_generations_are_exact(toys, rule):
     # Off rounds ran (under 2 passes a round) and so did width-2 rounds (the
     # only ones that can draft more than the target judges).
     assert s["verified"] < s["draft_calls"] < 2 * s["rounds"], s
+  if rule is _WIDTHS_1_3:
+    assert rule.planned_widths == (1, 3)
+    assert s["rounds"] < s["draft_calls"], s  # both widths ran
   # The Goodput rule on the overlap estimate read each row's prompt from both
   # prefills (its 2 scored positions); the others read none.
   prompt = jnp.asarray(EPROMPT)[None]
@@ -420,6 +433,44 @@ def test_a_pinned_rule_runs_one_width_on_the_rules_own_loop(target):
     draft_length.pinned(rule, 2.0)
 
 
+def test_goodput_plans_only_its_widths(target):
+  """With `widths`, `plan` gives only those widths (0 too, with a probe),
+  the loop holds a loop of rounds for each of them alone, and a pinned rule
+  refuses another; widths=None and every width are one rule."""
+  rule = draft_length.Goodput(c=0.05, r=(1.0, 1.1, 1.2, 1.3, 4.0),
+                              widths=(4, 1, 2, 1), probe=1.0)
+  assert rule.widths == (1, 2, 4)
+  assert rule.planned_widths == (0, 1, 2, 4)
+  assert [draft_length.doubling_widths(g) for g in (1, 3, 6, 16)] == [
+      (1,), (1, 2, 3), (1, 2, 4, 6), (1, 2, 4, 8, 16)]
+  assert draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(2, 1)) == (
+      draft_length.Goodput(c=0.1, r=(1.0, 1.1)))
+  rng = np.random.default_rng(1)
+  for _ in range(20):
+    verified = rng.integers(0, 200, 4)
+    stats = sj.RowStats.zeros(4, 5).replace(
+        verified=jnp.asarray(verified, jnp.int32),
+        overlap_sum=jnp.asarray(verified * rng.uniform(0, 1, 4), jnp.float32))
+    active_B = jnp.asarray(rng.uniform(size=4) < 0.8)
+    remaining_B = jnp.asarray(rng.integers(1, 300, 4), jnp.int32)
+    planned = int(np.asarray(rule.plan(stats, active_B, remaining_B))[0])
+    assert planned in rule.planned_widths
+    for w in (3, 5):  # never kept: no loop runs them
+      assert not bool(rule.keeps(w, stats, active_B, remaining_B))
+  with pytest.raises(ValueError, match="widths"):
+    draft_length.pinned(dataclasses.replace(rule, probe=None), 3)
+  # Greedy with the target as its own draft, every draft is kept: width 2
+  # is the cheapest per token; allowed only 1 and 3, the rule drafts 1.
+  prompts, lengths = _prompts(2, seed=7)
+  run = lambda gamma: sj.speculative_generate(
+      target, target, prompts, lengths, jax.random.key(0), gamma=gamma,
+      max_new_tokens=16, sampling=sj.GREEDY).stats
+  every = draft_length.Goodput(c=0.1, r=(1.0, 1.1, 5.0))
+  for widths, drafts in ((None, 2), ((1, 3), 1)):
+    s = run(dataclasses.replace(every, widths=widths))
+    np.testing.assert_array_equal(s.draft_calls, drafts * s.rounds)
+
+
 def test_goodput_estimates_acceptance_from_overlaps():
   """By default each judged draft adds its keep probability sum_x min(p, q)
   to the kept count (Rao-Blackwellised); estimator='accepted' counts the
@@ -562,6 +613,44 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   # A probe round is scaled as the width-1 round is.
   assert rule.probe == pytest.approx(alone.probe * in_loop[0] * step
                                      / (0.15 + 1.2 + 0.25))
+
+
+def test_measured_widths_time_only_those_rounds(target, monkeypatch):
+  """`measure_goodput(widths=...)` (timings stubbed) times the loop's rounds
+  of those widths alone, on a rule planning only them; r between them is
+  interpolated, and the probe round is scaled as the narrowest one is."""
+  from specjax import measure  # pylint: disable=import-outside-toplevel
+  timed = []
+  def stub(model, *, passes, **kwargs):
+    del kwargs
+    del model
+    timed.append([t for t, _ in passes])
+    # The target's passes first, then the draft's on 1 and 2 tokens.
+    return ([1.0, 1.2, 1.4] if len(timed) == 1 else [0.1, 0.15])[
+        :len(passes)]
+  monkeypatch.setattr(measure, "passes_seconds", stub)
+  monkeypatch.setattr(measure, "null_loop_seconds",
+                      lambda *a, **k: (0.25, 0.0))
+  asked = []
+  monkeypatch.setattr(measure, "loop_round_steps",
+                      lambda *a, widths, rule=None, **k: asked.append(
+                          (tuple(widths), rule)) or [2.0, 3.0])
+  rule = draft_length.measure_goodput(
+      target, target, batch_size=1, gamma_max=4, prompt_len=8,
+      max_new_tokens=16, widths=[4, 2])
+  draft_length._MEASURED.clear()  # stubbed: not for later calls
+  assert rule.widths == (2, 4) and rule.planned_widths == (0, 2, 4)
+  assert [w for w, _ in asked] == [(2, 4)]
+  assert draft_length.split(asked[0][1])[0] == draft_length.split(rule)[0]
+  # The target's passes on 1..3 tokens: a width-2 round's, timed alone.
+  assert timed[0] == [1, 2, 3]
+  step = 1.0 + rule.overhead
+  r2, r4 = (steps * step - 0.15 - (g - 1) * 0.1 - 0.25
+            for g, steps in ((2, 2.0), (4, 3.0)))
+  assert rule.r[1] == pytest.approx(r2) and rule.r[3] == pytest.approx(r4)
+  assert rule.r[2] == pytest.approx((r2 + r4) / 2)
+  assert rule.probe == pytest.approx((0.15 + 1.0 + 0.25) * 2.0 * step
+                                     / (0.15 + 0.1 + 1.4 + 0.25))
 
 
 def test_pass_times_that_break_subadditivity_are_retimed(target, monkeypatch):
@@ -765,6 +854,7 @@ def test_warm_start_bad_input(previous, strength, error, match):
 def test_auto_measures_costs_once(target):
   prompts, lengths = _prompts(2)
   draft = sj.SelfDraft(target, layers=1)
+  known = set(draft_length._MEASURED)
   out = sj.speculative_generate(target, draft, prompts, lengths,
                                 jax.random.key(0), gamma="auto",
                                 max_new_tokens=8, sampling=sj.GREEDY)
@@ -777,6 +867,9 @@ def test_auto_measures_costs_once(target):
   sj.speculative_generate(target, draft, prompts, lengths, jax.random.key(1),
                           gamma="auto", max_new_tokens=8, sampling=sj.GREEDY)
   assert draft_length._MEASURED == before
+  # gamma="auto" plans widths 1, 2, 4, 8 (its rule is the one measured).
+  (rule,) = (rule for key, rule in before.items() if key not in known)
+  assert rule.widths == draft_length.doubling_widths(8) == (1, 2, 4, 8)
 
 
 @pytest.mark.parametrize("make, error, match", [
@@ -811,6 +904,16 @@ def test_auto_measures_costs_once(target):
      TypeError, "prompt_prior"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), prior=5), TypeError,
      "prior must be two"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(0, 1)),
+     ValueError, "widths"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(3,)),
+     ValueError, "widths"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=()),
+     ValueError, "widths"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths="12"),
+     TypeError, "widths"),
+    (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(1.5,)),
+     TypeError, "widths"),
     # The loop computes in float32: a cost that overflows it is refused.
     (lambda: draft_length.split(draft_length.Goodput(c=1e39, r=(1.0,))),
      ValueError, "float32"),
@@ -825,6 +928,7 @@ def test_bad_rules_get_clear_errors(make, error, match):
     (dict(seconds=0.0), ValueError, "seconds"),
     (dict(repeats=0), ValueError, "repeats"),
     (dict(batch_size=0), ValueError, "batch_size"),
+    (dict(widths=(3,)), ValueError, "widths"),
 ])
 def test_measure_goodput_bad_input_is_refused_before_timing(target, kwargs,
                                                             error, match):

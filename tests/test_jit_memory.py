@@ -50,11 +50,14 @@ def _fake(monkeypatch):
 def test_compiles_count_compiles_and_loads_not_cache_hits():
   f = jax.jit(lambda x: x * 3 + 1)
   x = jnp.ones(5)
-  before = jit_memory.compiles()
+  before, seconds = jit_memory.compiles(), jit_memory.compile_seconds()
   f(x)
   assert jit_memory.compiles() == before + 1
+  assert jit_memory.compile_seconds() > seconds
+  seconds = jit_memory.compile_seconds()
   f(x)
   assert jit_memory.compiles() == before + 1
+  assert jit_memory.compile_seconds() == seconds
   # Out of memory, the program is compiled again or, with JAX's persistent
   # cache on (tests/conftest.py turns it on), loaded from it: both count.
   jax.clear_caches()

@@ -89,6 +89,31 @@ def _check_gamma_max(gamma_max) -> int:
   return _checks.check_int("gamma_max", gamma_max, low=1, high=64)
 
 
+def _check_widths(widths, gamma_max: int) -> tuple[int, ...] | None:
+  """`widths` as a sorted tuple of distinct ints in [1, gamma_max], or None
+  where it is None or every such width (one skeleton for both)."""
+  if widths is None:
+    return None
+  if isinstance(widths, (str, bytes)) or not hasattr(widths, "__iter__"):
+    raise TypeError(f"widths must be a sequence of draft lengths in [1, "
+                    f"{gamma_max}], e.g. (1, 2, 4, 8), or None; got "
+                    f"{widths!r}.")
+  widths = tuple(sorted({_checks.check_int("widths[i]", w, low=1,
+                                           high=gamma_max) for w in widths}))
+  if not widths:
+    raise ValueError("widths must hold at least one draft length, or be None "
+                     "(every width 1..gamma_max).")
+  return None if widths == tuple(range(1, gamma_max + 1)) else widths
+
+
+def doubling_widths(gamma_max: int) -> tuple[int, ...]:
+  """1, 2, 4, ... up to `gamma_max`, and `gamma_max`: the widths
+  gamma="auto" plans (`Goodput.widths`)."""
+  gamma_max = _check_gamma_max(gamma_max)
+  return tuple(sorted({1 << k for k in range(gamma_max.bit_length())}
+                      | {gamma_max}))
+
+
 def _check_threshold(threshold) -> float | None:
   if threshold is None:
     return None
@@ -183,6 +208,12 @@ class Rule:
     """The narrowest round the rule plans: 1, or 0 where it may plan a probe
     round (`adaptive.planned`)."""
     return 1
+
+  @property
+  def planned_widths(self) -> tuple[int, ...]:
+    """The widths `plan` may give, ascending (0: a probe round): the loops a
+    rule that only plans compiles (`loop._planned_loop`)."""
+    return tuple(range(self.min_width, self.gamma_max + 1))
 
   # Whether `plan` gives every row the same budget. The planned loop then
   # runs every row to the round's width without planning again inside the
@@ -324,6 +355,18 @@ class Goodput(Rule):
       overlap is the count (p and q are one-hot). "accepted": the drafts
       kept, for a verifier that keeps drafts with other probabilities (the
       lossy ones); the loop refuses "overlap" with such a verifier.
+    widths: the draft lengths the rule may plan, a subset of 1..gamma_max
+      (any order; kept sorted), or None (default): every one. Without a
+      threshold the loop compiles one loop of rounds per planned width
+      (`loop._planned_loop`), and every call pays for each of them, planned
+      or not: pinned at width 8 of gamma_max 8, on 1-token calls of 4.3 ms
+      (quick job, batch 1), the planned loop cost 0.65 ms more than the
+      fixed gamma = 8 loop with every width, 0.41 ms with widths 1, 2, 4, 8
+      and 0.14 ms with width 8 alone
+      (results/adaptive_gamma/planned_overhead.txt). Fewer widths also
+      compile faster, and `measure_goodput(widths=...)` times only them;
+      gamma="auto" plans `doubling_widths`. r's entries at other widths
+      are not read. With a threshold, only the budgets are restricted.
   """
   c: float
   r: tuple[float, ...]
@@ -338,11 +381,12 @@ class Goodput(Rule):
   probe: float | None = None
   probe_every: int = 8
   estimator: str = "overlap"
+  widths: tuple[int, ...] | None = None
 
   plans_one_width: ClassVar[bool] = True  # one budget for the batch: `plan`
   # Structure stays static: gamma_max, probe_every, estimator, prompt_prior
-  # (`reads_prompt` decides what the loop scores) and whether threshold and
-  # probe are None.
+  # (`reads_prompt` decides what the loop scores), widths, and whether
+  # threshold and probe are None.
   traced_fields: ClassVar[tuple[str, ...]] = (
       "c", "r", "threshold", "prior", "c_first", "overhead", "hysteresis",
       "switch_cost", "probe")
@@ -408,6 +452,7 @@ class Goodput(Rule):
                         ("overhead", overhead), ("hysteresis", hysteresis),
                         ("switch_cost", switch_cost),
                         ("prompt_prior", prompt_prior),
+                        ("widths", _check_widths(self.widths, gamma_max)),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
 
@@ -452,6 +497,12 @@ class Goodput(Rule):
   @property
   def min_width(self) -> int:
     return 0 if self.probe is not None else 1
+
+  @property
+  def planned_widths(self) -> tuple[int, ...]:
+    if self.widths is None:
+      return super().planned_widths
+    return (0,) * (self.probe is not None) + self.widths
 
   def expected_rate(self, alpha_B: jax.Array) -> jax.Array:
     """float32 `[B, W]`: expected tokens per unit time for each width g =
@@ -523,7 +574,8 @@ class Goodput(Rule):
 
   def remaining_time(self, stats, active_B, remaining_B) -> jax.Array:
     """float32 `[W]`: the batch's expected time to finish, in target passes,
-    if every round from now on had width g = min_width..G.
+    if every round from now on had width g = min_width..G (+inf for a width
+    outside `widths`).
 
     Every row waits for every pass, and the batch runs until its last row is
     done: the round's cost times the most rounds an active row still needs
@@ -536,7 +588,13 @@ class Goodput(Rule):
     rounds_BxG = (remaining_B.astype(jnp.float32)[:, None]
                   / self.row_tokens(stats))
     worst_G = jnp.max(jnp.where(active_B[:, None], rounds_BxG, 0.0), axis=0)
-    return worst_G * jnp.asarray(self.round_costs(), jnp.float32)
+    time_G = worst_G * jnp.asarray(self.round_costs(), jnp.float32)
+    if self.widths is None:
+      return time_G
+    # A width outside `widths` is never planned, nor kept over one in it.
+    allowed_G = np.isin(np.arange(self.min_width, self.gamma_max + 1),
+                        self.planned_widths)
+    return jnp.where(allowed_G, time_G, jnp.inf)
 
   def plan(self, stats, active_B, remaining_B):
     best = jnp.argmin(self.remaining_time(stats, active_B, remaining_B))
@@ -577,13 +635,17 @@ def pinned(rule: Goodput, width: int) -> Goodput:
 
   Args:
     rule: a `Goodput` that only plans (no `threshold`).
-    width: int in [1, rule.gamma_max].
+    width: int in [1, rule.gamma_max], one of the rule's `widths`.
   """
   if not isinstance(rule, Goodput) or rule.stops_early:
     raise TypeError("rule must be a Goodput without a threshold (a rule "
                     "that plans each round's width before drafting), got "
                     f"{rule!r}.")
   width = _checks.check_int("width", width, low=1, high=rule.gamma_max)
+  if width not in rule.planned_widths:
+    raise ValueError(f"width={width} is not one of the rule's widths "
+                     f"{rule.widths}: its loop has no rounds of that width. "
+                     "Pin one of them, or pass a rule with widths=None.")
   far = _UNPLANNED_COST
   return dataclasses.replace(
       rule, c=0.0, c_first=0.0, overhead=0.0, hysteresis=0.0,
@@ -632,7 +694,8 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
                     prompt_len: int = 64, max_new_tokens: int = 128,
                     threshold: float | None = None, sampling: Any = None,
                     seconds: float = 0.05, repeats: int = 3,
-                    calibrate: bool = True) -> Goodput:
+                    calibrate: bool = True,
+                    widths: Any = None) -> Goodput:
   """A `Goodput` rule with every cost measured on the loop's own shapes.
 
   The shapes are those `speculative_generate(..., gamma=<rule with
@@ -661,6 +724,10 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   the quick job's cells, the passes alone .914-.994
   (results/adaptive_gamma/T1_fresh).
 
+  With `widths` (a subset of 1..gamma_max, `Goodput.widths`), the rule
+  plans only those, and only their rounds are timed; r at the other widths
+  is interpolated between them (it is not read).
+
   Its `hysteresis` is the default (none) at batch 1 and
   `BATCHED_HYSTERESIS` (2%) above, where the rows the batch waits for
   move; `switch_cost` is the default at every batch.
@@ -669,7 +736,7 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   round, costed as the first draft pass plus a 1-token target pass plus
   the round's other work, then autoregressive steps (a 1-token pass plus
   that work). Memoised per (model structures, batch, gamma_max, shapes,
-  threshold, sampling, calibrate) for this process.
+  threshold, sampling, calibrate, widths) for this process.
   """
   from specjax import measure  # pylint: disable=import-outside-toplevel
   # pylint: disable-next=import-outside-toplevel
@@ -687,14 +754,17 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   shape = measure.LoopShape(batch_size, prompt_len, max_new_tokens, gamma_max)
   if not isinstance(calibrate, bool):
     raise TypeError(f"calibrate must be a bool, got {calibrate!r}.")
+  widths = _check_widths(widths, gamma_max)
+  timed_widths = widths or tuple(range(1, gamma_max + 1))
   key = (measure.model_key(target), measure.model_key(draft), shape,
-         _check_threshold(threshold), sampling, calibrate)
+         _check_threshold(threshold), sampling, calibrate, widths)
   if key not in _MEASURED:
     def measured(*, r, probe, **costs):
       """The rule at these costs, with the structure of this measurement."""
       return Goodput(
           r=tuple(r), gamma_max=gamma_max, threshold=threshold,
-          probe=None if threshold is not None else probe, **costs,
+          probe=None if threshold is not None else probe, widths=widths,
+          **costs,
           **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
           **({"probe_every": 1}
              if getattr(draft, "reads_target_features", False) else {}))
@@ -707,10 +777,11 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
           passes=[(min(t, capacity), shape.fill(model, t)) for t in widths],
           seconds=seconds, repeats=repeats)
     # Calibrated, the loop's rounds price every width; the passes alone
-    # only price the probe round (1 and 2 tokens: a width-1 round).
+    # only price the probe round, scaled as the narrowest timed round is.
+    narrowest = timed_widths[0]
     base, *verify = _target_passes(
-        lambda: times(target, range(1, (2 if calibrate else gamma_max + 1)
-                                    + 1)))
+        lambda: times(target, range(1, (narrowest if calibrate else gamma_max)
+                                    + 2)))
     # A monotone fit keeps a noisy timing from producing an inverted ratio
     # without letting one slow timing price every wider round.
     r = [1.0, *monotone_fit([t / base for t in verify], low=1.0)]
@@ -725,7 +796,8 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     probe = c_first + 1.0 + overhead
     if calibrate:
       step = 1.0 + overhead  # a `generate` step, in 1-token target passes
-      alone = c_first + r[1] + overhead  # width 1, its passes timed alone
+      # The narrowest timed round, its passes timed alone.
+      alone = c_first + (narrowest - 1) * c + r[narrowest] + overhead
       # The passes timed alone do not cost what the loop's rounds do, in
       # level or in shape: in one process the quick job's distilled draft
       # at batch 1 priced widths 1..8 at 1.04, 1.07, 1.39, 1.42, 1.45, 1.65,
@@ -733,21 +805,23 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
       # 1.43, 1.76, 2.41, 2.66, 3.15, 3.19, 3.48 and 3.52
       # (results/adaptive_gamma/goodput_costs.txt). Every width is priced
       # by the loop's own round of that width.
-      widths = range(1, gamma_max + 1)
       # A rule that only plans is timed as its own loop pinned at each
       # width (`pinned` sets the costs): one compile for every width, which
       # the call that asked for the rule then reuses, where fixed gammas
       # compiled one loop each.
       in_loop = measure.loop_round_steps(
-          target, draft, shape, sampling, widths=widths, repeats=repeats,
-          rule=None if threshold is not None else measured(
+          target, draft, shape, sampling, widths=timed_widths,
+          repeats=repeats, rule=None if threshold is not None else measured(
               c=c, r=[1.0] * gamma_max, c_first=c_first, overhead=overhead,
               probe=probe))
-      r = [1.0, *monotone_fit(
+      fit = monotone_fit(
           [steps * step - c_first - (g - 1) * c - overhead
-           for g, steps in zip(widths, in_loop)], low=1.0)]
+           for g, steps in zip(timed_widths, in_loop)], low=1.0)
+      # Widths outside `widths` are never planned; interpolated, r stays
+      # non-decreasing.
+      r = [1.0, *np.interp(np.arange(1, gamma_max + 1), timed_widths, fit)]
       # The probe round is a width-1 round with a 1-token verify: scaled as
-      # the width-1 round is.
+      # the narrowest timed round is.
       probe *= in_loop[0] * step / alone
     _MEASURED[key] = measured(c=c, r=r[1:], c_first=c_first,
                               overhead=overhead, probe=probe)

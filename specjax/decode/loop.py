@@ -38,7 +38,8 @@ from specjax.models import protocol
 # share one compiled program.
 MIN_PROMPT_BUCKET = 16
 
-# gamma="auto": the Goodput rule's largest draft length.
+# gamma="auto": the Goodput rule's largest draft length. It plans widths 1,
+# 2, 4, ... up to it (`draft_length.doubling_widths`).
 AUTO_GAMMA_MAX = 8
 
 # A rule reading the prompt (`Goodput.prompt_prior`) is given both models'
@@ -433,7 +434,8 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
 def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
   """The rounds of a rule that fixes each round's width before drafting.
 
-  Each sweep of the outer loop runs, for W = min_width..gamma_max in turn, a
+  Each sweep of the outer loop runs, for each W of the rule's
+  `planned_widths` in turn (min_width..gamma_max unless it restricts them), a
   loop of fixed-width rounds of width W, entered when the rule plans W and
   run while it keeps W (`rule.keeps`): the rounds are the fixed gamma = W
   loop's own program. A loop whose width is not planned runs no round, so a
@@ -486,7 +488,7 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
         (s, ran))[0]
 
   def sweep(s):
-    for w in range(rule.min_width, rule.gamma_max + 1):
+    for w in rule.planned_widths:
       if w:
         s = stretch(s, w)
       else:
@@ -577,10 +579,12 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     gamma: draft tokens proposed per round (>= 1); or a draft-length rule
       (`specjax.Confidence`, `specjax.Goodput`) under which each row stops
       drafting early, up to the rule's gamma_max; or "auto": the `Goodput`
-      rule with gamma_max = AUTO_GAMMA_MAX, every width's round priced by
-      the loop's own round on this machine at this batch size
-      (`measure_goodput`; on the first call at these shapes, about a
-      minute on a 2-core CPU; memoised). With a
+      rule with gamma_max = AUTO_GAMMA_MAX planning widths 1, 2, 4, 8
+      (`draft_length.doubling_widths`), each width's round priced by the
+      loop's own round on this machine at this batch size
+      (`measure_goodput`; on the first call at these shapes, 17-44 s on
+      the quick job's models on a 2-core CPU, `benchmarks/width_set.py`;
+      memoised). With a
       tree verifier gamma is the tree's depth: None (implied) or that int.
     max_new_tokens: generation budget per row (>= 1).
     sampling: the transform applied to target and draft logits alike.
@@ -663,7 +667,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     rule = draft_length_lib.measure_goodput(
         target, draft, batch_size=prompts.shape[0], gamma_max=gamma,
         prompt_len=int(np.max(lengths)), max_new_tokens=max_new_tokens,
-        sampling=sampling)
+        sampling=sampling, widths=draft_length_lib.doubling_widths(gamma))
     if not verifier.keeps_with_overlap:
       rule = dataclasses.replace(rule, estimator="accepted")
   mesh = sharding.as_mesh(mesh)
