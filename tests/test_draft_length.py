@@ -459,16 +459,22 @@ def test_goodput_plans_only_its_widths(target):
       assert not bool(rule.keeps(w, stats, active_B, remaining_B))
   with pytest.raises(ValueError, match="widths"):
     draft_length.pinned(dataclasses.replace(rule, probe=None), 3)
-  # Greedy with the target as its own draft, every draft is kept: width 2
-  # is the cheapest per token; allowed only 1 and 3, the rule drafts 1.
-  prompts, lengths = _prompts(2, seed=7)
-  run = lambda gamma: sj.speculative_generate(
-      target, target, prompts, lengths, jax.random.key(0), gamma=gamma,
-      max_new_tokens=16, sampling=sj.GREEDY).stats
+  # Rows that keep every draft: width 2 is the cheapest per token; allowed
+  # only 1 and 3, the rule plans 1, and so drafts (greedy, the target as
+  # its own draft; one compile: the program without widths is elsewhere).
   every = draft_length.Goodput(c=0.1, r=(1.0, 1.1, 5.0))
-  for widths, drafts in ((None, 2), ((1, 3), 1)):
-    s = run(dataclasses.replace(every, widths=widths))
-    np.testing.assert_array_equal(s.draft_calls, drafts * s.rounds)
+  some = dataclasses.replace(every, widths=(1, 3))
+  kept = sj.RowStats.zeros(2, 3).replace(
+      verified=jnp.asarray([50, 50], jnp.int32),
+      overlap_sum=jnp.asarray([50.0, 50.0]))
+  plans = lambda rule: np.asarray(rule.plan(kept, jnp.asarray([True, True]),
+                                            jnp.asarray([16, 16])))
+  assert plans(every).tolist() == [2, 2] and plans(some).tolist() == [1, 1]
+  prompts, lengths = _prompts(2, seed=7)
+  s = sj.speculative_generate(
+      target, target, prompts, lengths, jax.random.key(0), gamma=some,
+      max_new_tokens=16, sampling=sj.GREEDY).stats
+  np.testing.assert_array_equal(s.draft_calls, s.rounds)
 
 
 def test_goodput_estimates_acceptance_from_overlaps():
