@@ -40,7 +40,6 @@ from specjax.decode import draft_length  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
 
-
 def main(argv):
   name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
   batch = int(argv[2]) if len(argv) > 2 else 1

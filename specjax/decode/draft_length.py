@@ -725,8 +725,8 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   (results/adaptive_gamma/T1_fresh).
 
   With `widths` (a subset of 1..gamma_max, `Goodput.widths`), the rule
-  plans only those, and only their rounds are timed; r at the other widths
-  is interpolated between them (it is not read).
+  plans only those. Calibrated, only their rounds are timed, and r at the
+  other widths is interpolated between them (it is not read).
 
   Its `hysteresis` is the default (none) at batch 1 and
   `BATCHED_HYSTERESIS` (2%) above, where the rows the batch waits for
