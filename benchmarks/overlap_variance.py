@@ -33,13 +33,13 @@ def main():
   drafts = (sys.argv[1] if len(sys.argv) > 1
             else "bigram,distilled-draft-0.1m@target-3m").split(",")
   flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
-  target, _ = adaptive_gamma._load("quick")
+  target, _ = adaptive_gamma.load_target("quick")
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   windows_NxT = jnp.asarray(data.prompts(heldout, 16, 192, 1))
   sampling = sj.SamplingConfig(temperature=1.0)
   p_NxTxV = distortion._laws(target, windows_NxT, sampling)
   for name in drafts:
-    draft = adaptive_gamma._draft(name, target)
+    draft = adaptive_gamma.make_draft(name, target)
     q_NxTxV = distortion._laws(draft, windows_NxT, sampling)
     o = np.asarray(jnp.minimum(p_NxTxV, q_NxTxV).sum(-1)[:, 8:]).ravel()
     alpha = o.mean()

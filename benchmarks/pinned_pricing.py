@@ -44,8 +44,8 @@ def main(argv):
   name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
   batch = int(argv[2]) if len(argv) > 2 else 1
   trials = int(argv[3]) if len(argv) > 3 else 5
-  target, _ = adaptive_gamma._load("quick")  # pylint: disable=protected-access
-  draft = adaptive_gamma._draft(name, target)  # pylint: disable=protected-access
+  target, _ = adaptive_gamma.load_target("quick")
+  draft = adaptive_gamma.make_draft(name, target)
   shape = measure.LoopShape(batch, 64, 128, 8)
   sampling = sj.SamplingConfig(temperature=1.0)
   widths = tuple(range(1, 9))

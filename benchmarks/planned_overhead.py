@@ -40,8 +40,8 @@ def main(argv):
   name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
   new = int(argv[2]) if len(argv) > 2 else 1
   cycles = int(argv[3]) if len(argv) > 3 else 200
-  target, _ = adaptive_gamma._load("quick")  # pylint: disable=protected-access
-  draft = adaptive_gamma._draft(name, target)  # pylint: disable=protected-access
+  target, _ = adaptive_gamma.load_target("quick")
+  draft = adaptive_gamma.make_draft(name, target)
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, 1, 64, seed=0)
   lengths = np.full((1,), 64, np.int32)

@@ -35,12 +35,12 @@ def main():
   calls = int(sys.argv[2]) if len(sys.argv) > 2 else 16
   samples = int(sys.argv[3]) if len(sys.argv) > 3 else 3
   flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
-  target, _ = adaptive_gamma._load("quick")
+  target, _ = adaptive_gamma.load_target("quick")
   prompts_NxP = adaptive_gamma.held_out_calls(calls, 1, 64)[1:, 0]
   lengths_N = jnp.full((calls,), 64, jnp.int32)
   one = np.full((1,), 64, np.int32)
   for name in drafts:
-    draft = adaptive_gamma._draft(name, target)
+    draft = adaptive_gamma.make_draft(name, target)
     for temperature in (1.0, 0.0):
       sampling = sj.SamplingConfig(temperature=temperature)
       tokens_NxP = jnp.asarray(prompts_NxP)

@@ -31,8 +31,8 @@ from experiments import adaptive_gamma  # noqa: E402
 
 def main(argv):
   draft_name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
-  target, _ = adaptive_gamma._load("quick")  # pylint: disable=protected-access
-  draft = adaptive_gamma._draft(draft_name, target)  # pylint: disable=protected-access
+  target, _ = adaptive_gamma.load_target("quick")
+  draft = adaptive_gamma.make_draft(draft_name, target)
   prompts = np.random.default_rng(0).integers(0, 256, (1, 64)).astype(np.int32)
   lengths = np.array([64], np.int32)
   rule = draft_length.Goodput(c=0.1, r=tuple(1.0 + 0.1 * g for g in range(8)),

@@ -108,7 +108,9 @@ def _quick():
   return reproduce.get_config("quick")
 
 
-def _load(name):
+def load_target(name):
+  """(target, description): `--target`'s model, the quick job's trained
+  target for 'quick' (the benchmarks on the quick models load it here)."""
   if name == "quick":
     config = _quick()
     model = zoo.load(config.target, overrides=dict(config.target_overrides))
@@ -137,7 +139,8 @@ def _check_drafts(names):
                        f"({', '.join(zoo.names())}).")
 
 
-def _draft(name, target):
+def make_draft(name, target):
+  """The draft `--drafts` names (module doc), for `target`."""
   if name.startswith("self:"):
     k, _, extra = name[5:].partition("+")
     adapter = None
@@ -371,7 +374,7 @@ def _run():
   prior = _parse_prior(_PRIOR.value) if _PRIOR.value else None
   _check_drafts(_DRAFTS.value)
   dtypes = distributed.dtypes_from_flags()
-  target, what = _load(_TARGET.value)
+  target, what = load_target(_TARGET.value)
   target = target.astype(**dtypes)
   gammas = [int(g) for g in _GAMMAS.value]
   sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
@@ -379,7 +382,7 @@ def _run():
   print(f"target: {what}; T={_TEMPERATURE.value}; {_PROMPTS.value} calls of "
         f"{_PROMPT_LEN.value} + {_NEW.value} tokens per row")
   for name in _DRAFTS.value:
-    draft = _draft(name, target)
+    draft = make_draft(name, target)
     if hasattr(draft, "astype"):  # a zoo Transformer
       draft = draft.astype(**dtypes)
     for batch in (int(b) for b in _BATCHES.value):
