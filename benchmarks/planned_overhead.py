@@ -1,22 +1,24 @@
 r"""What a planned loop costs per call, by how many widths it holds.
 
-  python benchmarks/planned_overhead.py [DRAFT] [NEW] [CYCLES]
-      # defaults: distilled-draft-0.1m@target-3m 1 200
+  python benchmarks/planned_overhead.py [DRAFT] [NEW] [CYCLES] [BATCH]
+      # defaults: distilled-draft-0.1m@target-3m 1 200 1
 
 On the quick job's models (cached by `python -m experiments.reproduce`;
-DRAFT may also be self:1 or self:2), batch 1, a 64-byte held-out prompt,
-NEW new tokens, T = 1. For gamma_max G in 2, 4, 8: the fixed gamma = G loop
-and a `Goodput` rule of gamma_max G pinned at width G
+DRAFT may also be self:1 or self:2), BATCH rows of 64-byte held-out
+prompts, NEW new tokens, T = 1. For gamma_max G in 2, 4, 8: the fixed
+gamma = G loop and a `Goodput` rule of gamma_max G pinned at width G
 (`draft_length.pinned`, no probe, no prompt scoring), which runs the same
 rounds in a planned loop holding one loop per width 1..G; then, at
 gamma_max 8, the same rule planning only widths 1, 2, 4, 8 and only width
 8 (`Goodput.widths`): four loops and one; and the rule of every width
-scoring the prompt (`prompt_prior` 16, gamma="auto"'s default: the
-prefills then compute both models' logits on the prompt). Each of CYCLES
-cycles runs every call once, in a seeded random order; per row, the median
-seconds of each and the median of their per-cycle difference. At NEW = 1 a
-call is one round, so the difference is what the planned loop costs a call
-beyond its rounds.
+scoring the prompt: `prompt_prior` 16, gamma="auto"'s default (the
+prefills then run both models' last blocks, final norms and LM heads on
+the prompt's last 16 positions), and `prompt_prior` 64 (all 64 positions,
+as the loop scored every prompt before `Goodput.prompt_window`). Each of
+CYCLES cycles runs every call once, in a seeded random order; per row,
+the median seconds of each and the median of their per-cycle difference.
+At NEW = 1 a call is one round, so the difference is what the planned
+loop costs a call beyond its rounds.
 """
 
 import os
@@ -40,22 +42,23 @@ def main(argv):
   name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
   new = int(argv[2]) if len(argv) > 2 else 1
   cycles = int(argv[3]) if len(argv) > 3 else 200
+  batch = int(argv[4]) if len(argv) > 4 else 1
   target, _ = adaptive_gamma.load_target("quick")
   draft = adaptive_gamma.make_draft(name, target)
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
-  prompts = data.prompts(heldout, 1, 64, seed=0)
-  lengths = np.full((1,), 64, np.int32)
+  prompts = data.prompts(heldout, batch, 64, seed=0)
+  lengths = np.full((batch,), 64, np.int32)
   sampling = sj.SamplingConfig(temperature=1.0)
   gammas = {}
   rows = {}  # a planned loop's label -> its fixed loop's
   for g, widths, prior in ((2, None, 0.0), (4, None, 0.0), (8, None, 0.0),
                            (8, (1, 2, 4, 8), 0.0), (8, (8,), 0.0),
-                           (8, None, 16.0)):
+                           (8, None, 16.0), (8, None, 64.0)):
     rule = draft_length.Goodput(c=0.1, r=(1.0,) * g, prompt_prior=prior,
                                 widths=widths)
     label = (f"gamma_max {g}"
              + (f", widths {','.join(map(str, widths))}" if widths else "")
-             + (", prompt scored" if prior else ""))
+             + (f", prompt scored ({prior:g})" if prior else ""))
     gammas[f"fixed {g}"] = g
     gammas[label] = draft_length.pinned(rule, g)
     rows[label] = f"fixed {g}"
@@ -73,12 +76,12 @@ def main(argv):
       start = time.perf_counter()
       call(gammas[k])
       seconds[k].append(time.perf_counter() - start)
-  print(f"{name}, batch 1, 64 + {new} tokens, T = 1, {cycles} cycles: "
+  print(f"{name}, batch {batch}, 64 + {new} tokens, T = 1, {cycles} cycles: "
         "median ms per call")
   for label, fixed_label in rows.items():
     fixed, planned = seconds[fixed_label], seconds[label]
     extra = statistics.median(b - a for a, b in zip(fixed, planned))
-    print(f"  {label + ':':30s} fixed {1e3 * statistics.median(fixed):6.2f}, "
+    print(f"  {label + ':':34s} fixed {1e3 * statistics.median(fixed):6.2f}, "
           f"planned {1e3 * statistics.median(planned):6.2f}, "
           f"planned - fixed {1e3 * extra:+6.2f}")
 

@@ -793,9 +793,14 @@ def test_goodput_starts_each_row_from_its_prompt():
 
 
 def test_prompt_overlap_scores_the_prompts_last_positions():
-  """Row b's last min(PROMPT_WINDOW, n_b - 1) positions, each model's law of
-  the next prompt token; non-finite logits are left out."""
-  window = loop.PROMPT_WINDOW
+  """Row b's last min(window, n_b - 1) positions, each model's law of the
+  next prompt token; non-finite logits are left out. The window is the
+  rule's weight in positions."""
+  rule = draft_length.Goodput(c=0.1, r=(1.0,), prompt_prior=15.5)
+  window = rule.prompt_window
+  assert window == 16
+  assert dataclasses.replace(rule, prompt_prior=0.0).prompt_window == 0
+  assert dataclasses.replace(rule, estimator="accepted").prompt_window == 0
   rng = np.random.default_rng(0)
   p_logits = jnp.asarray(rng.normal(size=(4, window + 16, V)), jnp.float32)
   q_logits = jnp.asarray(rng.normal(size=(4, window + 16, V)), jnp.float32)
@@ -803,7 +808,7 @@ def test_prompt_overlap_scores_the_prompts_last_positions():
   # Row 3's position 2 (scored: 2 <= 9 - 2) holds a NaN in q.
   q_logits = q_logits.at[3, 2, 0].set(jnp.nan)
   sampling = sj.SamplingConfig(temperature=1.0)
-  at, ok = loop._prompt_window(lengths, window + 16)
+  at, ok = loop._prompt_window(lengths, window + 16, window)
   window_of = lambda l: jnp.take_along_axis(l, at[..., None], axis=1)
   # Traced, as in the loop (called eagerly, `probabilities` refuses the NaN).
   overlap = jax.jit(lambda p, q: loop._prompt_overlap(
@@ -823,17 +828,19 @@ def test_prompt_overlap_scores_the_prompts_last_positions():
 
 
 def test_prefill_returns_the_logits_at_the_window(target):
-  """The head on the window's features alone (a Transformer) or the full
-  logits gathered (an n-gram): the logits the model gives there."""
+  """The window alone through the last block, the final norm and the head
+  (a Transformer, `logits_at`), or the full logits gathered (an n-gram):
+  the logits the model gives there, and the cache a plain prefill
+  leaves."""
   prompts, lengths = _prompts(3, seed=7, max_len=12)
-  at, _ = loop._prompt_window(jnp.asarray(lengths), 12)
+  at, _ = loop._prompt_window(jnp.asarray(lengths), 12, 5)
   bigram = sj.NGramLM.fit(np.arange(200) % V, V, order=2)
   # The vocabulary wrappers pass the head on where their model has one.
   padded = vocab.PaddedVocabLM(model=target, vocab_size=V + 4, num_real=V)
   reduced = vocab.ReducedVocabLM.create(target, np.arange(0, V, 2))
   padded_bigram = vocab.PaddedVocabLM(model=bigram, vocab_size=V, num_real=V)
-  assert hasattr(padded, "head_logits")
-  assert not hasattr(padded_bigram, "head_logits")
+  assert hasattr(padded, "logits_at") and hasattr(padded, "head_logits")
+  assert not hasattr(padded_bigram, "logits_at")
   for model in (target, bigram, padded, reduced, padded_bigram):
     full, _ = model(prompts, model.init_cache(3, 12))
     cache, got = loop._prefill(model, prompts, 16, jnp.asarray(lengths), at)
@@ -842,6 +849,9 @@ def test_prefill_returns_the_logits_at_the_window(target):
                                             np.asarray(at)[..., None], 1),
         rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(cache.lengths, lengths)
+    plain, _ = loop._prefill(model, prompts, 16, jnp.asarray(lengths))
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(plain)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6)
 
 
 @pytest.mark.parametrize("previous, strength, error, match", [

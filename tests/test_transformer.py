@@ -239,6 +239,32 @@ def test_config_presets_and_derived_fields():
     TransformerConfig.preset("nope")
 
 
+@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+def test_logits_at_equals_the_call_at_those_tokens(flavour):
+  """`logits_at` runs the last block's queries and MLP, the final norm and
+  the head at the chosen new tokens alone: the same logits there as
+  `__call__`, on a cache holding ragged rows, and the same cache."""
+  model = _model(flavour)
+  tokens_BxN = _tokens(4, (B, N))
+  _, cache = _step(model, tokens_BxN[:, :3], model.init_cache(B, S))
+  cache = cache.replace(lengths=jnp.array([3, 1], jnp.int32))
+  new_BxT = tokens_BxN[:, 3:9]
+  want_BxTxV, want_cache = _step(model, new_BxT, cache)
+  # Repeats and any order; an index past the new tokens is clipped.
+  at_BxQ = jnp.array([[5, 0, 2], [1, 1, 9]], jnp.int32)
+  got_BxQxV, got_cache = jax.jit(
+      lambda m, t, c, a: m.logits_at(t, c, a))(model, new_BxT, cache, at_BxQ)
+  np.testing.assert_allclose(
+      got_BxQxV, jnp.take_along_axis(want_BxTxV,
+                                     jnp.minimum(at_BxQ, 5)[..., None], 1),
+      **TOL)
+  chex.assert_trees_all_close(got_cache, want_cache, **TOL)
+  with pytest.raises(TypeError, match="at_BxQ"):
+    model.logits_at(new_BxT, cache, jnp.zeros((B, 2), jnp.float32))
+  with pytest.raises(ValueError, match="at_BxQ has 3 rows"):
+    model.logits_at(new_BxT, cache, jnp.zeros((3, 2), jnp.int32))
+
+
 def test_input_validation_names_the_argument():
   model = _model("gpt2")
   cache = model.init_cache(2, 8)

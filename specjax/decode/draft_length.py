@@ -315,19 +315,19 @@ class Goodput(Rule):
       job's distilled draft, where width 8 was best
       (results/adaptive_gamma/auto_widths.txt).
     prompt_prior: the weight, in judged drafts, of each row's prompt: the
-      loop scores both models' laws at the prompt's last positions (up to
-      `loop.PROMPT_WINDOW`, from their prefills; `RowStats`'
+      loop scores both models' laws at the prompt's last ceil(prompt_prior)
+      positions (`prompt_window`, from their prefills; `RowStats`'
       `prompt_scored`, `prompt_overlap_sum`), and a row that scored n of
       them starts from their mean overlap weighted as min(n, prompt_prior)
       drafts, with `prior` scaled by what is left of the weight
       (`initial_counts`). The default, 16, is `warm_start`'s strength. The
       prompt is the row's own text: on the quick job at T = 1, over the
-      last 63 bytes of its 16 held-out prompts, the distilled draft's mean
-      overlap was .934 and its acceptance generating from them .949, the
-      bigram's .800 and .835 (`benchmarks/prompt_prior.py`,
+      last 16 bytes of its 16 held-out prompts, the distilled draft's mean
+      overlap was .943 and its acceptance generating from them .949, the
+      bigram's .803 and .835 (`benchmarks/prompt_prior.py`,
       results/adaptive_gamma/prompt_prior.txt). Greedy text is not like
       its prompt (a small model's repeats itself): there the prompts read
-      .889 and .735 where generating accepted .921 and .825, rows that then
+      .879 and .750 where generating accepted .921 and .825, rows that then
       accepted every draft reading as low as .56, and a row that starts low
       leaves slowly (`prior`), so greedy rows start from `prior`. So do
       rows of drafts without prefill logits of their own (sharing the
@@ -543,6 +543,14 @@ class Goodput(Rule):
     """Whether the loop should score the prompt for this rule (static; it
     does when sampling, for a draft with prefill logits of its own)."""
     return self.prompt_prior > 0 and self.estimator == "overlap"
+
+  @property
+  def prompt_window(self) -> int:
+    """How many of a prompt's last positions the loop scores for this rule
+    (static): ceil(prompt_prior), as many as the prompt is weighed as
+    (`initial_counts`), so each scored position stands for one judged
+    draft; 0 where it reads no prompt."""
+    return math.ceil(self.prompt_prior) if self.reads_prompt else 0
 
   def initial_counts(self, stats) -> tuple[jax.Array, jax.Array]:
     """float32 `[B]` pseudo-counts (kept, not kept) each row starts from.

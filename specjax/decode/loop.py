@@ -42,15 +42,6 @@ MIN_PROMPT_BUCKET = 16
 # 2, 4, ... up to it (`draft_length.doubling_widths`).
 AUTO_GAMMA_MAX = 8
 
-# A rule reading the prompt (`Goodput.prompt_prior`) is given both models'
-# agreement at the prompt's last this-many positions: enough to weigh as the
-# rule's prior, and the LM heads run on these positions alone (models with
-# `forward_with_hidden` and `head_logits`: Transformers, Hugging Face
-# checkpoints, the vocabulary wrappers around them), so at real vocabulary
-# sizes the prefill builds no [B, P, V] logits for it; an n-gram's or prompt
-# lookup's are built and gathered.
-PROMPT_WINDOW = 64
-
 # Fold-in tags that keep each random draw of a round independent.
 _VERIFY_PURPOSE_OFFSET = 1 << 20
 
@@ -83,9 +74,11 @@ def _round_keys(row_keys_B, round_, gamma):
 def _prefill(model, prompts_BxP, buffer_len, lengths_B, at_BxK=None):
   """The model's cache holding `lengths_B` positions of the prompts, and,
   given prompt positions `at_BxK` (int `[B, K]`), its logits there
-  (float32 `[B, K, V]`, else None): from the LM head on those positions'
-  features alone where the model exposes them (`forward_with_hidden`,
-  `head_logits`); XLA compiles away the logits nobody reads."""
+  (float32 `[B, K, V]`, else None): computed there alone where the model
+  can (`logits_at`: its last block's queries and MLP, final norm and LM
+  head), else from the LM head on those positions' features
+  (`forward_with_hidden`, `head_logits`); XLA compiles away the logits
+  nobody reads."""
   # Validation guarantees every committed or scored position is below
   # max_positions, so a cache capped there loses nothing; prompt padding past
   # it is dropped.
@@ -96,6 +89,8 @@ def _prefill(model, prompts_BxP, buffer_len, lengths_B, at_BxK=None):
   at = lambda x_BxPxN: jnp.take_along_axis(x_BxPxN, at_BxK[..., None], axis=1)
   if at_BxK is None:
     _, cache = model(prompts_BxP, cache)
+  elif hasattr(model, "logits_at"):
+    logits_BxKxV, cache = model.logits_at(prompts_BxP, cache, at_BxK)
   elif hasattr(model, "forward_with_hidden") and hasattr(model, "head_logits"):
     _, hidden_BxPxD, cache = model.forward_with_hidden(prompts_BxP, cache)
     logits_BxKxV = model.head_logits(at(hidden_BxPxD))
@@ -105,12 +100,16 @@ def _prefill(model, prompts_BxP, buffer_len, lengths_B, at_BxK=None):
   return cache.replace(lengths=lengths_B), logits_BxKxV
 
 
-def _prompt_window(prompt_lengths_B, width):
+def _prompt_window(prompt_lengths_B, width, window):
   """(positions int32 `[B, K]`, scored bool `[B, K]`): row b's last
-  min(PROMPT_WINDOW, n_b - 1) prompt positions i <= n_b - 2 (each with its
-  laws of token i + 1), K = min(PROMPT_WINDOW, width); positions before
-  the prompt are clipped to 0 and not scored."""
-  window = min(PROMPT_WINDOW, width)
+  min(window, n_b - 1) prompt positions i <= n_b - 2 (each with its laws of
+  token i + 1), K = min(window, width); positions before the prompt are
+  clipped to 0 and not scored. A rule reading the prompt
+  (`Goodput.prompt_prior`) is given both models' agreement there; their
+  last blocks' queries and MLPs, final norms and LM heads run on these
+  positions alone where the models can (`_prefill`), so a short window
+  costs little at any prompt length or vocabulary size."""
+  window = min(window, width)
   pos_BxK = (prompt_lengths_B[:, None] - 1 - window
              + jnp.arange(window)[None, :])
   return jnp.clip(pos_BxK, 0, width - 1), pos_BxK >= 0
@@ -387,7 +386,8 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
     at_BxK = scored_BxK = None
     if (own_cache and getattr(draft_length, "reads_prompt", False)
         and not sampling.greedy):
-      at_BxK, scored_BxK = _prompt_window(prompt_lengths_B, width)
+      at_BxK, scored_BxK = _prompt_window(prompt_lengths_B, width,
+                                          draft_length.prompt_window)
     target_cache, p_logits = _prefill(target, prompts_BxP, buffer_len,
                                       prompt_lengths_B - 1, at_BxK)
     draft_cache = None

@@ -37,7 +37,7 @@ class RowStats:
                                # non-finite logits
   # The prompt, teacher-forced, where a draft-length rule reads it (a
   # `Goodput` rule's `prompt_prior`, when sampling; zeros otherwise): at
-  # the prompt's last positions (up to `loop.PROMPT_WINDOW`), the target's
+  # the prompt's last positions (the rule's `prompt_window`), the target's
   # and the draft's laws of the next prompt token, from their prefills.
   # Not drafts: not counted in `verified`.
   prompt_scored: jax.Array       # int32 [B]: prompt positions scored

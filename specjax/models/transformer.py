@@ -297,6 +297,13 @@ def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
   return out.astype(x_BxTxNxH.dtype)
 
 
+def _take_tokens(x_BxT_, at_BxQ):
+  """`x` (`[B, T]` or `[B, T, D]`) at token indices `at_BxQ` (int `[B, Q]`,
+  clipped to [0, T))."""
+  at = at_BxQ if x_BxT_.ndim == 2 else at_BxQ[..., None]
+  return jnp.take_along_axis(x_BxT_, at, axis=1, mode="clip")
+
+
 def _attend(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS):
   """Softmax attention with grouped-query heads; float32 scores.
 
@@ -337,31 +344,37 @@ class Attention(nnx.Module):
                        std=out_std)
 
   def __call__(self, x_BxTxD, positions_BxT, cache: KVCache | None, layer,
-               tree=None):
+               tree=None, at_BxQ=None):
+    """Keys and values at every position; queries, so outputs `[B, Q, D]`,
+    only at the token indices `at_BxQ` when given (else Q = T, all)."""
     c = self.config
     b, t, _ = x_BxTxD.shape
-    q_BxTxNxH = self.query(x_BxTxD).reshape(b, t, c.num_heads, c.head_dim)
+    xq_BxQxD, q_positions_BxQ = x_BxTxD, positions_BxT
+    if at_BxQ is not None:
+      xq_BxQxD = _take_tokens(x_BxTxD, at_BxQ)
+      q_positions_BxQ = _take_tokens(positions_BxT, at_BxQ)
+    q_BxQxNxH = self.query(xq_BxQxD).reshape(b, -1, c.num_heads, c.head_dim)
     k_BxTxKxH = self.key(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
     v_BxTxKxH = self.value(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
     if c.flavour == "llama":
       freq_h = rope_frequencies(c) if c.rope_scaling else None
-      q_BxTxNxH = _rope(q_BxTxNxH, positions_BxT, c.rope_theta, freq_h)
+      q_BxQxNxH = _rope(q_BxQxNxH, q_positions_BxQ, c.rope_theta, freq_h)
       k_BxTxKxH = _rope(k_BxTxKxH, positions_BxT, c.rope_theta, freq_h)
     if cache is None:
       # Full-sequence causal attention (training, reference).
-      mask_BxTxT = positions_BxT[:, None, :] <= positions_BxT[:, :, None]
-      o_BxTxNH = _attend(q_BxTxNxH, k_BxTxKxH.transpose(0, 2, 1, 3),
-                         v_BxTxKxH.transpose(0, 2, 1, 3), mask_BxTxT)
+      mask_BxQxT = positions_BxT[:, None, :] <= q_positions_BxQ[:, :, None]
+      o_BxQxNH = _attend(q_BxQxNxH, k_BxTxKxH.transpose(0, 2, 1, 3),
+                         v_BxTxKxH.transpose(0, 2, 1, 3), mask_BxQxT)
     else:
       # Write first so each new token sees itself and earlier new tokens.
       # tree = (slots_BxT, mask_BxTxS): a draft tree's nodes go to
       # consecutive slots but sit at positions = depth (see `tree_decode`).
       slots_BxT = positions_BxT if tree is None else tree[0]
       cache = cache.write(layer, k_BxTxKxH, v_BxTxKxH, slots_BxT)
-      o_BxTxNH = _attend(q_BxTxNxH, cache.k[layer], cache.v[layer],
-                         cache.attention_mask(positions_BxT) if tree is None
+      o_BxQxNH = _attend(q_BxQxNxH, cache.k[layer], cache.v[layer],
+                         cache.attention_mask(q_positions_BxQ) if tree is None
                          else tree[1])
-    return self.out(o_BxTxNH), cache
+    return self.out(o_BxQxNH), cache
 
 
 class Mlp(nnx.Module):
@@ -393,11 +406,16 @@ class Block(nnx.Module):
     self.mlp_norm = _norm(config, rngs)
     self.mlp = Mlp(config, rngs)
 
-  def __call__(self, x_BxTxD, positions_BxT, cache, layer, tree=None):
-    h_BxTxD, cache = self.attn(self.attn_norm(x_BxTxD), positions_BxT, cache,
-                               layer, tree)
-    x_BxTxD = x_BxTxD + h_BxTxD
-    return x_BxTxD + self.mlp(self.mlp_norm(x_BxTxD)), cache
+  def __call__(self, x_BxTxD, positions_BxT, cache, layer, tree=None,
+               at_BxQ=None):
+    """`[B, T, D]`, or `[B, Q, D]` at the token indices `at_BxQ` alone (the
+    cache still gets every token's keys and values)."""
+    h_BxQxD, cache = self.attn(self.attn_norm(x_BxTxD), positions_BxT, cache,
+                               layer, tree, at_BxQ)
+    if at_BxQ is not None:
+      x_BxTxD = _take_tokens(x_BxTxD, at_BxQ)
+    x_BxQxD = x_BxTxD + h_BxQxD
+    return x_BxQxD + self.mlp(self.mlp_norm(x_BxQxD)), cache
 
 
 def tree_layout(cache: KVCache, depth_T, ancestor_TxT, nodes_L=None):
@@ -529,11 +547,15 @@ class Transformer(nnx.Module):
     return x_BxTxD
 
   def features(self, tokens_BxT, positions_BxT, cache: KVCache | None,
-               tree=None):
-    """The final-norm output `[B, T, D]` (compute dtype): what `head` reads."""
+               tree=None, at_BxQ=None):
+    """The final-norm output `[B, T, D]` (compute dtype): what `head` reads;
+    `[B, Q, D]` at the token indices `at_BxQ` alone when given, which the
+    last block computes there alone (its queries, its MLP)."""
     x_BxTxD = self.embed_inputs(tokens_BxT, positions_BxT)
+    last = len(self.blocks) - 1
     for layer, block in enumerate(self.blocks):
-      x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer, tree)
+      x_BxTxD, cache = block(x_BxTxD, positions_BxT, cache, layer, tree,
+                             at_BxQ if layer == last else None)
     return self.final_norm(x_BxTxD), cache
 
   def head(self, features_BxTxD):
@@ -684,6 +706,35 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
   def head_logits(self, features_BxTxD: jax.Array) -> jax.Array:
     """float32 `[B, T, V]`: the LM head (tied embedding or `lm_head`) alone."""
     return self.module().head(features_BxTxD)
+
+  def logits_at(self, tokens_BxT: jax.Array, cache: KVCache, at_BxQ: jax.Array
+                ) -> tuple[jax.Array, KVCache]:
+    """`__call__` whose logits are read only at some of the new tokens.
+
+    Args:
+      tokens_BxT, cache: as `__call__`.
+      at_BxQ: int `[B, Q]`, indices into each row's T new tokens (clipped
+        to [0, T)); repeats allowed.
+
+    Returns:
+      `(logits_BxQxV, cache)`: float32 `[B, Q, V]` equal to `__call__`'s
+      logits at those tokens, and the same cache as `__call__`'s. Only the
+      last block's queries and MLP, the final norm and the LM head run at
+      the Q tokens alone, so a prefill that scores a prompt's last Q
+      positions (the decode loop, for `Goodput.prompt_prior`) costs Q
+      positions of them, not T.
+    """
+    self._check_static(tokens_BxT, cache)
+    at_BxQ = _checks.check_array("at_BxQ", at_BxQ, rank=2, kind="i")
+    if at_BxQ.shape[0] != tokens_BxT.shape[0]:
+      raise ValueError(f"at_BxQ has {at_BxQ.shape[0]} rows; tokens_BxT has "
+                       f"{tokens_BxT.shape[0]}: one row of indices per row.")
+    module = self.module()
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    hidden_BxQxD, cache = module.features(tokens_BxT, positions_BxT, cache,
+                                          at_BxQ=at_BxQ)
+    return (module.head(hidden_BxQxD),
+            cache.replace(lengths=positions_BxT[:, -1] + 1))
 
   def tree_decode(self, tokens_BxL: jax.Array, cache: KVCache, depth_T,
                   ancestor_TxT, nodes=None, *, return_hidden: bool = False):

@@ -55,9 +55,9 @@ class PaddedVocabLM(struct.PyTreeNode):
     logits_BxTxW, cache = self.model(tokens_BxT, cache)
     return self._pad(logits_BxTxW), cache
 
-  # The model's features and head, padded, where it has them (an
-  # AttributeError, so `hasattr` is False, where it does not): the decode
-  # loop then runs the head on a prompt's last positions alone
+  # The model's features, head and window scoring, padded, where it has them
+  # (an AttributeError, so `hasattr` is False, where it does not): the
+  # decode loop then runs the head on a prompt's last positions alone
   # (`Goodput.prompt_prior`).
   @property
   def forward_with_hidden(self):
@@ -72,6 +72,15 @@ class PaddedVocabLM(struct.PyTreeNode):
   def head_logits(self):
     inner = self.model.head_logits
     return lambda features_BxTxD: self._pad(inner(features_BxTxD))
+
+  @property
+  def logits_at(self):
+    inner = self.model.logits_at
+
+    def logits_at(tokens_BxT, cache, at_BxQ):
+      logits_BxQxW, cache = inner(tokens_BxT, cache, at_BxQ)
+      return self._pad(logits_BxQxW), cache
+    return logits_at
 
   def _pad(self, logits_BxTxW):
     keep = min(self.num_real, logits_BxTxW.shape[-1])
@@ -199,6 +208,16 @@ class ReducedVocabLM(struct.PyTreeNode):
     x_BxTxD, cache = self.model.module().features(tokens_BxT, positions_BxT,
                                                   cache)
     return (self.head_logits(x_BxTxD), x_BxTxD,
+            cache.replace(lengths=positions_BxT[:, -1] + 1))
+
+  def logits_at(self, tokens_BxT, cache, at_BxQ):
+    """`(logits_BxQxV, cache)`: `__call__`'s logits at the new tokens
+    `at_BxQ` alone (`TransformerLM.logits_at`), through the K-token head."""
+    self.model._check_static(tokens_BxT, cache)  # pylint: disable=protected-access
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    x_BxQxD, cache = self.model.module().features(
+        tokens_BxT, positions_BxT, cache, at_BxQ=jnp.asarray(at_BxQ))
+    return (self.head_logits(x_BxQxD),
             cache.replace(lengths=positions_BxT[:, -1] + 1))
 
   def head_logits(self, features_BxTxD):
