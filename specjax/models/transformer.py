@@ -297,11 +297,11 @@ def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
   return out.astype(x_BxTxNxH.dtype)
 
 
-def _take_tokens(x_BxT_, at_BxQ):
+def _take_tokens(x, at_BxQ):
   """`x` (`[B, T]` or `[B, T, D]`) at token indices `at_BxQ` (int `[B, Q]`,
   clipped to [0, T))."""
-  at = at_BxQ if x_BxT_.ndim == 2 else at_BxQ[..., None]
-  return jnp.take_along_axis(x_BxT_, at, axis=1, mode="clip")
+  at = at_BxQ if x.ndim == 2 else at_BxQ[..., None]
+  return jnp.take_along_axis(x, at, axis=1, mode="clip")
 
 
 def _attend(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS):
@@ -551,6 +551,9 @@ class Transformer(nnx.Module):
     """The final-norm output `[B, T, D]` (compute dtype): what `head` reads;
     `[B, Q, D]` at the token indices `at_BxQ` alone when given, which the
     last block computes there alone (its queries, its MLP)."""
+    if tree is not None and at_BxQ is not None:
+      raise ValueError("features: a tree call scores every node; at_BxQ is "
+                       "for a chain's prefill.")
     x_BxTxD = self.embed_inputs(tokens_BxT, positions_BxT)
     last = len(self.blocks) - 1
     for layer, block in enumerate(self.blocks):
