@@ -14,7 +14,10 @@ gamma_max 8, the same rule planning only widths 1, 2, 4, 8 and only width
 scoring the prompt: `prompt_prior` 16, gamma="auto"'s default (the
 prefills then run both models' last blocks, final norms and LM heads on
 the prompt's last 16 positions), and `prompt_prior` 64 (all 64 positions,
-as the loop scored every prompt before `Goodput.prompt_window`). Each of
+as the loop scored every prompt before `Goodput.prompt_window`); last,
+widths 1, 2, 4, 8 with a probe round (the loop then also holds the off
+stretch's loops), without and with the prompt scored: the latter is the
+program `gamma="auto"` compiles. Each of
 CYCLES cycles runs every call once, in a seeded random order; per row,
 the median seconds of each and the median of their per-cycle difference.
 At NEW = 1 a call is one round, so the difference is what the planned
@@ -51,13 +54,16 @@ def main(argv):
   sampling = sj.SamplingConfig(temperature=1.0)
   gammas = {}
   rows = {}  # a planned loop's label -> its fixed loop's
-  for g, widths, prior in ((2, None, 0.0), (4, None, 0.0), (8, None, 0.0),
-                           (8, (1, 2, 4, 8), 0.0), (8, (8,), 0.0),
-                           (8, None, 16.0), (8, None, 64.0)):
+  auto = (1, 2, 4, 8)  # gamma="auto"'s widths
+  for g, widths, prior, probe in (
+      (2, None, 0.0, None), (4, None, 0.0, None), (8, None, 0.0, None),
+      (8, auto, 0.0, None), (8, (8,), 0.0, None), (8, None, 16.0, None),
+      (8, None, 64.0, None), (8, auto, 0.0, 1.5), (8, auto, 16.0, 1.5)):
     rule = draft_length.Goodput(c=0.1, r=(1.0,) * g, prompt_prior=prior,
-                                widths=widths)
+                                widths=widths, probe=probe)
     label = (f"gamma_max {g}"
              + (f", widths {','.join(map(str, widths))}" if widths else "")
+             + (", probe" if probe else "")
              + (f", prompt scored ({prior:g})" if prior else ""))
     gammas[f"fixed {g}"] = g
     gammas[label] = draft_length.pinned(rule, g)
@@ -78,10 +84,11 @@ def main(argv):
       seconds[k].append(time.perf_counter() - start)
   print(f"{name}, batch {batch}, 64 + {new} tokens, T = 1, {cycles} cycles: "
         "median ms per call")
+  pad = max(map(len, rows)) + 1
   for label, fixed_label in rows.items():
     fixed, planned = seconds[fixed_label], seconds[label]
     extra = statistics.median(b - a for a, b in zip(fixed, planned))
-    print(f"  {label + ':':34s} fixed {1e3 * statistics.median(fixed):6.2f}, "
+    print(f"  {label + ':':{pad}s} fixed {1e3 * statistics.median(fixed):6.2f}, "
           f"planned {1e3 * statistics.median(planned):6.2f}, "
           f"planned - fixed {1e3 * extra:+6.2f}")
 
