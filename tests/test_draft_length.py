@@ -841,7 +841,14 @@ def test_prefill_returns_the_logits_at_the_window(target):
   padded_bigram = vocab.PaddedVocabLM(model=bigram, vocab_size=V, num_real=V)
   assert hasattr(padded, "logits_at") and hasattr(padded, "head_logits")
   assert not hasattr(padded_bigram, "logits_at")
-  for model in (target, bigram, padded, reduced, padded_bigram):
+  # Self-drafts with caches of their own (a skip set; a prefix with an
+  # adapter, perturbed off the identity it starts as).
+  adapter = sj.ExitAdapter.create(target, 2)
+  adapter = adapter.replace(state=jax.tree.map(
+      lambda x: x + 0.1, adapter.state))
+  selfs = (sj.SelfDraft.skipping(target, skip=[1]),
+           sj.SelfDraft(target, layers=2, adapter=adapter))
+  for model in (target, bigram, padded, reduced, padded_bigram, *selfs):
     full, _ = model(prompts, model.init_cache(3, 12))
     cache, got = loop._prefill(model, prompts, 16, jnp.asarray(lengths), at)
     np.testing.assert_allclose(

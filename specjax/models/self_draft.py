@@ -194,6 +194,18 @@ class SelfDraft(struct.PyTreeNode):
     logits_BxTxV, cache = self._forward(tokens_BxT, positions_BxT, cache)
     return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
 
+  def logits_at(self, tokens_BxT: jax.Array, cache: KVCache, at_BxQ: jax.Array
+                ) -> tuple[jax.Array, KVCache]:
+    """`__call__`'s logits at the new tokens `at_BxQ` alone, and its cache
+    (`TransformerLM.logits_at`): the last kept block's queries and MLP, the
+    adapter, the final norm and the head run at the Q tokens alone."""
+    self._check_call(tokens_BxT, cache)
+    at_BxQ = transformer_lib.check_token_indices(at_BxQ, tokens_BxT)
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    logits_BxQxV, cache = self._forward(tokens_BxT, positions_BxT, cache,
+                                        at_BxQ=at_BxQ)
+    return logits_BxQxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
+
   def tree_decode(self, tokens_BxL: jax.Array, cache: KVCache, depth_T,
                   ancestor_TxT, nodes=None) -> tuple[jax.Array, KVCache]:
     """Scores (part of) a static draft tree through the kept blocks, in ONE
@@ -233,14 +245,17 @@ class SelfDraft(struct.PyTreeNode):
     return self._forward(tokens_BxT, positions_BxT, None)[0]
 
   def _forward(self, tokens_BxT, positions_BxT, cache: KVCache | None,
-               tree=None):
+               tree=None, at_BxQ=None):
     """Embeddings, kept blocks (cache slot i for the i-th), adapter, head.
-    `tree`: the blocks' tree argument (`transformer.tree_layout`)."""
+    `tree`: the blocks' tree argument (`transformer.tree_layout`); `at_BxQ`:
+    the tokens past the last kept block's keys and values (else all)."""
     module = self.target.module()
     x_BxTxD = module.embed_inputs(tokens_BxT, positions_BxT)
+    last = len(self.layers) - 1
     for slot, layer in enumerate(self.layers):
       x_BxTxD, cache = module.blocks[layer](x_BxTxD, positions_BxT, cache, slot,
-                                            tree)
+                                            tree,
+                                            at_BxQ if slot == last else None)
     if self.adapter is not None:
       x_BxTxD = self.adapter(x_BxTxD)
     return module.head(module.final_norm(x_BxTxD)), cache

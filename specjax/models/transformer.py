@@ -297,6 +297,16 @@ def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
   return out.astype(x_BxTxNxH.dtype)
 
 
+def check_token_indices(at_BxQ: Any, tokens_BxT: Any) -> jax.Array:
+  """`at_BxQ` (a `logits_at` argument) as an int array, one row per row of
+  `tokens_BxT`; raises naming it otherwise."""
+  at_BxQ = _checks.check_array("at_BxQ", at_BxQ, rank=2, kind="i")
+  if at_BxQ.shape[0] != np.shape(tokens_BxT)[0]:
+    raise ValueError(f"at_BxQ has {at_BxQ.shape[0]} rows; tokens_BxT has "
+                     f"{np.shape(tokens_BxT)[0]}: one row of indices per row.")
+  return jnp.asarray(at_BxQ)
+
+
 def _take_tokens(x, at_BxQ):
   """`x` (`[B, T]` or `[B, T, D]`) at token indices `at_BxQ` (int `[B, Q]`,
   clipped to [0, T))."""
@@ -728,10 +738,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       positions of them, not T.
     """
     self._check_static(tokens_BxT, cache)
-    at_BxQ = _checks.check_array("at_BxQ", at_BxQ, rank=2, kind="i")
-    if at_BxQ.shape[0] != tokens_BxT.shape[0]:
-      raise ValueError(f"at_BxQ has {at_BxQ.shape[0]} rows; tokens_BxT has "
-                       f"{tokens_BxT.shape[0]}: one row of indices per row.")
+    at_BxQ = check_token_indices(at_BxQ, tokens_BxT)
     module = self.module()
     positions_BxT = cache.positions(tokens_BxT.shape[1])
     hidden_BxQxD, cache = module.features(tokens_BxT, positions_BxT, cache,

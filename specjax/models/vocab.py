@@ -24,6 +24,7 @@ import numpy as np
 from flax import struct
 
 from specjax import _checks
+from specjax.models import transformer
 from specjax.models.transformer import TransformerLM
 
 # Finite (so no non-finite-logit alarm fires) yet far enough below any real
@@ -216,7 +217,8 @@ class ReducedVocabLM(struct.PyTreeNode):
     self.model._check_static(tokens_BxT, cache)  # pylint: disable=protected-access
     positions_BxT = cache.positions(tokens_BxT.shape[1])
     x_BxQxD, cache = self.model.module().features(
-        tokens_BxT, positions_BxT, cache, at_BxQ=jnp.asarray(at_BxQ))
+        tokens_BxT, positions_BxT, cache,
+        at_BxQ=transformer.check_token_indices(at_BxQ, tokens_BxT))
     return (self.head_logits(x_BxQxD),
             cache.replace(lengths=positions_BxT[:, -1] + 1))
 
