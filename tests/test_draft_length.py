@@ -835,11 +835,11 @@ def test_prefill_returns_the_logits_at_the_window(target):
   prompts, lengths = _prompts(3, seed=7, max_len=12)
   at, _ = loop._prompt_window(jnp.asarray(lengths), 12, 5)
   bigram = sj.NGramLM.fit(np.arange(200) % V, V, order=2)
-  # The vocabulary wrappers pass the head on where their model has one.
+  # The vocabulary wrappers pass `logits_at` on where their model has it.
   padded = vocab.PaddedVocabLM(model=target, vocab_size=V + 4, num_real=V)
   reduced = vocab.ReducedVocabLM.create(target, np.arange(0, V, 2))
   padded_bigram = vocab.PaddedVocabLM(model=bigram, vocab_size=V, num_real=V)
-  assert hasattr(padded, "logits_at") and hasattr(padded, "head_logits")
+  assert hasattr(padded, "logits_at")
   assert not hasattr(padded_bigram, "logits_at")
   # Self-drafts with caches of their own (a skip set; a prefix with an
   # adapter, perturbed off the identity it starts as).

@@ -76,8 +76,7 @@ def _prefill(model, prompts_BxP, buffer_len, lengths_B, at_BxK=None):
   given prompt positions `at_BxK` (int `[B, K]`), its logits there
   (float32 `[B, K, V]`, else None): computed there alone where the model
   can (`logits_at`: its last block's queries and MLP, final norm and LM
-  head), else from the LM head on those positions' features
-  (`forward_with_hidden`, `head_logits`); XLA compiles away the logits
+  head), else gathered from its logits; XLA compiles away the logits
   nobody reads."""
   # Validation guarantees every committed or scored position is below
   # max_positions, so a cache capped there loses nothing; prompt padding past
@@ -86,17 +85,14 @@ def _prefill(model, prompts_BxP, buffer_len, lengths_B, at_BxK=None):
   cache_len = buffer_len if limit is None else min(buffer_len, limit)
   cache = model.init_cache(prompts_BxP.shape[0], cache_len)
   logits_BxKxV = None
-  at = lambda x_BxPxN: jnp.take_along_axis(x_BxPxN, at_BxK[..., None], axis=1)
   if at_BxK is None:
     _, cache = model(prompts_BxP, cache)
   elif hasattr(model, "logits_at"):
     logits_BxKxV, cache = model.logits_at(prompts_BxP, cache, at_BxK)
-  elif hasattr(model, "forward_with_hidden") and hasattr(model, "head_logits"):
-    _, hidden_BxPxD, cache = model.forward_with_hidden(prompts_BxP, cache)
-    logits_BxKxV = model.head_logits(at(hidden_BxPxD))
   else:
     logits_BxPxV, cache = model(prompts_BxP, cache)
-    logits_BxKxV = at(logits_BxPxV)
+    logits_BxKxV = jnp.take_along_axis(logits_BxPxV, at_BxK[..., None],
+                                       axis=1)
   return cache.replace(lengths=lengths_B), logits_BxKxV
 
 

@@ -56,24 +56,10 @@ class PaddedVocabLM(struct.PyTreeNode):
     logits_BxTxW, cache = self.model(tokens_BxT, cache)
     return self._pad(logits_BxTxW), cache
 
-  # The model's features, head and window scoring, padded, where it has them
-  # (an AttributeError, so `hasattr` is False, where it does not): the
-  # decode loop then runs the head on a prompt's last positions alone
+  # The model's window scoring, padded, where it has one (an AttributeError,
+  # so `hasattr` is False, where it does not): the decode loop then runs the
+  # last block and the head on a prompt's last positions alone
   # (`Goodput.prompt_prior`).
-  @property
-  def forward_with_hidden(self):
-    inner = self.model.forward_with_hidden
-
-    def forward(tokens_BxT, cache):
-      logits_BxTxW, hidden_BxTxD, cache = inner(tokens_BxT, cache)
-      return self._pad(logits_BxTxW), hidden_BxTxD, cache
-    return forward
-
-  @property
-  def head_logits(self):
-    inner = self.model.head_logits
-    return lambda features_BxTxD: self._pad(inner(features_BxTxD))
-
   @property
   def logits_at(self):
     inner = self.model.logits_at
