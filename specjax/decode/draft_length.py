@@ -385,7 +385,7 @@ class Goodput(Rule):
 
   plans_one_width: ClassVar[bool] = True  # one budget for the batch: `plan`
   # Structure stays static: gamma_max, probe_every, estimator, prompt_prior
-  # (`reads_prompt` decides what the loop scores), widths, and whether
+  # (`prompt_window` decides what the loop scores), widths, and whether
   # threshold and probe are None.
   traced_fields: ClassVar[tuple[str, ...]] = (
       "c", "r", "threshold", "prior", "c_first", "overhead", "hysteresis",

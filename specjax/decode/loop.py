@@ -380,10 +380,9 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
     own_cache = (draft is not None
                  and not getattr(draft, "reads_target_cache", False))
     at_BxK = scored_BxK = None
-    if (own_cache and getattr(draft_length, "reads_prompt", False)
-        and not sampling.greedy):
-      at_BxK, scored_BxK = _prompt_window(prompt_lengths_B, width,
-                                          draft_length.prompt_window)
+    window = getattr(draft_length, "prompt_window", 0)  # 0: reads no prompt
+    if own_cache and window and not sampling.greedy:
+      at_BxK, scored_BxK = _prompt_window(prompt_lengths_B, width, window)
     target_cache, p_logits = _prefill(target, prompts_BxP, buffer_len,
                                       prompt_lengths_B - 1, at_BxK)
     draft_cache = None
