@@ -259,8 +259,18 @@ def test_logits_at_equals_the_call_at_those_tokens(flavour):
                                      jnp.minimum(at_BxQ, 5)[..., None], 1),
       **TOL)
   chex.assert_trees_all_close(got_cache, want_cache, **TOL)
+  # `features` is the same pass up to the head, at every token or at some.
+  hidden_BxTxD, feature_cache = model.features(new_BxT, cache)
+  np.testing.assert_allclose(model.head_logits(hidden_BxTxD), want_BxTxV,
+                             **TOL)
+  chex.assert_trees_all_close(feature_cache, want_cache, **TOL)
+  hidden_BxQxD, _ = model.features(new_BxT, cache, at_BxQ)
+  np.testing.assert_allclose(model.head_logits(hidden_BxQxD), got_BxQxV,
+                             **TOL)
   with pytest.raises(TypeError, match="at_BxQ"):
     model.logits_at(new_BxT, cache, jnp.zeros((B, 2), jnp.float32))
+  with pytest.raises(TypeError, match="at_BxQ .* got None"):
+    model.logits_at(new_BxT, cache, None)
   with pytest.raises(ValueError, match="at_BxQ has 3 rows"):
     model.logits_at(new_BxT, cache, jnp.zeros((3, 2), jnp.int32))
 

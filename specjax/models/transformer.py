@@ -300,6 +300,9 @@ def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
 def check_token_indices(at_BxQ: Any, tokens_BxT: Any) -> jax.Array:
   """`at_BxQ` (a `logits_at` argument) as an int array, one row per row of
   `tokens_BxT`; raises naming it otherwise."""
+  if at_BxQ is None:
+    raise TypeError("at_BxQ must be an int [B, Q] array of token indices, got "
+                    "None.")
   at_BxQ = _checks.check_array("at_BxQ", at_BxQ, rank=2, kind="i")
   if at_BxQ.shape[0] != np.shape(tokens_BxT)[0]:
     raise ValueError(f"at_BxQ has {at_BxQ.shape[0]} rows; tokens_BxT has "
@@ -700,6 +703,32 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     self._check_static(tokens_BxT, cache)
     return self.module().decode(tokens_BxT, cache)
 
+  def features(self, tokens_BxT: jax.Array, cache: KVCache,
+               at_BxQ: jax.Array | None = None
+               ) -> tuple[jax.Array, KVCache]:
+    """`__call__` up to the LM head: the features it reads.
+
+    Args:
+      tokens_BxT, cache: as `__call__`.
+      at_BxQ: None (every new token), or int `[B, Q]` indices into each
+        row's T new tokens (clipped to [0, T); repeats allowed).
+
+    Returns:
+      `(hidden_BxQxD, cache)`: the final norm's output (compute dtype) at
+      the chosen new tokens (Q = T when `at_BxQ` is None), so that
+      `head_logits(hidden)` is `__call__`'s logits there, and the same
+      cache as `__call__`'s. Given `at_BxQ`, only the last block's queries
+      and MLP and the final norm run at the Q tokens alone; every block
+      still writes keys and values at all T.
+    """
+    self._check_static(tokens_BxT, cache)
+    if at_BxQ is not None:
+      at_BxQ = check_token_indices(at_BxQ, tokens_BxT)
+    positions_BxT = cache.positions(tokens_BxT.shape[1])
+    hidden_BxQxD, cache = self.module().features(tokens_BxT, positions_BxT,
+                                                 cache, at_BxQ=at_BxQ)
+    return hidden_BxQxD, cache.replace(lengths=positions_BxT[:, -1] + 1)
+
   def forward_with_hidden(self, tokens_BxT: jax.Array, cache: KVCache
                           ) -> tuple[jax.Array, jax.Array, KVCache]:
     """`__call__` that also returns the features its LM head read.
@@ -709,12 +738,8 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     `logits == self.head_logits(hidden)`. Feature-level drafts
     (`specjax.EagleDraft`) draft from it.
     """
-    self._check_static(tokens_BxT, cache)
-    module = self.module()
-    positions_BxT = cache.positions(tokens_BxT.shape[1])
-    hidden_BxTxD, cache = module.features(tokens_BxT, positions_BxT, cache)
-    return (module.head(hidden_BxTxD), hidden_BxTxD,
-            cache.replace(lengths=positions_BxT[:, -1] + 1))
+    hidden_BxTxD, cache = self.features(tokens_BxT, cache)
+    return self.head_logits(hidden_BxTxD), hidden_BxTxD, cache
 
   def head_logits(self, features_BxTxD: jax.Array) -> jax.Array:
     """float32 `[B, T, V]`: the LM head (tied embedding or `lm_head`) alone."""
@@ -733,18 +758,13 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       `(logits_BxQxV, cache)`: float32 `[B, Q, V]` equal to `__call__`'s
       logits at those tokens, and the same cache as `__call__`'s. Only the
       last block's queries and MLP, the final norm and the LM head run at
-      the Q tokens alone, so a prefill that scores a prompt's last Q
-      positions (the decode loop, for `Goodput.prompt_prior`) costs Q
-      positions of them, not T.
+      the Q tokens alone (`features`), so a prefill that scores a prompt's
+      last Q positions (the decode loop, for `Goodput.prompt_prior`) costs
+      Q positions of them, not T.
     """
-    self._check_static(tokens_BxT, cache)
-    at_BxQ = check_token_indices(at_BxQ, tokens_BxT)
-    module = self.module()
-    positions_BxT = cache.positions(tokens_BxT.shape[1])
-    hidden_BxQxD, cache = module.features(tokens_BxT, positions_BxT, cache,
-                                          at_BxQ=at_BxQ)
-    return (module.head(hidden_BxQxD),
-            cache.replace(lengths=positions_BxT[:, -1] + 1))
+    at_BxQ = check_token_indices(at_BxQ, tokens_BxT)  # None is refused here
+    hidden_BxQxD, cache = self.features(tokens_BxT, cache, at_BxQ)
+    return self.head_logits(hidden_BxQxD), cache
 
   def tree_decode(self, tokens_BxL: jax.Array, cache: KVCache, depth_T,
                   ancestor_TxT, nodes=None, *, return_hidden: bool = False):

@@ -189,24 +189,15 @@ class ReducedVocabLM(struct.PyTreeNode):
   def forward_with_hidden(self, tokens_BxT, cache):
     """`(logits_BxTxV, features_BxTxD, cache)`: `__call__` with the final
     norm's features its head read (`head_logits`)."""
-    self.model._check_static(tokens_BxT, cache)  # pylint: disable=protected-access
-    positions_BxT = cache.positions(tokens_BxT.shape[1])
-    # The final-norm features; the head is ours.
-    x_BxTxD, cache = self.model.module().features(tokens_BxT, positions_BxT,
-                                                  cache)
-    return (self.head_logits(x_BxTxD), x_BxTxD,
-            cache.replace(lengths=positions_BxT[:, -1] + 1))
+    x_BxTxD, cache = self.model.features(tokens_BxT, cache)
+    return self.head_logits(x_BxTxD), x_BxTxD, cache
 
   def logits_at(self, tokens_BxT, cache, at_BxQ):
     """`(logits_BxQxV, cache)`: `__call__`'s logits at the new tokens
     `at_BxQ` alone (`TransformerLM.logits_at`), through the K-token head."""
-    self.model._check_static(tokens_BxT, cache)  # pylint: disable=protected-access
-    positions_BxT = cache.positions(tokens_BxT.shape[1])
-    x_BxQxD, cache = self.model.module().features(
-        tokens_BxT, positions_BxT, cache,
-        at_BxQ=transformer.check_token_indices(at_BxQ, tokens_BxT))
-    return (self.head_logits(x_BxQxD),
-            cache.replace(lengths=positions_BxT[:, -1] + 1))
+    at_BxQ = transformer.check_token_indices(at_BxQ, tokens_BxT)
+    x_BxQxD, cache = self.model.features(tokens_BxT, cache, at_BxQ)
+    return self.head_logits(x_BxQxD), cache
 
   def head_logits(self, features_BxTxD):
     """float32 `[B, T, V]`: the K-token head, every other id masked."""
