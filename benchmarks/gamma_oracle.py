@@ -47,7 +47,10 @@ Policies, side by side on the same texts and draws:
     ... from the prompt and each row starting from its prompt's last 16
                         positions' overlap (`Goodput.prompt_prior`, as
                         gamma="auto" does; the loop scores no prompt for
-                        a self:K draft, which shares the target's cache).
+                        a self:K draft, which shares the target's cache);
+    ... from its last 8 (4): the same with `prompt_prior` 8 (4): half (a
+                        quarter) of the positions to score, each weighed
+                        as one draft.
 Each row: the mean speedup over calls, and its ratio to the best fixed
 width and to the best of widths 1, 2, 4, 8 (the grid's fixed gammas).
 The oracle shows about what a draft-length rule could gain on this text
@@ -238,7 +241,9 @@ def main():
               + [(f"ema {h}", ("ema", h), {}) for h in (4, 16, 64)]
               + [("mean, widths 1,2,4,8", ("mean",), dict(widths=DOUBLING)),
                  ("  ... auto's prices", ("mean",), "priced"),
-                 ("  ... from the prompt", ("mean",), "prompt")])
+                 ("  ... from the prompt", ("mean",), ("prompt", WINDOW)),
+                 ("  ... from its last 8", ("mean",), ("prompt", 8)),
+                 ("  ... from its last 4", ("mean",), ("prompt", 4))])
   for name in drafts:
     costs = (tuple(float(x) for x in args.costs.split(",")) if args.costs
              else MEASURED[name, args.batch])
@@ -260,16 +265,19 @@ def main():
           f"{a_NxT.mean(1).std():.3f}), within a text sd "
           f"{a_NxT.std(1).mean():.3f}, lag-1 correlation {within:.2f}")
     calls_CxBxT = a_NxT.reshape(-1, args.batch, NEW)
-    # `Goodput.initial_counts` from WINDOW scored positions: the prompt
-    # alone, weighed as prompt_prior = WINDOW drafts.
-    overlap_CxB = ((prompt_NxK.sum(1) + 0.5) / (WINDOW + 1.0)).reshape(
-        -1, args.batch)
+
+    def prompt_start(window, i):
+      """`Goodput.initial_counts` with prompt_prior = window: the prompt's
+      last `window` scored positions alone, weighed as `window` drafts."""
+      overlap_B = ((prompt_NxK[:, -window:].sum(1) + 0.5) / (window + 1.0)
+                   ).reshape(-1, args.batch)[i]
+      return window * overlap_B, np.full(args.batch, float(window))
+
     speed = {}  # policy -> [calls]
     for label, policy, kw in policies:
       for i, a_BxT in enumerate(calls_CxBxT):
-        if kw in ("priced", "prompt"):
-          start = (None if kw == "priced" else
-                   (WINDOW * overlap_CxB[i], np.full(args.batch, WINDOW)))
+        if kw == "priced" or isinstance(kw, tuple):
+          start = None if kw == "priced" else prompt_start(kw[1], i)
           kw_i = dict(widths=DOUBLING, plan_costs_W=round_costs(priced),
                       start_B=start)
         else:

@@ -11,12 +11,12 @@ gamma = G loop and a `Goodput` rule of gamma_max G pinned at width G
 rounds in a planned loop holding one loop per width 1..G; then, at
 gamma_max 8, the same rule planning only widths 1, 2, 4, 8 and only width
 8 (`Goodput.widths`): four loops and one; and the rule of every width
-scoring the prompt: `prompt_prior` 16, gamma="auto"'s default (the
-prefills then run both models' last blocks, final norms and LM heads on
-the prompt's last 16 positions), and `prompt_prior` 64 (all 64 positions,
-as the loop scored every prompt before `Goodput.prompt_window`); last,
-widths 1, 2, 4, 8 with a probe round (the loop then also holds the off
-stretch's loops), without and with the prompt scored: the latter is the
+scoring the prompt: `prompt_prior` 8, 16 and 64 (the prefills then run
+both models' last blocks, final norms and LM heads on the prompt's last 8
+or 16 positions, or all 64, as the loop scored every prompt before
+`Goodput.prompt_window`); last, widths 1, 2, 4, 8 with a probe round (the
+loop then also holds the off stretch's loops), without and with the prompt
+scored at 8 and 16 positions: with the rule's default `prompt_prior`, the
 program `gamma="auto"` compiles. Each of
 CYCLES cycles runs every call once, in a seeded random order; per row,
 the median seconds of each and the median of their per-cycle difference.
@@ -57,8 +57,9 @@ def main(argv):
   auto = (1, 2, 4, 8)  # gamma="auto"'s widths
   for g, widths, prior, probe in (
       (2, None, 0.0, None), (4, None, 0.0, None), (8, None, 0.0, None),
-      (8, auto, 0.0, None), (8, (8,), 0.0, None), (8, None, 16.0, None),
-      (8, None, 64.0, None), (8, auto, 0.0, 1.5), (8, auto, 16.0, 1.5)):
+      (8, auto, 0.0, None), (8, (8,), 0.0, None), (8, None, 8.0, None),
+      (8, None, 16.0, None), (8, None, 64.0, None), (8, auto, 0.0, 1.5),
+      (8, auto, 8.0, 1.5), (8, auto, 16.0, 1.5)):
     rule = draft_length.Goodput(c=0.1, r=(1.0,) * g, prompt_prior=prior,
                                 widths=widths, probe=probe)
     label = (f"gamma_max {g}"
