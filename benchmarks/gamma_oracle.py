@@ -219,8 +219,8 @@ def simulate(a_BxT, costs_W, policy, runs, rng, plan_costs_W=None,
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("drafts", nargs="?",
-                      default=",".join(dict.fromkeys(key[0] for key in MEASURED)))
+  names = dict.fromkeys(name for name, _ in MEASURED)
+  parser.add_argument("drafts", nargs="?", default=",".join(names))
   parser.add_argument("calls", nargs="?", type=int, default=64)
   parser.add_argument("runs", nargs="?", type=int, default=200)
   parser.add_argument("--batch", type=int, default=1)
@@ -249,10 +249,10 @@ def main():
              else MEASURED[name, args.batch])
     priced = costs if args.costs else PRICED[name, args.batch]
     costs_W = round_costs(costs)
-    a_NxT, prompt_NxK = acceptances(target, adaptive_gamma.make_draft(name, target)
-                        if not name.startswith("self:") else
-                        sj.SelfDraft(target, layers=int(name[5:])),
-                        args.calls)
+    draft = adaptive_gamma.make_draft(name, target)
+    if isinstance(draft, sj.SelfDraft):  # the same laws, on a cache of its own
+      draft = draft.replace(share_cache=False)
+    a_NxT, prompt_NxK = acceptances(target, draft, args.calls)
     # Where acceptance moves: its spread across texts, and within a text
     # the correlation of a_i with a_{i+1} (what a rule reading the past
     # can use).
@@ -286,7 +286,8 @@ def main():
             a_BxT, costs_W, policy, args.runs, np.random.default_rng([i, 7]),
             **kw_i))
     speed = {label: np.array(s) for label, s in speed.items()}
-    fixed = {label: s for label, s in speed.items() if label.startswith("fixed")}
+    fixed = {label: s for label, s in speed.items()
+             if label.startswith("fixed")}
     best = max(fixed, key=lambda label: fixed[label].mean())
     # The grid's comparator: the best of the widths it times.
     best_timed = max((f"fixed {w}" for w in DOUBLING),
