@@ -190,9 +190,7 @@ class SelfDraft(struct.PyTreeNode):
     `cache_from_target` when sharing).
     """
     self._check_call(tokens_BxT, cache)
-    positions_BxT = cache.positions(tokens_BxT.shape[1])
-    logits_BxTxV, cache = self._forward(tokens_BxT, positions_BxT, cache)
-    return logits_BxTxV, cache.replace(lengths=positions_BxT[:, -1] + 1)
+    return self._decode(tokens_BxT, cache)
 
   def logits_at(self, tokens_BxT: jax.Array, cache: KVCache, at_BxQ: jax.Array
                 ) -> tuple[jax.Array, KVCache]:
@@ -200,7 +198,12 @@ class SelfDraft(struct.PyTreeNode):
     (`TransformerLM.logits_at`): the last kept block's queries and MLP, the
     adapter, the final norm and the head run at the Q tokens alone."""
     self._check_call(tokens_BxT, cache)
-    at_BxQ = transformer_lib.check_token_indices(at_BxQ, tokens_BxT)
+    return self._decode(tokens_BxT, cache,
+                        transformer_lib.check_token_indices(at_BxQ, tokens_BxT))
+
+  def _decode(self, tokens_BxT, cache, at_BxQ=None):
+    """`__call__` (`at_BxQ` None) or `logits_at` on checked inputs: the
+    forward pass at the cache's next positions, and the cache advanced."""
     positions_BxT = cache.positions(tokens_BxT.shape[1])
     logits_BxQxV, cache = self._forward(tokens_BxT, positions_BxT, cache,
                                         at_BxQ=at_BxQ)

@@ -724,6 +724,10 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     self._check_static(tokens_BxT, cache)
     if at_BxQ is not None:
       at_BxQ = check_token_indices(at_BxQ, tokens_BxT)
+    return self._features(tokens_BxT, cache, at_BxQ)
+
+  def _features(self, tokens_BxT, cache, at_BxQ):
+    """`features` on checked inputs."""
     positions_BxT = cache.positions(tokens_BxT.shape[1])
     hidden_BxQxD, cache = self.module().features(tokens_BxT, positions_BxT,
                                                  cache, at_BxQ=at_BxQ)
@@ -762,8 +766,9 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       last Q positions (the decode loop, for `Goodput.prompt_prior`) costs
       Q positions of them, not T.
     """
+    self._check_static(tokens_BxT, cache)
     at_BxQ = check_token_indices(at_BxQ, tokens_BxT)  # None is refused here
-    hidden_BxQxD, cache = self.features(tokens_BxT, cache, at_BxQ)
+    hidden_BxQxD, cache = self._features(tokens_BxT, cache, at_BxQ)
     return self.head_logits(hidden_BxQxD), cache
 
   def tree_decode(self, tokens_BxL: jax.Array, cache: KVCache, depth_T,
