@@ -71,6 +71,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from absl import flags  # noqa: E402
 import specjax as sj  # noqa: E402
 from specjax import sampling as sampling_lib  # noqa: E402
+from specjax.decode import draft_length  # noqa: E402
 from specjax.decode import steps  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
@@ -100,7 +101,7 @@ PRICED = {
     ("self:1", 1): (1.67, 1.99, 2.89, 4.97),
     ("self:1", 8): (1.77, 2.33, 3.44, 5.28),
 }
-DOUBLING = (1, 2, 4, 8)  # the widths gamma="auto" plans
+DOUBLING = draft_length.doubling_widths(GAMMA_MAX)  # what gamma="auto" plans
 
 
 def round_costs(at_1248):

@@ -54,7 +54,7 @@ def main(argv):
   sampling = sj.SamplingConfig(temperature=1.0)
   gammas = {}
   rows = {}  # a planned loop's label -> its fixed loop's
-  auto = (1, 2, 4, 8)  # gamma="auto"'s widths
+  auto = draft_length.doubling_widths(8)  # gamma="auto"'s widths
   for g, widths, prior, probe in (
       (2, None, 0.0, None), (4, None, 0.0, None), (8, None, 0.0, None),
       (8, auto, 0.0, None), (8, (8,), 0.0, None), (8, None, 8.0, None),
