@@ -36,6 +36,15 @@ def check_int(name: str, value: Any, *, low: int | None = None,
   return value
 
 
+def check_bool(name: str, value: Any) -> bool:
+  """Returns `value` as bool, raising unless it is a Python or numpy bool (a
+  string such as "False" would otherwise be truthy)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a bool, got {value!r} "
+                    f"({type(value).__name__}).")
+  return bool(value)
+
+
 def check_float(name: str, value: Any) -> float:
   if isinstance(value, (bool, np.bool_)) or not isinstance(
       value, (numbers.Real, np.floating, np.integer)):

@@ -137,7 +137,8 @@ def _parse(name: str) -> tuple[str, str, str | None]:
       return "distilled", student, teacher
   if name.startswith(_EXIT_ADAPTER) and "@" in name:
     k, teacher = name[len(_EXIT_ADAPTER):].split("@", 1)
-    if (k.isdigit() and teacher in recipes.SIZES
+    # One spelling per k ("01" would be a second cache entry of the same).
+    if (k.isdigit() and k == str(int(k)) and teacher in recipes.SIZES
         and 0 < int(k) < recipes.SIZES[teacher]["num_layers"]):
       return "exit_adapter", k, teacher
   raise ValueError(f"Unknown zoo model {name!r}. Known names: "
@@ -178,6 +179,10 @@ def _config(size: str, overrides: dict[str, Any] | None,
       raise ValueError(f"overrides: {key!r} is not a field of the {size} "
                        "training config.")
     node[leaf] = value
+  if kind == "exit_adapter" and config.model.layers != int(size):
+    raise ValueError(f"overrides: the name sets the kept blocks "
+                     f"(exit-adapter-{size}@...); model.layers may not be "
+                     f"overridden (got {config.model.layers!r}).")
   if kind == "eagle":
     # A head maps features, not tokens, to logits: no held-out evaluation
     # while training, whatever a draft budget shared with it says (the key

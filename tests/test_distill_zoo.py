@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -76,6 +77,16 @@ def test_bad_divergence_is_an_error():
     distill.distillation_loss("js")
   with pytest.raises(ValueError, match="temperature"):
     distill.distillation_loss("tv", temperature=0.0)
+  # p and q over different vocabularies: refused by name, not by XLA.
+  small = lambda v: sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=v, d_model=16, num_layers=1, num_heads=2, max_positions=16), 0)
+  teacher, student = small(40), small(32)
+  with pytest.raises(ValueError, match="vocab_size is 40 and the student's 32"):
+    distill.mean_tv(teacher, student, np.zeros((1, 2, 4), np.int32))
+  loss_fn = distill.distillation_loss("tv")
+  with pytest.raises(ValueError, match="vocab_size is 40 and the student's 32"):
+    jax.eval_shape(lambda t: loss_fn(student.module(), {"tokens": t}, None,
+                                     teacher), jnp.zeros((2, 5), jnp.int32))
 
 
 @pytest.mark.slow  # a training-quality check (~10 s), not zoo integrity
@@ -145,6 +156,12 @@ def test_zoo_bad_names_and_overrides(cache, capsys):
   for name in ("tiny", "eagle-head@tiny"):
     with pytest.raises(ValueError, match="num_steps must be >= 1"):
       zoo.load(name, cache_dir=cache, overrides={"num_steps": -5})
+  # The name sets an exit adapter's blocks, spelt one way.
+  with pytest.raises(ValueError, match="model.layers may not be overridden"):
+    zoo.load("exit-adapter-1@tiny", cache_dir=cache,
+             overrides={"model.layers": 2})
+  with pytest.raises(ValueError, match="Unknown zoo model"):
+    zoo.load("exit-adapter-01@tiny", cache_dir=cache)
   with pytest.raises(TypeError, match="overrides must be a dict"):
     zoo.load("tiny", cache_dir=cache, overrides=[("num_steps", 3)])
   with pytest.raises(TypeError, match="cache_dir must be a path"):

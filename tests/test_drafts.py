@@ -193,6 +193,8 @@ def test_prompt_lookup_fallback():
 def test_prompt_lookup_errors():
   with pytest.raises(ValueError, match="max_ngram must be >= 2"):
     prompt_lookup.PromptLookupDraft(vocab_size=5, min_ngram=2, max_ngram=1)
+  with pytest.raises(TypeError, match="fallback must be None or a CausalLM"):
+    prompt_lookup.PromptLookupDraft(vocab_size=5, fallback="bigram")
   with pytest.raises(ValueError, match="fallback has vocab_size 3"):
     prompt_lookup.PromptLookupDraft(vocab_size=5,
                                     fallback=ngram.NGramLM.uniform(3))

@@ -350,7 +350,15 @@ def test_training_lowers_the_loss_and_restores(tmp_path):
   with pytest.raises(ValueError, match="another target(.|\n)*flavour"):
     eagle_train.load_head(str(tmp_path / "w"), TransformerLM.create(
         dataclasses.replace(target.config, flavour="llama"), 0))
-  eagle_train.load_head(str(tmp_path / "w"), target.astype("bfloat16"))
+  # Same width, vocabulary and flavour, another depth or MLP width: the
+  # head's one-block config cannot tell, the checkpoint's record can.
+  for field, value in (("num_layers", 2), ("mlp_dim", 48)):
+    with pytest.raises(ValueError, match=f"another target(.|\n)*{field}"):
+      eagle_train.load_head(str(tmp_path / "w"), TransformerLM.create(
+          dataclasses.replace(target.config, **{field: value}), 0))
+  cast, _ = eagle_train.load_head(str(tmp_path / "w"),
+                                  target.astype("bfloat16"))
+  assert cast.head.target_config == eagle.architecture(target.config)
   # A head saved before the inputs were recorded had another layout.
   config.num_steps = 2
   trainer.train(config, str(tmp_path / "old"),
@@ -389,9 +397,17 @@ def test_bad_target_kind_and_width_get_clear_errors(target):
     sj.speculative_generate(_target(flavour), draft, prompts, lengths,
                             jax.random.key(0), gamma=2, max_new_tokens=4)
   draft.check_target(target.astype("bfloat16"))
-  # Nor may such a target be paired with this head directly.
+  # Nor may such a target be paired with this head directly, nor one of
+  # another depth (not in the head's config; in its record of its target).
   with pytest.raises(ValueError, match="made for another target"):
     sj.EagleDraft(target=_target(flavour), head=draft.head)
+  deeper = TransformerLM.create(dataclasses.replace(target.config,
+                                                    num_layers=3), 0)
+  with pytest.raises(ValueError, match="num_layers: 2 .* vs 3"):
+    sj.EagleDraft(target=deeper, head=draft.head)
+  with pytest.raises(ValueError, match="not a head for target_config"):
+    sj.EagleHead.create(draft.head.config, target_config=_target(
+        target.config.flavour, d_model=16).config)
   with pytest.raises(TypeError, match="TransformerLM"):
     sj.EagleDraft.create(ngram)
   with pytest.raises(TypeError, match="EagleHead"):
@@ -406,5 +422,12 @@ def test_bad_head_config_and_cache_get_clear_errors(target):
   draft = sj.EagleDraft.create(target, 0)
   with pytest.raises(TypeError, match="EagleCache"):
     draft(jnp.zeros((1, 1), jnp.int32), target.init_cache(1, 8))
+  tokens = jnp.zeros((2, 3), jnp.int32)
+  with pytest.raises(ValueError, match="cache does not fit"):
+    draft(tokens, draft.init_cache(3, 8))  # batch 3 for 2 rows
+  d = target.config.d_model
+  for shape in ((2, 3, d + 1), (2, 2, d)):
+    with pytest.raises(ValueError, match="features_BxTxD has shape"):
+      draft.from_features(jnp.zeros(shape), tokens, draft.init_cache(2, 8))
   with pytest.raises(ValueError, match="max_len"):
     draft.init_cache(1, 10_000)

@@ -14,7 +14,7 @@ import pytest
 import specjax as sj
 from specjax import data
 from specjax import zoo
-from specjax.models import TransformerConfig, TransformerLM
+from specjax.models import ExitAdapterConfig, TransformerConfig, TransformerLM
 from specjax.train import exit_adapter as exit_adapter_train
 from specjax.train import recipes
 from specjax.train import trainer
@@ -69,6 +69,20 @@ def test_adapter_for_another_target_is_refused(target, other, match):
     sj.SelfDraft(target, layers=1, adapter=adapter)
 
 
+def test_a_cast_target_is_the_same_target(target):
+  """A float32 adapter drafts for its target cast to bfloat16 (as an EAGLE
+  head does), and greedy output is still the target's own."""
+  cast = target.astype("bfloat16")
+  draft = sj.SelfDraft(cast, layers=1, share_cache=True,
+                       adapter=sj.ExitAdapter.create(target, 1))
+  prompts, lengths = np.array([[1, 2, 3, 4]], np.int32), np.array([4])
+  kw = dict(max_new_tokens=6, sampling=sj.GREEDY)
+  out = sj.speculative_generate(cast, draft, prompts, lengths,
+                                jax.random.key(0), gamma=2, **kw)
+  want = sj.generate(cast, prompts, lengths, jax.random.key(0), **kw)
+  np.testing.assert_array_equal(out.tokens, want.tokens)
+
+
 def test_bad_adapter_arguments_get_clear_errors(target):
   adapter = sj.ExitAdapter.create(target, 1)
   with pytest.raises(ValueError, match=r"follows blocks \(0,\)"):
@@ -81,10 +95,20 @@ def test_bad_adapter_arguments_get_clear_errors(target):
     sj.ExitAdapter.create(target, 5)
   with pytest.raises(ValueError, match="mlp_dim"):
     sj.ExitAdapter.create(target, 1, mlp_dim=0)
+  with pytest.raises(TypeError, match="layers must be a sequence"):
+    ExitAdapterConfig(target=target.config, layers=1)
   with pytest.raises(ValueError, match="eval_every"):
     cfg = recipes.exit_adapter_config(1)
     cfg.eval_every = 5
     trainer.train(cfg, "/nonexistent", model=adapter)
+  # config.model records the adapter: it may not say otherwise.
+  with pytest.raises(ValueError, match="config.model.layers is 1 but layers"):
+    exit_adapter_train.train_exit_adapter(
+        target, 2, "/nonexistent", config=recipes.exit_adapter_config(1))
+  with pytest.raises(ValueError, match="config.model.mlp_dim is 8 but"):
+    exit_adapter_train.train_exit_adapter(
+        target, 1, "/nonexistent", mlp_dim=16,
+        config=recipes.exit_adapter_config(1, mlp_dim=8))
 
 
 @pytest.mark.slow  # ~11 s of training; the zoo's keying is test_distill_zoo's

@@ -190,6 +190,22 @@ def test_sharded_checkpoint_loads_like_the_single_file(tmp_path):
   np.testing.assert_array_equal(sharded.logits(tokens), single.logits(tokens))
 
 
+def test_damaged_files_are_named(tmp_path):
+  for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    shutil.copy(DATA / "gpt2" / name, tmp_path / name)
+  (tmp_path / "config.json").write_text("{not json")
+  with pytest.raises(ValueError, match="config.json is not valid JSON"):
+    hf.load(tmp_path)
+  shutil.copy(DATA / "gpt2" / "config.json", tmp_path / "config.json")
+  weights = (tmp_path / "model.safetensors").read_bytes()
+  (tmp_path / "model.safetensors").write_bytes(weights[:len(weights) // 2])
+  with pytest.raises(ValueError, match="model.safetensors could not be read"):
+    hf.load(tmp_path)
+  (tmp_path / "tokenizer.json").write_text("{}")
+  with pytest.raises(ValueError, match="tokenizer.json could not be read"):
+    HFTokenizer.from_dir(tmp_path)
+
+
 def test_missing_files_and_hub_ids_name_the_fix(tmp_path, monkeypatch):
   with pytest.raises(FileNotFoundError, match="config.json"):
     hf.load(tmp_path)
@@ -274,6 +290,7 @@ def test_config_values_that_would_give_nan_or_raw_errors_are_refused():
       ({"rms_norm_eps": -1.0}, "norm_eps"),
       ({"intermediate_size": None}, "intermediate_size"),
       ({"num_hidden_layers": "2"}, "num_layers"),
+      ({"tie_word_embeddings": "false"}, "tie_embeddings"),
   ]
   for change, named in cases:
     config = _config("llama_gqa") | change
@@ -408,6 +425,26 @@ def test_reduced_vocabulary_draft_is_exact_with_zero_q_elsewhere():
                                 jax.random.key(0), gamma=4, max_new_tokens=32,
                                 sampling=sj.GREEDY, eos_id=tok.eos_ids)
   _check_stream(out, ref)
+
+
+def test_vocabulary_helpers_keep_their_promises():
+  ids = np.array([1, 1, 1, 5, 5, 2, 3, 9])
+  np.testing.assert_array_equal(vocab.frequent_tokens(ids, 30, 2), [1, 5])
+  np.testing.assert_array_equal(
+      vocab.frequent_tokens(ids, 30, 3, include=[9]), [1, 5, 9])
+  # More ids to include than k, or ids off the vocabulary: never dropped
+  # or wrapped around silently.
+  for include, match in (([1, 5, 9], "raise k"), ([-1], r"\[0, 30\)"),
+                         ([30], r"\[0, 30\)")):
+    with pytest.raises(ValueError, match=match):
+      vocab.frequent_tokens(ids, 30, 2, include=include)
+  with pytest.raises(TypeError, match="include must be an integer"):
+    vocab.frequent_tokens(ids, 30, 2, include=[1.5])
+  model, _ = hf.load(DATA / "gpt2")
+  with pytest.raises(TypeError, match="token_ids_K must be an integer"):
+    vocab.ReducedVocabLM.create(model, np.array([True, False]))
+  with pytest.raises(ValueError, match="num_real must be <= 20"):
+    vocab.PaddedVocabLM(model, 20, 25)
 
 
 def test_truncate_shares_weights_and_checks_layers():

@@ -176,6 +176,22 @@ def test_greedy_trees_equal_greedy_autoregressive(name, spec):
   assert s["accepted"] <= s["verified"] <= s["draft_calls"]
 
 
+@pytest.mark.parametrize("layers", [0, 2])
+def test_logits_at_equals_the_call_at_those_tokens(target, layers):
+  """`logits_at` is the call's logits at the chosen tokens, with its cache;
+  with no kept block, the embeddings themselves are picked."""
+  draft = SelfDraft(target, layers=layers)
+  tokens = jnp.asarray(_prompts(2)[0])
+  at_BxQ = jnp.asarray([[9, 2], [0, 0]], jnp.int32)
+  want, want_cache = draft(tokens, draft.init_cache(2, 16))
+  got, got_cache = draft.logits_at(tokens, draft.init_cache(2, 16), at_BxQ)
+  np.testing.assert_allclose(
+      got, np.take_along_axis(np.asarray(want), np.asarray(at_BxQ)[..., None],
+                              1), atol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache)):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_a_cache_of_no_layers_moves_nothing(target):
   cache = SelfDraft(target, layers=0).init_cache(2, 16)
   slots_BxK = jnp.zeros((2, 3), jnp.int32)
@@ -335,6 +351,14 @@ def test_bad_target_and_cache_get_clear_errors(target):
   draft = SelfDraft(target, layers=2)
   with pytest.raises(ValueError, match="2 layers"):
     draft(jnp.zeros((1, 1), jnp.int32), target.init_cache(1, 8))
+  with pytest.raises(ValueError, match="cache does not fit"):
+    draft(jnp.zeros((2, 1), jnp.int32), draft.init_cache(3, 8))
+  with pytest.raises(ValueError, match="cache does not fit"):
+    draft.logits_at(jnp.zeros((1, 1), jnp.int32),
+                    SelfDraft(TransformerLM.create(TransformerConfig(
+                        vocab_size=V, d_model=16, num_layers=2, num_heads=4,
+                        max_positions=64), 0), layers=2).init_cache(1, 8),
+                    jnp.zeros((1, 1), jnp.int32))
   with pytest.raises(ValueError, match="max_len"):
     draft.init_cache(1, 10_000)
 

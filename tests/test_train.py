@@ -287,6 +287,18 @@ def test_damaged_checkpoint_names_the_file_and_the_fix(run, tmp_path, damage,
           and "fresh --workdir" in message)
 
 
+def test_metadata_without_a_model_config_is_refused(run, tmp_path):
+  workdir = _copy_run(run, tmp_path)
+  item = workdir / "checkpoints" / str(NUM_STEPS) / "metadata"
+  for path in item.rglob("*"):
+    if path.is_file() and '"model_config"' in path.read_text(errors="ignore"):
+      record = json.loads(path.read_text())
+      del record["model_config"]
+      path.write_text(json.dumps(record))
+  with pytest.raises(checkpoint.CheckpointError, match="model_config"):
+    checkpoint.load_model(workdir)
+
+
 def test_missing_checkpoints_say_where_and_what_to_do(tmp_path):
   with pytest.raises(FileNotFoundError, match="does not exist.*--workdir"):
     checkpoint.load_model(tmp_path / "nowhere")

@@ -237,6 +237,21 @@ def test_config_presets_and_derived_fields():
                       flavour="gpt3")
   with pytest.raises(ValueError, match="Unknown preset"):
     TransformerConfig.preset("nope")
+  small = dict(vocab_size=V, d_model=32, num_layers=1, num_heads=4,
+               flavour="llama")
+  # A string is truthy: "False" would silently build biases or tie weights.
+  for field in ("qkv_bias", "tie_embeddings"):
+    with pytest.raises(TypeError, match=f"{field} must be a bool"):
+      TransformerConfig(**small, **{field: "False"})
+  for scaling in (5, "linear"):
+    with pytest.raises(TypeError, match="rope_scaling must be a mapping"):
+      TransformerConfig(**small, rope_scaling=scaling)
+  # numpy ints are stored as Python ints (checkpoint metadata is JSON).
+  c = TransformerConfig(**{**small, "vocab_size": np.int64(V),
+                           "d_model": np.int32(32)}, mlp_dim=np.int64(64))
+  assert all(type(getattr(c, f)) is int for f in (
+      "vocab_size", "d_model", "head_dim", "mlp_dim", "num_kv_heads"))
+  assert c == TransformerConfig(**small, mlp_dim=64)
 
 
 @pytest.mark.parametrize("flavour", ["gpt2", "llama"])
@@ -292,12 +307,20 @@ def test_input_validation_names_the_argument():
     model.init_cache(1, 33)
   with pytest.raises(ValueError, match="max_positions"):
     model.logits(jnp.zeros((1, 33), jnp.int32))
+  with pytest.raises(ValueError, match="at least one row"):
+    model.logits(jnp.zeros((0, 3), jnp.int32))
+  with pytest.raises(ValueError, match="KVCache.create batch_size"):
+    KVCache.create(num_layers=1, batch_size=-1, max_len=4, num_kv_heads=1,
+                   head_dim=4)
   # Lengths are data, so only the caller-side helper can check they fit.
   model.check_inputs(jnp.zeros((2, 3), jnp.int32),
                      cache.replace(lengths=jnp.array([5, 0], jnp.int32)))
   with pytest.raises(ValueError, match="tokens_BxT: row 0"):
     model.check_inputs(jnp.zeros((2, 3), jnp.int32),
                        cache.replace(lengths=jnp.array([6, 0], jnp.int32)))
+  for bad in (V, -1):  # NaN logits, or silently another token's
+    with pytest.raises(ValueError, match=r"tokens_BxT\[1, 2\] .* outside"):
+      model.check_inputs(jnp.zeros((2, 3), jnp.int32).at[1, 2].set(bad), cache)
 
 
 def test_kv_cache_layout():

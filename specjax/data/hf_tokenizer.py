@@ -59,11 +59,20 @@ class HFTokenizer:
     if not file.is_file():
       raise FileNotFoundError(f"{directory} has no tokenizer.json (only fast "
                               "tokenizers are supported).")
-    tok = tokenizers.Tokenizer.from_file(str(file))
+    try:
+      tok = tokenizers.Tokenizer.from_file(str(file))
+    except Exception as e:  # the Rust library raises a bare Exception
+      raise ValueError(f"{file} could not be read by the tokenizers library "
+                       f"({e}).") from None
 
     def read(name):
       f = directory / name
-      return json.loads(f.read_text()) if f.is_file() else {}
+      if not f.is_file():
+        return {}
+      try:
+        return json.loads(f.read_text())
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{f} is not valid JSON: {e}") from None
 
     tok_cfg, gen_cfg, cfg = (read("tokenizer_config.json"),
                              read("generation_config.json"),

@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import _checks
+
 # Logical axis names of each per-layer `k[l]` / `v[l]`, for sharding rules
 # (batch -> 'data', kv_heads -> 'model').
 AXES = ("batch", "kv_heads", "length", "head_dim")
@@ -61,6 +63,12 @@ class KVCache:
              num_kv_heads: int, head_dim: int,
              dtype=jnp.float32) -> KVCache:
     """An empty cache: zeros everywhere and all `lengths` 0."""
+    num_layers, batch_size, max_len, num_kv_heads, head_dim = (
+        _checks.check_int(f"KVCache.create {name}", value, low=low)
+        for name, value, low in (
+            ("num_layers", num_layers, 0), ("batch_size", batch_size, 1),
+            ("max_len", max_len, 1), ("num_kv_heads", num_kv_heads, 1),
+            ("head_dim", head_dim, 1)))
     shape = (batch_size, num_kv_heads, max_len, head_dim)
     zeros = lambda: tuple(jnp.zeros(shape, dtype) for _ in range(num_layers))
     return cls(k=zeros(), v=zeros(), max_len=max_len,

@@ -60,12 +60,8 @@ from specjax.models import wrapped
 from specjax.models.cache import KVCache
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
-
-
-def architecture(config: TransformerConfig) -> TransformerConfig:
-  """`config` without its dtypes: a cast of a model (`TransformerLM.astype`)
-  is the same model to a head, whose features it reads."""
-  return dataclasses.replace(config, dtype="float32", param_dtype="float32")
+# A cast of a model (`TransformerLM.astype`) is the same model to a head.
+from specjax.models.transformer import architecture
 
 
 def head_config(target_config: TransformerConfig, *,
@@ -94,6 +90,19 @@ def head_mismatch(config: TransformerConfig,
           for k in have if have[k] != want[k]]
 
 
+def target_mismatch(recorded: TransformerConfig | None,
+                    target_config: TransformerConfig) -> list[str]:
+  """`field: <recorded> (head's target) vs <target's>` lines where a head's
+  recorded target (`EagleHead.target_config`) is not `target_config`'s
+  architecture; empty when it is, or when nothing is recorded."""
+  if recorded is None:
+    return []
+  have = dataclasses.asdict(architecture(recorded))
+  want = dataclasses.asdict(architecture(target_config))
+  return [f"{k}: {have[k]!r} (the head's target) vs {want[k]!r} (this "
+          "target)" for k in have if have[k] != want[k]]
+
+
 class EagleHeadModule(nnx.Module):
   """Norms, fc(2D -> D), one `Block`: (feature, embedding) pairs to features."""
 
@@ -119,27 +128,42 @@ class EagleHead(wrapped.WrapsModule, struct.PyTreeNode):
   """The head's parameters: a static config + nnx GraphDef, State leaves.
 
   `config` is a one-layer `TransformerConfig` (see `head_config`), so the
-  trainer and checkpoints handle it as they handle any Transformer's.
+  trainer and checkpoints handle it as they handle any Transformer's. It
+  cannot tell targets of another depth or MLP width apart, so
+  `target_config` records the target's whole `architecture` (None: not
+  recorded, a head made from a bare config), and `EagleDraft` refuses a
+  head whose recorded target is not its own.
   """
   config: TransformerConfig = struct.field(pytree_node=False)
   graphdef: nnx.GraphDef = struct.field(pytree_node=False)
   state: nnx.State
+  target_config: TransformerConfig | None = struct.field(pytree_node=False,
+                                                         default=None)
 
   module_type: ClassVar[type] = EagleHeadModule
 
   @classmethod
-  def create(cls, config: TransformerConfig, rngs: int | jax.Array = 0
-             ) -> EagleHead:
-    """Fresh weights for a head of `config` (from `head_config`)."""
+  def create(cls, config: TransformerConfig, rngs: int | jax.Array = 0, *,
+             target_config: TransformerConfig | None = None) -> EagleHead:
+    """Fresh weights for a head of `config` (from `head_config`), recording
+    `target_config` (the target's config, if known) as `target_config`."""
     if not isinstance(config, TransformerConfig) or config.num_layers != 1:
       raise ValueError("EagleHead config must be a one-layer TransformerConfig "
                        "(use specjax.models.eagle.head_config(target.config)), "
                        f"got {config!r}.")
+    if target_config is not None:
+      diff = head_mismatch(config, target_config)
+      if diff:
+        raise ValueError("EagleHead config is not a head for target_config "
+                         "(use head_config(target_config)):\n  "
+                         + "\n  ".join(diff))
+      target_config = architecture(target_config)
     if isinstance(rngs, (int, np.integer)) and not isinstance(rngs, bool):
       rngs = nnx.Rngs(int(rngs))
     else:
       rngs = nnx.Rngs(_checks.as_key("rngs", rngs))
-    return cls.from_module(EagleHeadModule(config, rngs))
+    return cls.from_module(EagleHeadModule(config, rngs)).replace(
+        target_config=target_config)
 
 
 @struct.dataclass(kw_only=True)
@@ -190,6 +214,8 @@ class EagleDraft(struct.PyTreeNode):
     # another flavour, head count or context means another target's head,
     # which would run and only cost acceptance, silently.
     diff = head_mismatch(self.head.config, self.target.config)
+    # Depth and MLP width are not in a head's config: its record says.
+    diff = diff or target_mismatch(self.head.target_config, self.target.config)
     if diff:
       raise ValueError(
           "The EagleDraft head was made for another target; use a head made "
@@ -204,7 +230,8 @@ class EagleDraft(struct.PyTreeNode):
       raise TypeError(f"EagleDraft target must be a specjax TransformerLM, got "
                       f"{type(target).__name__}.")
     return cls(target=target, head=EagleHead.create(
-        head_config(target.config, mlp_dim=mlp_dim), rngs))
+        head_config(target.config, mlp_dim=mlp_dim), rngs,
+        target_config=target.config))
 
   def _check_width(self, name: str, config: TransformerConfig) -> None:
     h = self.head.config
@@ -268,7 +295,7 @@ class EagleDraft(struct.PyTreeNode):
     next token), the predicted features `[B, T, D]`, and the cache with
     `lengths` advanced by T and `feature` = the last prediction.
     """
-    self._check_call(tokens_BxT, cache)
+    self._check_call(tokens_BxT, cache, features_BxTxD)
     target = self.target.module()
     positions_BxT = cache.positions(tokens_BxT.shape[1])
     features_BxTxD, kv = self.head.module()(
@@ -313,15 +340,16 @@ class EagleDraft(struct.PyTreeNode):
     cache = kv.replace(lengths=cache.lengths)
     return target.head(features_BxLxD), features_BxLxD, cache
 
-  def _check_call(self, tokens_BxT, cache):
-    tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2,
-                                     kind="i")
-    if tokens_BxT.shape[1] < 1:
-      raise ValueError("tokens_BxT must hold at least one token per row, got "
-                       f"shape {tuple(tokens_BxT.shape)}.")
-    if not isinstance(cache, EagleCache):
-      raise TypeError(f"cache must be an EagleCache (draft.init_cache(...)), "
-                      f"got {type(cache).__name__}.")
+  def _check_call(self, tokens_BxT, cache, features_BxTxD=None):
+    transformer_lib.check_call(tokens_BxT, cache, self.head.config, 1,
+                               EagleCache)
+    if features_BxTxD is not None:
+      want = (*np.shape(tokens_BxT), self.head.config.d_model)
+      if tuple(np.shape(features_BxTxD)) != want:
+        raise ValueError(
+            f"features_BxTxD has shape {tuple(np.shape(features_BxTxD))}; "
+            f"expected {want} (one feature per token, of the target's "
+            "width).")
 
   # --- the target-feature hook (used by the decode loop) -----------------------
 

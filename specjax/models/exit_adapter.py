@@ -65,6 +65,12 @@ class ExitAdapterConfig:
       raise TypeError(f"ExitAdapterConfig.target must be a TransformerConfig, "
                       f"got {type(target).__name__}.")
     object.__setattr__(self, "target", target)
+    if isinstance(self.layers, (str, bytes)) or not hasattr(self.layers,
+                                                             "__iter__"):
+      raise TypeError("ExitAdapterConfig.layers must be a sequence of block "
+                      f"indices (e.g. (0,) for the first block), got "
+                      f"{self.layers!r}; ExitAdapter.create(target, k) takes "
+                      "an int k.")
     layers = tuple(int(_checks.check_int(
         "ExitAdapterConfig.layers[i]", i, low=0, high=target.num_layers - 1))
                    for i in self.layers)
@@ -133,13 +139,16 @@ class ExitAdapter(wrapped.WrapsModule, struct.PyTreeNode):
 
   def check_target(self, target_config: transformer_lib.TransformerConfig,
                    layers: tuple[int, ...]) -> None:
-    """Raises unless made for `target_config`, following `layers`."""
-    if target_config != self.config.target:
-      diff = [f"{f.name}: {getattr(self.config.target, f.name)!r} (adapter) vs "
-              f"{getattr(target_config, f.name)!r} (target)"
-              for f in dataclasses.fields(target_config)
-              if getattr(self.config.target, f.name)
-              != getattr(target_config, f.name)]
+    """Raises unless made for `target_config`, following `layers`. Dtypes
+    may differ: a cast target is the same model, and the adapter computes
+    in its own dtype."""
+    have = transformer_lib.architecture(self.config.target)
+    want = transformer_lib.architecture(target_config)
+    if have != want:
+      diff = [f"{f.name}: {getattr(have, f.name)!r} (adapter) vs "
+              f"{getattr(want, f.name)!r} (target)"
+              for f in dataclasses.fields(want)
+              if getattr(have, f.name) != getattr(want, f.name)]
       raise ValueError(
           "SelfDraft adapter was made for a different target: "
           + "; ".join(diff) + ". Build or train an adapter for this target "

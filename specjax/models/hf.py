@@ -102,8 +102,14 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
 
 
 def read_json(directory: pathlib.Path, name: str) -> dict[str, Any] | None:
+  """The parsed `directory/name`, None if there is no such file."""
   file = directory / name
-  return json.loads(file.read_text()) if file.is_file() else None
+  if not file.is_file():
+    return None
+  try:
+    return json.loads(file.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{file} is not valid JSON: {e}") from None
 
 
 def _field(hf: dict[str, Any], name: str) -> Any:
@@ -304,7 +310,8 @@ def _check_sliding_window(arch: str, hf: dict[str, Any], positions: int):
 
 def read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
   """Every tensor of model.safetensors or of the shards of its index."""
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from safetensors import safe_open, SafetensorError
   index = read_json(directory, "model.safetensors.index.json")
   if index is not None:
     if not isinstance(index, dict) or not isinstance(
@@ -321,13 +328,20 @@ def read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
         "re-save with save_pretrained(..., safe_serialization=True)).")
   tensors = {}
   for name in files:
-    with safe_open(str(directory / name), framework="numpy") as f:
-      for key in f.keys():
-        try:
-          tensors[key] = f.get_tensor(key)
-        except TypeError:  # bfloat16: numpy needs ml_dtypes, via flax
-          with safe_open(str(directory / name), framework="flax") as g:
-            tensors[key] = np.asarray(g.get_tensor(key))
+    try:
+      with safe_open(str(directory / name), framework="numpy") as f:
+        for key in f.keys():
+          try:
+            tensors[key] = f.get_tensor(key)
+          except TypeError:  # bfloat16: numpy needs ml_dtypes, via flax
+            with safe_open(str(directory / name), framework="flax") as g:
+              tensors[key] = np.asarray(g.get_tensor(key))
+    except FileNotFoundError:
+      raise FileNotFoundError(f"{directory / name} is missing (a shard the "
+                              "index names?).") from None
+    except (SafetensorError, OSError) as e:  # truncated or not safetensors
+      raise ValueError(f"{directory / name} could not be read as "
+                       f"safetensors ({type(e).__name__}: {e}).") from None
   return tensors
 
 

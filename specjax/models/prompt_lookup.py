@@ -81,6 +81,12 @@ class PromptLookupDraft(struct.PyTreeNode):
     _checks.check_int("vocab_size", self.vocab_size, low=1)
     low = _checks.check_int("min_ngram", self.min_ngram, low=1)
     _checks.check_int("max_ngram", self.max_ngram, low=low)
+    if self.fallback is not None and not (
+        callable(self.fallback) and hasattr(self.fallback, "init_cache")
+        and hasattr(self.fallback, "vocab_size")):
+      raise TypeError("fallback must be None or a CausalLM (vocab_size, "
+                      "init_cache, __call__), e.g. NGramLM.fit(...), got "
+                      f"{type(self.fallback).__name__}.")
     fallback_vocab = getattr(self.fallback, "vocab_size", self.vocab_size)
     if fallback_vocab != self.vocab_size:
       raise ValueError(f"fallback has vocab_size {fallback_vocab} but the draft "

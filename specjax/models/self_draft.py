@@ -108,10 +108,8 @@ class SelfDraft(struct.PyTreeNode):
     num_layers = self.target.config.num_layers
     object.__setattr__(self, "layers",
                        normalise_layers(self.layers, num_layers))
-    if not isinstance(self.share_cache, (bool, np.bool_)):
-      raise TypeError(f"SelfDraft share_cache must be a bool, got "
-                      f"{self.share_cache!r}.")
-    object.__setattr__(self, "share_cache", bool(self.share_cache))
+    object.__setattr__(self, "share_cache", _checks.check_bool(
+        "SelfDraft share_cache", self.share_cache))
     if self.share_cache and self.layers != tuple(range(len(self.layers))):
       raise ValueError(
           f"SelfDraft share_cache=True needs the first k blocks (layers=k); "
@@ -226,16 +224,13 @@ class SelfDraft(struct.PyTreeNode):
     return logits_BxLxV, cache.replace(lengths=cache.lengths + advance)
 
   def _check_call(self, tokens_BxT, cache):
-    tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
-    if tokens_BxT.shape[1] < 1:
-      raise ValueError("tokens_BxT must hold at least one token per row, got "
-                       f"shape {tuple(tokens_BxT.shape)}.")
-    if not isinstance(cache, KVCache) or cache.num_layers != len(self.layers):
+    if isinstance(cache, KVCache) and cache.num_layers != len(self.layers):
       raise ValueError(
           f"cache must be a KVCache with {len(self.layers)} layers (one per "
           f"kept block: draft.init_cache(...) or "
-          f"draft.cache_from_target(target_cache)), got "
-          f"{getattr(cache, 'num_layers', type(cache).__name__)}.")
+          f"draft.cache_from_target(target_cache)), got {cache.num_layers}.")
+    transformer_lib.check_call(tokens_BxT, cache, self.target.config,
+                               len(self.layers))
 
   def logits(self, tokens_BxT: jax.Array) -> jax.Array:
     """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""
@@ -259,6 +254,9 @@ class SelfDraft(struct.PyTreeNode):
       x_BxTxD, cache = module.blocks[layer](x_BxTxD, positions_BxT, cache, slot,
                                             tree,
                                             at_BxQ if slot == last else None)
+    if not self.layers and at_BxQ is not None:
+      # No block to pick the tokens: the embeddings go to the head as they are.
+      x_BxTxD = transformer_lib.take_tokens(x_BxTxD, at_BxQ)
     if self.adapter is not None:
       x_BxTxD = self.adapter(x_BxTxD)
     return module.head(module.final_norm(x_BxTxD)), cache

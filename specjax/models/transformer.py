@@ -117,15 +117,18 @@ class TransformerConfig:
     # Derived fields are filled in here, so every consumer sees final values
     # and two configs that mean the same model compare (and hash) equal.
     set_ = lambda name, value: object.__setattr__(self, name, value)
+    # Stored as checked: a numpy int would pass, then fail JSON (checkpoints).
     for name in ("vocab_size", "d_model", "num_layers", "num_heads",
                  "max_positions"):
-      _checks.check_int(f"TransformerConfig.{name}", getattr(self, name), low=1)
+      set_(name, _checks.check_int(f"TransformerConfig.{name}",
+                                   getattr(self, name), low=1))
     if self.flavour not in FLAVOURS:
       raise ValueError(f"TransformerConfig.flavour must be one of {FLAVOURS}, "
                        f"got {self.flavour!r}.")
     if self.num_kv_heads is None:
       set_("num_kv_heads", self.num_heads)
-    _checks.check_int("TransformerConfig.num_kv_heads", self.num_kv_heads, low=1)
+    set_("num_kv_heads", _checks.check_int("TransformerConfig.num_kv_heads",
+                                     self.num_kv_heads, low=1))
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"TransformerConfig.num_heads ({self.num_heads}) must be a multiple "
@@ -136,7 +139,8 @@ class TransformerConfig:
             f"TransformerConfig.d_model ({self.d_model}) is not divisible by "
             f"num_heads ({self.num_heads}); pass head_dim explicitly.")
       set_("head_dim", self.d_model // self.num_heads)
-    _checks.check_int("TransformerConfig.head_dim", self.head_dim, low=1)
+    set_("head_dim", _checks.check_int("TransformerConfig.head_dim",
+                                     self.head_dim, low=1))
     if self.flavour == "llama" and self.head_dim % 2:
       raise ValueError("TransformerConfig.head_dim must be even for RoPE, got "
                        f"{self.head_dim}.")
@@ -145,9 +149,12 @@ class TransformerConfig:
       if self.flavour == "llama":
         mlp_dim = -(-8 * self.d_model // 3 // 64) * 64
       set_("mlp_dim", mlp_dim)
-    _checks.check_int("TransformerConfig.mlp_dim", self.mlp_dim, low=1)
+    set_("mlp_dim", _checks.check_int("TransformerConfig.mlp_dim",
+                                     self.mlp_dim, low=1))
     if self.tie_embeddings is None:
       set_("tie_embeddings", self.flavour == "gpt2")
+    set_("tie_embeddings", _checks.check_bool("TransformerConfig.tie_embeddings",
+                                              self.tie_embeddings))
     set_("rope_theta", _checks.check_float("TransformerConfig.rope_theta",
                                            self.rope_theta))
     set_("norm_eps", _checks.check_float("TransformerConfig.norm_eps",
@@ -163,12 +170,19 @@ class TransformerConfig:
     for field in ("dtype", "param_dtype"):
       set_(field, float_dtype_name(f"TransformerConfig.{field}",
                                    getattr(self, field)))
-    set_("qkv_bias", bool(self.qkv_bias))
+    set_("qkv_bias", _checks.check_bool("TransformerConfig.qkv_bias",
+                                        self.qkv_bias))
     if self.qkv_bias and self.flavour != "llama":
       raise ValueError("TransformerConfig.qkv_bias is for flavour 'llama' "
                        "('gpt2' always has every bias).")
     if self.rope_scaling is not None:
-      scaling = dict(self.rope_scaling)
+      try:
+        scaling = dict(self.rope_scaling)
+      except (TypeError, ValueError):
+        raise TypeError(
+            "TransformerConfig.rope_scaling must be a mapping (Hugging Face's "
+            "rope_scaling dict, e.g. {'rope_type': 'linear', 'factor': 2.0}) "
+            f"or None, got {self.rope_scaling!r}.") from None
       if self.flavour != "llama":
         raise ValueError("TransformerConfig.rope_scaling needs flavour 'llama'.")
       need = _ROPE_SCALING_FIELDS.get(scaling.get("rope_type"))
@@ -202,6 +216,13 @@ class TransformerConfig:
     if name not in PRESETS:
       raise ValueError(f"Unknown preset {name!r}; choose from {sorted(PRESETS)}.")
     return cls(**{**PRESETS[name], **overrides})
+
+
+def architecture(config: TransformerConfig) -> TransformerConfig:
+  """`config` without its dtypes: a cast of a model (`TransformerLM.astype`)
+  is the same model to what reads its features (an EAGLE head, an exit
+  adapter)."""
+  return dataclasses.replace(config, dtype="float32", param_dtype="float32")
 
 
 def float_dtype_name(name: str, value: Any) -> str:
@@ -310,7 +331,7 @@ def check_token_indices(at_BxQ: Any, tokens_BxT: Any) -> jax.Array:
   return jnp.asarray(at_BxQ)
 
 
-def _take_tokens(x, at_BxQ):
+def take_tokens(x, at_BxQ):
   """`x` (`[B, T]` or `[B, T, D]`) at token indices `at_BxQ` (int `[B, Q]`,
   clipped to [0, T))."""
   at = at_BxQ if x.ndim == 2 else at_BxQ[..., None]
@@ -364,8 +385,8 @@ class Attention(nnx.Module):
     b, t, _ = x_BxTxD.shape
     xq_BxQxD, q_positions_BxQ = x_BxTxD, positions_BxT
     if at_BxQ is not None:
-      xq_BxQxD = _take_tokens(x_BxTxD, at_BxQ)
-      q_positions_BxQ = _take_tokens(positions_BxT, at_BxQ)
+      xq_BxQxD = take_tokens(x_BxTxD, at_BxQ)
+      q_positions_BxQ = take_tokens(positions_BxT, at_BxQ)
     q_BxQxNxH = self.query(xq_BxQxD).reshape(b, -1, c.num_heads, c.head_dim)
     k_BxTxKxH = self.key(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
     v_BxTxKxH = self.value(x_BxTxD).reshape(b, t, c.num_kv_heads, c.head_dim)
@@ -426,7 +447,7 @@ class Block(nnx.Module):
     h_BxQxD, cache = self.attn(self.attn_norm(x_BxTxD), positions_BxT, cache,
                                layer, tree, at_BxQ)
     if at_BxQ is not None:
-      x_BxTxD = _take_tokens(x_BxTxD, at_BxQ)
+      x_BxTxD = take_tokens(x_BxTxD, at_BxQ)
     x_BxQxD = x_BxTxD + h_BxQxD
     return x_BxQxD + self.mlp(self.mlp_norm(x_BxQxD)), cache
 
@@ -810,6 +831,9 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
   def logits(self, tokens_BxT: jax.Array) -> jax.Array:
     """float32 `[B, T, V]` full-sequence causal forward, no cache (training)."""
     tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
+    if min(tokens_BxT.shape) < 1:
+      raise ValueError("tokens_BxT must hold at least one row of at least one "
+                       f"token, got shape {tuple(tokens_BxT.shape)}.")
     if tokens_BxT.shape[1] > self.config.max_positions:
       raise ValueError(f"tokens_BxT has {tokens_BxT.shape[1]} positions; the "
                        f"model has max_positions={self.config.max_positions}.")
@@ -819,13 +843,22 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     """Raises ValueError/TypeError naming the argument if a call would misbehave.
 
     Beyond the static checks `__call__` does itself, this reads the concrete
-    `cache.lengths` (so call it outside jit) and requires every row's
-    `lengths[b] + T` to fit both `cache.max_len` and `max_positions`.
+    `cache.lengths` and `tokens_BxT` (so call it outside jit): every token
+    must be in [0, vocab_size) (an id past the table embeds as NaN, a
+    negative one as another token), and every row's `lengths[b] + T` must
+    fit both `cache.max_len` and `max_positions`.
     """
     self._check_static(tokens_BxT, cache)
-    if not _checks.is_concrete(cache.lengths):
-      raise ValueError("check_inputs needs concrete cache.lengths; call it "
-                       "outside jit.")
+    if not (_checks.is_concrete(cache.lengths)
+            and _checks.is_concrete(tokens_BxT)):
+      raise ValueError("check_inputs needs concrete tokens_BxT and "
+                       "cache.lengths; call it outside jit.")
+    tokens = np.asarray(tokens_BxT)
+    bad = (tokens < 0) | (tokens >= self.config.vocab_size)
+    if bad.any():
+      r, c = np.argwhere(bad)[0]
+      raise ValueError(f"tokens_BxT[{r}, {c}] = {tokens[r, c]} is outside the "
+                       f"vocabulary [0, {self.config.vocab_size}).")
     t = np.shape(tokens_BxT)[1]
     lengths_B = np.asarray(cache.lengths)
     if lengths_B.min() < 0:
@@ -839,24 +872,33 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
           f"max_positions={self.config.max_positions}).")
 
   def _check_static(self, tokens_BxT, cache):
-    tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
-    if tokens_BxT.shape[1] < 1:
-      raise ValueError("tokens_BxT must hold at least one token per row (T >= "
-                       f"1), got shape {tuple(tokens_BxT.shape)}.")
-    if not isinstance(cache, KVCache):
-      raise TypeError(f"cache must be a KVCache (from init_cache), got "
-                      f"{type(cache).__name__}.")
-    c = self.config
-    want = (tokens_BxT.shape[0], c.num_kv_heads, cache.max_len, c.head_dim)
-    got = [tuple(x.shape) for x in cache.k + cache.v]
-    if (len(cache.k) != c.num_layers or any(g != want for g in got)
-        or tuple(cache.lengths.shape) != want[:1]):
-      raise ValueError(
-          f"cache does not fit tokens_BxT {tuple(tokens_BxT.shape)} and this "
-          f"model: expected {c.num_layers} layers of k/v {want} and lengths "
-          f"({want[0]},), got {len(cache.k)} layers of k/v "
-          f"{sorted(set(got))}, lengths {tuple(cache.lengths.shape)}. The "
-          "batch sizes of tokens_BxT and the cache must match.")
+    check_call(tokens_BxT, cache, self.config, self.config.num_layers)
+
+
+def check_call(tokens_BxT: Any, cache: Any, config: TransformerConfig,
+               num_layers: int, cache_type: type = KVCache) -> None:
+  """Raises ValueError/TypeError naming the argument unless `tokens_BxT` is an
+  int `[B, T >= 1]` array and `cache` a `cache_type` of `num_layers` k/v
+  layers `[B, num_kv_heads, max_len, head_dim]` of `config` and lengths
+  `[B]` (a Transformer's, a self-draft's kept blocks', a head's block)."""
+  tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
+  if tokens_BxT.shape[1] < 1:
+    raise ValueError("tokens_BxT must hold at least one token per row (T >= "
+                     f"1), got shape {tuple(tokens_BxT.shape)}.")
+  if not isinstance(cache, cache_type):
+    raise TypeError(f"cache must be the model's {cache_type.__name__} (from "
+                    f"its init_cache), got {type(cache).__name__}.")
+  want = (tokens_BxT.shape[0], config.num_kv_heads, cache.max_len,
+          config.head_dim)
+  got = [tuple(x.shape) for x in cache.k + cache.v]
+  if (len(cache.k) != num_layers or any(g != want for g in got)
+      or tuple(cache.lengths.shape) != want[:1]):
+    raise ValueError(
+        f"cache does not fit tokens_BxT {tuple(tokens_BxT.shape)} and this "
+        f"model: expected {num_layers} layers of k/v {want} and lengths "
+        f"({want[0]},), got {len(cache.k)} layers of k/v "
+        f"{sorted(set(got))}, lengths {tuple(cache.lengths.shape)}. The "
+        "batch sizes of tokens_BxT and the cache must match.")
 
 
 # Called eagerly (exact laws in tests, evaluation, a notebook cell), a

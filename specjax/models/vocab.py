@@ -41,6 +41,12 @@ class PaddedVocabLM(struct.PyTreeNode):
   vocab_size: int = struct.field(pytree_node=False)
   num_real: int = struct.field(pytree_node=False)
 
+  def __post_init__(self):
+    vocab = _checks.check_int("PaddedVocabLM vocab_size", self.vocab_size,
+                              low=1)
+    _checks.check_int("PaddedVocabLM num_real", self.num_real, low=1,
+                      high=vocab)
+
   @property
   def one_hot_q(self) -> bool:
     return getattr(self.model, "one_hot_q", False)
@@ -131,11 +137,21 @@ def frequent_tokens(token_ids: Any, vocab_size: int, k: int, *,
                     include: Sequence[int] = ()) -> np.ndarray:
   """The `k` most frequent ids of `token_ids` (ties: lower id first), with
   `include` (e.g. EOS ids) always among them. Returns sorted int32 `[k]`."""
+  vocab_size = _checks.check_int("vocab_size", vocab_size, low=1)
   k = _checks.check_int("k", k, low=1, high=vocab_size)
-  ids = np.asarray(token_ids).reshape(-1)
+  ids = np.asarray(_checks.check_array("token_ids", token_ids,
+                                       kind="i")).reshape(-1)
   ids = ids[(ids >= 0) & (ids < vocab_size)]
+  include = np.unique(np.asarray(_checks.check_array(
+      "include", list(include), kind="i") if len(include) else [], np.int64))
+  if include.size and (include.min() < 0 or include.max() >= vocab_size):
+    raise ValueError(f"include must hold ids in [0, {vocab_size}), got "
+                     f"{include.tolist()}.")
+  if include.size > k:
+    raise ValueError(f"include has {include.size} distinct ids but k is {k}: "
+                     "every included id must be among the k; raise k.")
   counts_V = np.bincount(ids, minlength=vocab_size).astype(np.float64)
-  counts_V[list(include)] = np.inf
+  counts_V[include] = np.inf
   order = np.lexsort((np.arange(vocab_size), -counts_V))
   return np.sort(order[:k]).astype(np.int32)
 
@@ -159,7 +175,8 @@ class ReducedVocabLM(struct.PyTreeNode):
     if not isinstance(model, TransformerLM):
       raise TypeError("model must be a TransformerLM, got "
                       f"{type(model).__name__}.")
-    ids_K = np.unique(np.asarray(token_ids_K).reshape(-1))
+    ids_K = np.unique(np.asarray(_checks.check_array(
+        "token_ids_K", token_ids_K, kind="i")).reshape(-1))
     if ids_K.size == 0 or ids_K.min() < 0 or ids_K.max() >= model.vocab_size:
       raise ValueError(f"token_ids_K must be non-empty ids in [0, "
                        f"{model.vocab_size}).")

@@ -360,7 +360,7 @@ def load_model(directory: str, step: int | None = None, *, mesh: Any = None,
     step = metadata["step"]
     try:
       config = transformer_lib.TransformerConfig(**metadata["model_config"])
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, KeyError) as e:
       raise CheckpointError(
           f"The model config stored in {ckpt.step_dir(step)!r} is not valid "
           f"for this version of specjax: {e}") from e

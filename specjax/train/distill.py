@@ -69,6 +69,16 @@ def check_divergence(divergence) -> str:
   return divergence
 
 
+def check_vocabularies(teacher_vocab: int, student_vocab: int) -> None:
+  """Raises unless teacher and student score the same vocabulary (p and q
+  are compared token by token)."""
+  if teacher_vocab != student_vocab:
+    raise ValueError(
+        f"the teacher's vocab_size is {teacher_vocab} and the student's "
+        f"{student_vocab}: distillation compares p and q token by token, so "
+        "give the student the teacher's vocabulary.")
+
+
 def distillation_loss(divergence: str = "tv", *,
                       temperature: float = 1.0) -> losses.LossFn:
   """A `LossFn` whose `aux` is the frozen teacher `TransformerLM`.
@@ -90,6 +100,8 @@ def distillation_loss(divergence: str = "tv", *,
     teacher_BxTxV = jax.lax.stop_gradient(
         teacher.logits(inputs_BxT)) / temperature
     student_BxTxV = module(inputs_BxT) / temperature
+    # Static shapes: raised while the step is first traced, before any run.
+    check_vocabularies(teacher_BxTxV.shape[-1], student_BxTxV.shape[-1])
     mask_BxT = losses.target_mask(targets_BxT)
     count = jnp.maximum(mask_BxT.sum(), 1.0)
     mean = lambda x_BxT: (x_BxT * mask_BxT).sum() / count
@@ -200,6 +212,7 @@ def mean_tv(teacher, student, windows_NxBxT: np.ndarray, *,
   """
   windows_NxBxT = _checks.check_array("windows", windows_NxBxT, rank=3,
                                       kind="i")
+  check_vocabularies(teacher.vocab_size, student.vocab_size)
 
   @jax.jit
   def batch_tv(tokens_BxT):

@@ -27,6 +27,7 @@ trains and caches one per target recipe.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -186,12 +187,21 @@ def train_head(target: TransformerLM, config: Any, workdir: str, *,
   head, metrics = trainer.train(
       config, workdir, loss_fn=loss_fn or eagle_loss(), aux=target,
       corpus=corpus,
-      extra_metadata=dict(extra_metadata or {}, kind=KIND, inputs=INPUTS),
-      model=eagle.EagleHead.create(head_cfg, config.seed), **kwargs)
+      extra_metadata=dict(extra_metadata or {}, kind=KIND, inputs=INPUTS,
+                          target_config=_target_record(target.config)),
+      model=eagle.EagleHead.create(head_cfg, config.seed,
+                                   target_config=target.config), **kwargs)
   return eagle.EagleDraft(target=target, head=head), metrics
 
 
-def _check_head_for(config: TransformerConfig, target: Any) -> None:
+def _target_record(config: TransformerConfig) -> dict:
+  """The target's architecture as a head checkpoint records it (JSON)."""
+  return json.loads(json.dumps(checkpoint_lib.model_config_dict(
+      eagle.architecture(config))))
+
+
+def _check_head_for(config: TransformerConfig, target: Any,
+                    recorded: dict | None = None) -> None:
   """Raises unless a head of `config` was trained for `target`'s architecture.
 
   A head's config is its target's with one layer and its own MLP width
@@ -203,6 +213,9 @@ def _check_head_for(config: TransformerConfig, target: Any) -> None:
     raise TypeError(f"target must be a specjax TransformerLM, got "
                     f"{type(target).__name__}.")
   diff = eagle.head_mismatch(config, target.config)
+  if not diff and recorded is not None:
+    # Depth and MLP width are not in a head's config: the record says.
+    diff = checkpoint_lib.config_diff(recorded, _target_record(target.config))
   if diff:
     raise ValueError("this head was trained for another target (a head's "
                      "config is its target's, one layer deep; train one for "
@@ -229,7 +242,9 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
           "checkpoint (its metadata lacks extra.kind = "
           f"{KIND!r}); load a Transformer with specjax.train.load_model.")
     config = TransformerConfig(**metadata["model_config"])
-    _check_head_for(config, target)
+    # Heads saved before the record was kept (None) are checked by config.
+    recorded = metadata["extra"].get("target_config")
+    _check_head_for(config, target, recorded)
     inputs = metadata["extra"].get("inputs", "features, embed (no norms)")
     if inputs != INPUTS:
       raise checkpoint_lib.CheckpointError(
@@ -243,6 +258,8 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
                                    step=metadata["step"])
   finally:
     ckpt.close()
-  head = eagle.EagleHead(config=config, graphdef=graphdef,
-                         state=state["params"])
+  head = eagle.EagleHead(
+      config=config, graphdef=graphdef, state=state["params"],
+      target_config=None if recorded is None else eagle.architecture(
+          target.config))
   return eagle.EagleDraft(target=target, head=head), metadata

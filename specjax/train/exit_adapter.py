@@ -68,10 +68,14 @@ def train_exit_adapter(target: transformer_lib.TransformerLM, layers: Any,
     target: the frozen `TransformerLM` (teacher and trunk).
     layers: the kept blocks, as `SelfDraft` takes them (an int k or indices).
     workdir: checkpoints and metrics.jsonl, as `trainer.train`.
-    config: a training ConfigDict; default `recipes.exit_adapter_config()`.
+    config: a training ConfigDict; default
+      `recipes.exit_adapter_config(layers, mlp_dim)`.
       `config.eval_every` must be 0 (see `trainer.train`); the evaluation
       fields choose the held-out windows of the final TV report.
-    mlp_dim: the adapter's hidden width (default d_model).
+      `config.model` (layers, mlp_dim), where set, must agree with `layers`
+      and `mlp_dim`, so that the checkpoints' record is the adapter's.
+    mlp_dim: the adapter's hidden width (default `config.model.mlp_dim`, or
+      else d_model).
     divergence: one of `distill.DIVERGENCES`.
     corpus: default the config's (`config.corpus`).
     extra_metadata: stored in every checkpoint.
@@ -83,8 +87,10 @@ def train_exit_adapter(target: transformer_lib.TransformerLM, layers: Any,
   """
   _check_target(target)
   distill.check_divergence(divergence)
-  config = recipes.exit_adapter_config() if config is None else config
+  if config is None:
+    config = recipes.exit_adapter_config(layers, mlp_dim)
   trainer.check_config(config)
+  mlp_dim = _reconciled(config, target, layers, mlp_dim)
   adapter = exit_adapter_lib.ExitAdapter.create(target, layers,
                                                 mlp_dim=mlp_dim,
                                                 seed=config.seed)
@@ -102,6 +108,26 @@ def train_exit_adapter(target: transformer_lib.TransformerLM, layers: Any,
   metrics["heldout_tv_untrained"] = distill.mean_tv(
       target, self_draft_lib.SelfDraft(target, layers=layers), windows)
   return adapter, metrics
+
+
+def _reconciled(config, target, layers, mlp_dim):
+  """The adapter's mlp_dim: `config.model`'s layers and mlp_dim, where set,
+  must be the arguments' (`layers` normalised as `SelfDraft` takes them); an
+  unset `mlp_dim` argument takes the config's."""
+  model = config.get("model") or {}
+  num_layers = target.config.num_layers
+  kept = self_draft_lib.normalise_layers(layers, num_layers)
+  if (model.get("layers") is not None and self_draft_lib.normalise_layers(
+      model["layers"], num_layers, "config.model.layers") != kept):
+    raise ValueError(f"config.model.layers is {model['layers']!r} but layers "
+                     f"is {layers!r}; they name the adapter's kept blocks and "
+                     "must agree (recipes.exit_adapter_config(layers)).")
+  if model.get("mlp_dim") is not None:
+    if mlp_dim is not None and mlp_dim != model["mlp_dim"]:
+      raise ValueError(f"config.model.mlp_dim is {model['mlp_dim']} but "
+                       f"mlp_dim is {mlp_dim}; pass one, or the same.")
+    mlp_dim = model["mlp_dim"]
+  return mlp_dim
 
 
 def load_exit_adapter(directory: str, target: transformer_lib.TransformerLM,
