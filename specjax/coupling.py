@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 from specjax import sampling
 
 
 def _check_pair(p_xV, q_xV):
-  p_xV = _checks.check_array("p", p_xV, min_rank=1, kind="f")
-  q_xV = _checks.check_array("q", q_xV, min_rank=1, kind="f")
+  """p and q as arrays of one float dtype (float32 at least: a bfloat16
+  uniform or CDF would distort the coupling's law); concrete values must be
+  distributions (`sampling.check_probs`)."""
+  p_xV = sampling.check_probs("p", p_xV, normalised=True)
+  q_xV = sampling.check_probs("q", q_xV, normalised=True)
   if p_xV.shape[-1] != q_xV.shape[-1]:
     raise ValueError(
         f"p and q must share the vocabulary axis (last): p has {p_xV.shape[-1]}"
@@ -104,6 +108,13 @@ def coupling_sample(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,
   """
   p_xV, q_xV = _check_pair(p_xV, q_xV)
   draft_token_x = _checks.check_array("draft_token", draft_token_x, kind="i")
+  vocab = p_xV.shape[-1]
+  if _checks.is_concrete(draft_token_x):
+    tokens = np.asarray(draft_token_x)
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
+      # A gather would wrap or clamp it, and keep it as if it were drawn.
+      raise ValueError(f"draft_token must hold ids in [0, {vocab}), got "
+                       f"min {tokens.min()} max {tokens.max()}.")
   batch = tuple(draft_token_x.shape)
   for name, probs in (("p", p_xV), ("q", q_xV)):
     if probs.ndim != 1 and tuple(probs.shape[:-1]) != batch:

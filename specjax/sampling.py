@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -540,9 +541,54 @@ def sample_from_probs(uniform_x: jax.Array, probs_xV: jax.Array) -> jax.Array:
 
 
 def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
-  """Draws one token per row of `probs_xV` `[..., V]`; returns int32 `[...]`."""
+  """Draws one token per row of `probs_xV` `[..., V]`; returns int32 `[...]`.
+
+  Rows are non-negative finite weights with positive mass; token t is drawn
+  with probability probs[t] / sum(probs) (rows need not sum to 1). Uniforms
+  and CDFs are float32 at least (float64 under x64): a bfloat16 uniform takes
+  128 values, which would distort the law.
+  """
   key = _checks.as_key("key", key)
-  _checks.check_array("probs", probs_xV, min_rank=1, kind="f")
-  # Draw the uniform at the probabilities' precision (float64 under x64).
+  probs_xV = check_probs("probs", probs_xV, normalised=False)
   u = jax.random.uniform(key, probs_xV.shape[:-1], dtype=probs_xV.dtype)
   return sample_from_probs(u, probs_xV)
+
+
+def check_probs(name: str, probs_xV: Any, *, normalised: bool) -> jax.Array:
+  """`probs_xV` as a float `[..., V >= 1]` array of at least float32.
+
+  Concrete values (outside jit) must be finite and non-negative, and each
+  row must sum to 1 (`normalised`; within the input dtype's epsilon, at
+  least 1e-4) or else have positive mass: a NaN, a negative entry, logits
+  or an all-zero row would otherwise give a token silently. Traced values
+  are checked for shape and dtype only.
+  """
+  probs_xV = _checks.check_array(name, probs_xV, min_rank=1, kind="f")
+  if probs_xV.shape[-1] < 1:
+    raise ValueError(f"{name} has an empty vocabulary axis: shape "
+                     f"{tuple(probs_xV.shape)}.")
+  eps = float(jnp.finfo(probs_xV.dtype).eps)
+  probs_xV = jnp.asarray(probs_xV,
+                         jnp.result_type(probs_xV.dtype, jnp.float32))
+  if not _checks.is_concrete(probs_xV):
+    return probs_xV
+  x = np.asarray(probs_xV, np.float64)
+  if not np.isfinite(x).all():
+    raise ValueError(f"{name} holds NaN or inf; pass probabilities (e.g. "
+                     "specjax.probabilities(logits, sampling)).")
+  if (x < 0).any():
+    raise ValueError(f"{name} has negative entries (min {x.min():g}); pass "
+                     "probabilities, not logits.")
+  total = x.sum(axis=-1)
+  if normalised:
+    tol = max(1e-4, eps)
+    worst = float(np.abs(total - 1).max())
+    if worst > tol:
+      raise ValueError(
+          f"every row of {name} must sum to 1 (within {tol:g}); one is off "
+          f"by {worst:g}. Pass probabilities (e.g. "
+          "specjax.probabilities(logits, sampling)).")
+  elif (total <= 0).any():
+    raise ValueError(f"every row of {name} needs positive mass; a row is all "
+                     "zeros.")
+  return probs_xV

@@ -95,6 +95,54 @@ def test_coupling_sample_is_exact_in_float64():
   assert result.passed, str(result)
 
 
+@pytest.mark.parametrize("dtype, tiny", [(jnp.bfloat16, 2.0**-8),
+                                         (jnp.float16, 2.0**-11)])
+def test_low_precision_probabilities_keep_their_law(dtype, tiny):
+  """Probabilities in bfloat16 / float16 are sampled with float32 uniforms
+  and CDFs. The control draws the uniform in the input's precision, as the
+  samplers once did: a bfloat16 uniform takes 128 values, so token 0 (mass
+  2^-8) came out at twice its rate."""
+  p = jnp.asarray([tiny, 1 - tiny], dtype)
+  law = np.asarray(p, np.float64)
+  p_NxV = jnp.broadcast_to(p, (N, 2))
+  draws = specjax.sample(jax.random.key(0), p_NxV)
+  assert testing.check_distribution(draws, law).passed
+  coupled = testing.check_coupling(
+      specjax.coupling_sample, p, jnp.asarray([0.5, 0.5], dtype),
+      key=jax.random.key(1), n=N)
+  assert coupled.passed, str(coupled)
+  u_low = jax.random.uniform(jax.random.key(0), (N,), dtype=dtype)
+  control = specjax.sampling.sample_from_probs(u_low, p_NxV)
+  assert not testing.check_distribution(control, law).passed
+
+
+def test_invalid_probabilities_and_draft_tokens_are_refused():
+  p, q = jnp.asarray([0.5, 0.3, 0.2]), jnp.asarray([0.3, 0.1, 0.6])
+  key = jax.random.key(0)
+  for bad in (-1, 3):  # a gather would wrap or clamp it, and keep it
+    with pytest.raises(ValueError, match=r"draft_token must hold ids in \[0, 3\)"):
+      specjax.coupling_sample(key, p, q, jnp.full((4,), bad, jnp.int32))
+  not_a_law = {"sum to 1": 2 * p, "negative": jnp.asarray([1.2, -0.2, 0.0]),
+               "NaN or inf": jnp.asarray([jnp.nan, 0.5, 0.5])}
+  for match, bad in not_a_law.items():
+    for fn in (specjax.residual, specjax.acceptance_probability,
+               specjax.tv_distance):
+      with pytest.raises(ValueError, match=match):
+        fn(bad, q)
+      with pytest.raises(ValueError, match=match):
+        fn(p, bad)
+    with pytest.raises(ValueError, match=match):
+      specjax.coupling_sample(key, bad, q, jnp.zeros((2,), jnp.int32))
+  # sample takes weights (rows need not sum to 1), but not these.
+  assert int(specjax.sample(key, jnp.asarray([0.0, 2.0, 0.0]))) == 1
+  for match, bad in (("positive mass", jnp.zeros((2, 3))),
+                     ("negative", jnp.asarray([0.5, -0.1, 0.6])),
+                     ("NaN or inf", jnp.asarray([jnp.inf, 0.5, 0.5])),
+                     ("empty vocabulary", jnp.zeros((2, 0)))):
+    with pytest.raises(ValueError, match=match):
+      specjax.sample(key, bad)
+
+
 def test_coupling_sample_never_emits_masked_tokens_at_scale():
   p, q = _masked_case()
   result = testing.check_coupling(_coupling, p, q, key=jax.random.key(5), n=N)
