@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
+from specjax import _checks
 from specjax import data
 from specjax import distortion
 from specjax import jit_memory
@@ -120,9 +121,14 @@ def plan(drafts: Sequence[Draft], *, temperatures: Sequence[float],
   loop refuses adaptive draft lengths) or with a lossy verifier (the
   adaptive comparison is between exact decoders; a lossy+auto cell would mix
   two effects). Raises ValueError (before any model runs) for an unknown
-  verifier, a bad gamma, or a batch size that does not divide num_prompts.
+  verifier, a bad gamma or temperature, or a batch size that does not
+  divide num_prompts; `plan([], ...)` checks the axes alone.
   """
   gammas = _check_gammas(gammas)
+  if not len(temperatures):
+    raise ValueError("temperatures is empty: give at least one, e.g. (1.0,).")
+  for t in temperatures:
+    sampling_lib.SamplingConfig(temperature=t)  # raises, naming temperature
   specs = [verifiers_lib.get_verifier(v) for v in verifiers]
   if not specs:
     raise ValueError("verifiers is empty: give at least one, e.g. ('token',).")
@@ -435,14 +441,19 @@ def run_config(config, results_dir: str,
   `dtypes` as `load_models` (recorded in the metadata).
   """
   start = time.time()
+  # Every axis and size is checked before a model is loaded or trained
+  # (minutes, for the quick job's models).
+  for name in ("num_prompts", "prompt_len", "max_new_tokens"):
+    _checks.check_int(f"config.{name}", config[name], low=1)
+  axes = dict(temperatures=config.temperatures, gammas=config.gammas,
+              verifiers=config.get("verifiers", ("token",)),
+              batch_sizes=config.get("batch_sizes", (1,)))
+  plan([], num_prompts=config.num_prompts, **axes)
   corpus = data.stdlib_corpus()
   target, drafts = load_models(config, corpus, dtypes)
   heldout = corpus.tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
                          config.seed)
-  axes = dict(temperatures=config.temperatures, gammas=config.gammas,
-              verifiers=config.get("verifiers", ("token",)),
-              batch_sizes=config.get("batch_sizes", (1,)))
   cells, _ = plan(drafts, num_prompts=config.num_prompts, **axes)
   bar = tqdm.tqdm(total=len(cells), desc="sweep", unit="cell")
 

@@ -146,6 +146,8 @@ def test_plan_skips_incompatible_cells_with_a_reason():
     (dict(gammas=(0,)), "ints >= 1 or 'auto'"),
     (dict(gammas=("sometimes",)), "ints >= 1 or 'auto'"),
     (dict(batch_sizes=(3,)), "does not divide"),
+    (dict(temperatures=(1.0, -1.0)), "temperature"),
+    (dict(temperatures=()), "temperatures is empty"),
 ])
 def test_plan_refuses_bad_axes_before_running(kwargs, match):
   _, drafts = _markov_drafts()
@@ -153,6 +155,24 @@ def test_plan_refuses_bad_axes_before_running(kwargs, match):
               batch_sizes=(1,), num_prompts=4)
   with pytest.raises(ValueError, match=match):
     sweep.plan(drafts, **{**axes, **kwargs})
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("gammas", (0,), "ints >= 1 or 'auto'"),
+    ("num_prompts", 0, "config.num_prompts must be >= 1"),
+    ("batch_sizes", (3,), "does not divide"),
+])
+def test_run_config_refuses_a_bad_config_before_loading_models(
+    monkeypatch, tmp_path, field, value, match):
+  """A bad axis fails in a second, not after the models train (minutes)."""
+  def load_models(*_):
+    raise AssertionError("models were loaded before the config was checked")
+  monkeypatch.setattr(sweep, "load_models", load_models)
+  monkeypatch.setattr(sweep.data, "stdlib_corpus", load_models)
+  config = reproduce.get_config("tiny")
+  config[field] = value
+  with pytest.raises(ValueError, match=match):
+    sweep.run_config(config, str(tmp_path))
 
 
 def test_run_records_every_axis(monkeypatch, tmp_path):
