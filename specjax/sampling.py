@@ -24,6 +24,10 @@ from specjax import _checks
 
 
 MIN_TEMPERATURE = 1e-4
+# Above this, XLA's 1 / temperature is a float32 denormal, flushed to 0, and
+# a masked (-inf) logit times 0 is NaN; such a temperature is uniform over
+# the unmasked tokens in all but name.
+MAX_TEMPERATURE = 1e30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +35,8 @@ class SamplingConfig:
   """How logits become a next-token distribution. Hashable: a static jit arg.
 
   Attributes:
-    temperature: 0 (greedy decoding: one-hot argmax) or >= MIN_TEMPERATURE.
+    temperature: 0 (greedy decoding: one-hot argmax) or in [MIN_TEMPERATURE,
+      MAX_TEMPERATURE].
     top_k: keep the k most likely tokens; 0 disables. Tokens tied with the
       k-th largest logit are kept too, so the rule is deterministic.
     top_p: nucleus sampling: keep the smallest set of most likely tokens whose
@@ -50,6 +55,10 @@ class SamplingConfig:
       # temperatures to 0); such a temperature is greedy in all but name.
       raise ValueError(f"temperature {t:g} is below {MIN_TEMPERATURE:g}; use "
                        "temperature=0 for greedy decoding.")
+    if t > MAX_TEMPERATURE:
+      raise ValueError(f"temperature {t:g} is above {MAX_TEMPERATURE:g} (NaN "
+                       "where a token is masked); at such a temperature "
+                       "every unmasked token is equally likely.")
     k = _checks.check_int("top_k", self.top_k, low=0)
     p = _checks.check_float("top_p", self.top_p)
     if not 0.0 < p <= 1.0:

@@ -309,3 +309,15 @@ def test_verify_fast_path_emits_what_the_generic_path_emits(config, gamma):
     if gamma:  # both outcomes occur, so both branches are compared
       assert 0 < int(jnp.sum(fast.num_accepted)) < batch * gamma or (
           config.greedy)
+
+
+def test_temperature_range_keeps_masked_logits_finite():
+  """At MAX_TEMPERATURE a masked (-inf) logit stays probability 0 (above it
+  XLA's 1 / T is a flushed denormal and -inf * 0 is NaN), and the laws are
+  uniform over the unmasked tokens; higher temperatures are refused."""
+  logits = jnp.asarray([0.0, -jnp.inf, 1.0])
+  top = sampling.SamplingConfig(temperature=sampling.MAX_TEMPERATURE)
+  np.testing.assert_allclose(sampling.probabilities(logits, top),
+                             [0.5, 0.0, 0.5], atol=1e-6)
+  with pytest.raises(ValueError, match="above 1e\\+30"):
+    sampling.SamplingConfig(temperature=1e38)
