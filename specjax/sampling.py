@@ -577,11 +577,14 @@ def check_probs(name: str, probs_xV: Any, *, normalised: bool) -> jax.Array:
     raise ValueError(f"{name} has an empty vocabulary axis: shape "
                      f"{tuple(probs_xV.shape)}.")
   eps = float(jnp.finfo(probs_xV.dtype).eps)
-  probs_xV = jnp.asarray(probs_xV,
-                         jnp.result_type(probs_xV.dtype, jnp.float32))
+  probs_xV = jnp.asarray(probs_xV)  # float64 only under x64
+  if jnp.finfo(probs_xV.dtype).bits < 32:
+    probs_xV = probs_xV.astype(jnp.float32)
   if not _checks.is_concrete(probs_xV):
     return probs_xV
   x = np.asarray(probs_xV, np.float64)
+  if not x.size:
+    return probs_xV
   if not np.isfinite(x).all():
     raise ValueError(f"{name} holds NaN or inf; pass probabilities (e.g. "
                      "specjax.probabilities(logits, sampling)).")

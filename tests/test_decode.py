@@ -198,6 +198,41 @@ def test_draft_and_verify_steps_are_public_and_exact_for_self_draft(target):
   np.testing.assert_array_equal(out.tokens[:, 0], token)
 
 
+def test_steps_refuse_tokens_caches_and_laws_they_would_misuse(target):
+  """Each of these once returned tokens: ids wrapped or clamped into the
+  vocabulary (or NaN logits), writes past the cache dropped, a NaN or
+  all-zero q that kept every draft."""
+  keys = jax.random.split(jax.random.key(0), 1)
+  t = sj.SamplingConfig()
+  cache = target.init_cache(1, 8)
+  q_1x2xV = jnp.full((1, 2, V), 1.0 / V)
+  for bad in (-1, V):
+    with pytest.raises(ValueError, match=r"tokens\[0, 1\] = .* outside"):
+      sj.draft_step(target, cache, jnp.asarray([[1, bad]]), keys, t)
+    with pytest.raises(ValueError, match=r"drafts\[0, 1\] = .* outside"):
+      sj.verify_step(target, cache, jnp.asarray([1]), jnp.asarray([[2, bad]]),
+                     q_1x2xV, keys, t)
+    with pytest.raises(ValueError, match=r"last\[0\] = .* outside"):
+      sj.verify_step(target, cache, jnp.asarray([bad]), jnp.asarray([[2, 3]]),
+                     q_1x2xV, keys, t)
+  with pytest.raises(ValueError, match="exceed cache.max_len=2"):
+    sj.draft_step(target, target.init_cache(1, 2),
+                  jnp.asarray([[1, 2, 3]]), keys, t)
+  with pytest.raises(ValueError, match="exceed cache.max_len=8"):
+    sj.verify_step(target, cache.replace(lengths=jnp.asarray([6])),
+                   jnp.asarray([1]), jnp.asarray([[2, 3]]), q_1x2xV, keys, t)
+  for match, select in (("select must index", np.asarray([2])),
+                        ("select must be an integer", np.asarray([0.0]))):
+    with pytest.raises((ValueError, TypeError), match=match):
+      sj.draft_step(target, cache, jnp.asarray([[1, 2]]), keys, t,
+                    select_B=select)
+  for match, q in (("NaN", q_1x2xV * jnp.nan), ("sum to 1", 0 * q_1x2xV),
+                   ("negative", q_1x2xV.at[0, 0, 0].set(-0.5))):
+    with pytest.raises(ValueError, match=match):
+      sj.verify_step(target, cache, jnp.asarray([1]), jnp.asarray([[2, 3]]),
+                     q, keys, t)
+
+
 # ---- Bad input: a clear Python error before tracing, naming the argument.
 
 def _call(target, draft, **overrides):
@@ -231,6 +266,10 @@ def _call(target, draft, **overrides):
     (dict(key=7), TypeError, "key"),
     (dict(prompts=np.full((2, 6), V, np.int32)), ValueError, "vocabulary"),
     (dict(sampling=dict(temperature=1.0)), TypeError, "sampling"),
+    # int64 ids past int32 must not wrap into the vocabulary.
+    (dict(prompts=np.full((2, 6), 2**32 + 1, np.int64)), ValueError,
+     "4294967297 is outside the vocabulary"),
+    (dict(pad_id=2**31), ValueError, "pad_id must be <= 2147483647"),
 ])
 def test_bad_input_gets_clear_error(target, good_draft, overrides, error, match):
   with pytest.raises(error, match=match):

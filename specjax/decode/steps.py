@@ -12,6 +12,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import _checks
 from specjax import coupling
@@ -288,9 +289,49 @@ def draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
   tokens_BxT = _checks.check_array("tokens", tokens_BxT, rank=2, kind="i")
   validation.check_model("draft", draft)
   validation.check_sampling(sampling, draft.vocab_size)
-  keys_B = validation.row_keys("keys", keys_B, tokens_BxT.shape[0])
+  b, t = tokens_BxT.shape
+  if t < 1:
+    raise ValueError(f"tokens must hold at least one token per row, got "
+                     f"shape {(b, t)}.")
+  _check_step_tokens(draft, cache, (("tokens", tokens_BxT),), t)
+  if select_B is not None:
+    select_B = _checks.check_array("select", select_B, rank=1, kind="i")
+    if select_B.shape[0] != b:
+      raise ValueError(f"select has {select_B.shape[0]} rows; tokens has {b}.")
+    if _checks.is_concrete(select_B) and b and (
+        np.min(select_B) < 0 or np.max(select_B) >= t):
+      raise ValueError(f"select must index the T={t} fed tokens ([0, {t})), "
+                       f"got {np.asarray(select_B).tolist()}.")
+  keys_B = validation.row_keys("keys", keys_B, b)
   return _draft_step_jit(draft, cache, jnp.asarray(tokens_BxT, jnp.int32),
                          keys_B, sampling, select_B)
+
+
+def _check_step_tokens(model, cache, named_tokens, fed):
+  """Where values are concrete (outside jit): every token in [0, V) (a
+  gather would wrap or clamp another id into place, or embed NaN), and room
+  in `cache` (`lengths + fed <= max_len`, and the model's max_positions)
+  for the `fed` tokens: writes past the end are dropped, silently."""
+  vocab = model.vocab_size
+  for name, tokens in named_tokens:
+    if _checks.is_concrete(tokens) and np.size(tokens):
+      x = np.asarray(tokens)
+      if x.min() < 0 or x.max() >= vocab:
+        bad = tuple(int(i) for i in np.argwhere((x < 0) | (x >= vocab))[0])
+        raise ValueError(f"{name}{list(bad)} = {x[bad]} is outside the "
+                         f"vocabulary [0, {vocab}).")
+  lengths = getattr(cache, "lengths", None)
+  if lengths is None or not _checks.is_concrete(lengths) or not np.size(
+      lengths):
+    return
+  limits = [("cache.max_len", getattr(cache, "max_len", None)),
+            ("max_positions", getattr(model, "max_positions", None))]
+  longest = int(np.max(np.asarray(lengths)))
+  for name, limit in limits:
+    if limit is not None and longest + fed > limit:
+      raise ValueError(f"the cache holds {longest} positions in its longest "
+                       f"row and {fed} more would exceed {name}={limit}; "
+                       "make the cache longer (init_cache(batch, max_len)).")
 
 
 def verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B,
@@ -334,6 +375,9 @@ def verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B,
     raise ValueError(f"q has vocabulary {q_BxGxV.shape[2]} but the target has "
                      f"{target.vocab_size}; draft and target must share it.")
   validation.check_sampling(sampling, target.vocab_size)
+  _check_step_tokens(target, cache, (("last", last_B), ("drafts", drafts_BxG)),
+                     drafts_BxG.shape[1] + 1)
+  sampling_lib.check_probs("q", q_BxGxV, normalised=True)
   keys_B = validation.row_keys("keys", keys_B, b)
   return _verify_step_jit(target, cache, jnp.asarray(last_B, jnp.int32),
                           jnp.asarray(drafts_BxG, jnp.int32),

@@ -55,7 +55,9 @@ def row_keys(name: str, key: Any, batch_size: int) -> jax.Array:
 
 
 def check_prompts(prompts: Any, prompt_lengths: Any):
-  """Returns host copies (int32 numpy) of prompts `[B, P]` and lengths `[B]`."""
+  """Returns host copies of prompts `[B, P]` (int64: an id past int32 must
+  reach `check_token_range`, not wrap to a valid one) and lengths (int32
+  `[B]`)."""
   prompts = _checks.check_array("prompts", prompts, rank=2, kind="i")
   prompt_lengths = _checks.check_array("prompt_lengths", prompt_lengths,
                                        rank=1, kind="i")
@@ -73,7 +75,7 @@ def check_prompts(prompts: Any, prompt_lengths: Any):
   if lengths.min() < 1 or lengths.max() > p:
     raise ValueError(f"prompt_lengths must be in [1, {p}] (the padded prompt "
                      f"width), got min {lengths.min()} max {lengths.max()}.")
-  return np.asarray(prompts).astype(np.int32), lengths.astype(np.int32)
+  return np.asarray(prompts).astype(np.int64), lengths.astype(np.int32)
 
 
 def check_token_range(prompts: np.ndarray, lengths: np.ndarray,
