@@ -85,27 +85,45 @@ def as_key(name: str, key: Any) -> jax.Array:
                   f"dtype {getattr(arr, 'dtype', None)}.")
 
 
+def check_token_range(name: str, ids_BxT: np.ndarray, lengths_B: np.ndarray,
+                      vocab_size: int, whose: str = "the ") -> None:
+  """Raises unless each row's first `lengths_B[b]` ids lie in [0, vocab_size)
+  (the padding past them may hold anything, e.g. a pad_id)."""
+  mask = np.arange(ids_BxT.shape[1])[None, :] < np.asarray(lengths_B)[:, None]
+  bad = mask & ((ids_BxT < 0) | (ids_BxT >= vocab_size))
+  if bad.any():
+    r, c = np.argwhere(bad)[0]
+    raise ValueError(f"{name}[{r}, {c}] = {ids_BxT[r, c]} is outside {whose}"
+                     f"vocabulary [0, {vocab_size}).")
+
+
 def check_texts(prompts_BxP: Any, prompt_lengths_B: Any, tokens_BxN: Any,
                 lengths_B: Any, models: dict[str, Any], extra: int = 0):
   """Checks a batch of generations and joins each row's prompt and output.
 
   Args:
-    prompts_BxP: int `[B, P]` right-padded prompts; prompt_lengths_B: `[B]`
-      in [1, P].
-    tokens_BxN: int `[B, N]` generated tokens; lengths_B: `[B]` in [0, N].
+    prompts_BxP: int `[B, P]` right-padded prompts; prompt_lengths_B: int
+      `[B]` in [1, P].
+    tokens_BxN: int `[B, N]` generated tokens; lengths_B: int `[B]` in
+      [0, N]. Tokens past a row's length (the decode's pad_id) are ignored.
     models: {name: model} that will read the joined texts; each must see
-      P + N + `extra` positions (its `max_positions`, if it has one).
+      P + N + `extra` positions (its `max_positions`, if it has one), and
+      every prompt and generated token must lie in [0, vocab_size) of each
+      (its `vocab_size`, if it has one).
 
   Returns:
     (seq_BxT int32 numpy `[B, P + N]`: row b's prompt_lengths_B[b] prompt
-    tokens, then its N generated tokens, then zeros; p_len, n_len: int64
-    numpy `[B]`).
+    tokens, then its lengths_B[b] generated tokens, then zeros; p_len, n_len:
+    int64 numpy `[B]`).
   """
   prompts = np.asarray(check_array("prompts_BxP", prompts_BxP, rank=2,
                                    kind="i"))
   tokens = np.asarray(check_array("tokens_BxN", tokens_BxN, rank=2, kind="i"))
-  p_len = np.asarray(prompt_lengths_B).reshape(-1).astype(np.int64)
-  n_len = np.asarray(lengths_B).reshape(-1).astype(np.int64)
+  # Integer dtypes: astype(int64) would truncate a length of 2.7 to 2.
+  p_len = np.asarray(check_array("prompt_lengths_B", prompt_lengths_B,
+                                 kind="i")).reshape(-1).astype(np.int64)
+  n_len = np.asarray(check_array("lengths_B", lengths_B,
+                                 kind="i")).reshape(-1).astype(np.int64)
   rows, width = prompts.shape
   if tokens.shape[0] != rows or p_len.size != rows or n_len.size != rows:
     raise ValueError(f"prompts_BxP {prompts.shape}, prompt_lengths_B "
@@ -123,8 +141,18 @@ def check_texts(prompts_BxP: Any, prompt_lengths_B: Any, tokens_BxN: Any,
           f"{name} sees at most {limit} positions; prompt + generation"
           f"{' + ' + str(extra) if extra else ''} is {total + extra}: use "
           "shorter texts.")
+  # A model's embedding lookup clamps an id outside its vocabulary instead
+  # of failing, so a wrong id would read as the last token: refuse it here.
+  for name, model in models.items():
+    vocab = getattr(model, "vocab_size", None)
+    if vocab is None:
+      continue
+    check_token_range("prompts_BxP", prompts, p_len, vocab, f"{name}'s ")
+    check_token_range("tokens_BxN", tokens, n_len, vocab, f"{name}'s ")
   seq_BxT = np.zeros((rows, total), np.int32)
   for b in range(rows):
     seq_BxT[b, :p_len[b]] = prompts[b, :p_len[b]]
-    seq_BxT[b, p_len[b]:p_len[b] + tokens.shape[1]] = tokens[b]
+    # Only the generated tokens: the padding past them may be any pad_id,
+    # and no position the callers read looks past a row's length.
+    seq_BxT[b, p_len[b]:p_len[b] + n_len[b]] = tokens[b, :n_len[b]]
   return seq_BxT, p_len, n_len

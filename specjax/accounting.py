@@ -18,8 +18,18 @@ import numpy as np
 from specjax import _checks
 
 
+def _real(name, value):
+  """`value` as a numpy array after refusing what numpy would coerce into a
+  number by accident (strings such as "0.5", bools, None, objects)."""
+  v = np.asarray(value)
+  if v.dtype.kind not in "iuf":
+    raise TypeError(f"{name} must be a real number or an array of them, got "
+                    f"{value!r} (dtype {v.dtype}).")
+  return v
+
+
 def _alpha(alpha):
-  a = np.asarray(alpha, dtype=np.float64)
+  a = _real("alpha", alpha).astype(np.float64)
   if np.any(~np.isfinite(a)) or np.any((a < 0) | (a > 1)):
     raise ValueError(f"alpha must be in [0, 1], got {alpha!r}.")
   return a
@@ -28,15 +38,25 @@ def _alpha(alpha):
 def _gamma(gamma):
   g = np.asarray(gamma)
   if not np.issubdtype(g.dtype, np.integer) or np.any(g < 0):
-    raise ValueError(f"gamma must be a non-negative integer, got {gamma!r}.")
+    raise ValueError(f"gamma must be a non-negative integer (one that fits "
+                     f"int64), got {gamma!r}.")
   return g
 
 
 def _cost(name, value):
-  v = np.asarray(value, dtype=np.float64)
+  v = _real(name, value).astype(np.float64)
   if np.any(~np.isfinite(v)) or np.any(v < 0):
     raise ValueError(f"{name} must be finite and >= 0, got {value!r}.")
   return v
+
+
+def _scalar(name, checked):
+  """A checked array as a 0-d one, for the functions that take scalars only."""
+  if checked.ndim:
+    raise ValueError(f"{name} must be a scalar here, got shape "
+                     f"{checked.shape}; call once per value (or use "
+                     "walltime_improvement, which broadcasts).")
+  return checked
 
 
 def expected_tokens_per_pass(alpha, gamma):
@@ -45,11 +65,17 @@ def expected_tokens_per_pass(alpha, gamma):
   The expected number of tokens one round emits: the accepted prefix plus the
   residual or bonus token.
   """
-  a, g = _alpha(alpha), _gamma(gamma)
-  # sum_{k=0}^{gamma} a^k, written so that alpha -> 1 is continuous.
+  # float64 before g + 1: an integer gamma at its dtype's maximum would wrap.
+  a, g = _alpha(alpha), _gamma(gamma).astype(np.float64)
+  # sum_{k=0}^{gamma} a^k = -expm1((g + 1) log a) / (1 - a). 1 - a is exact
+  # for a >= 1/2, and expm1 keeps the numerator's digits as a -> 1, where
+  # 1 - a^(g+1) would cancel (relative error ~sqrt(eps) near 1 - 1e-8). A
+  # huge gamma gives the finite limit 1 / (1 - a); a = 0 gives 1 (log 0 =
+  # -inf, expm1(-inf) = -1).
+  d = 1 - a
   with np.errstate(divide="ignore", invalid="ignore"):
-    closed = (1 - a ** (g + 1)) / (1 - a)
-  return np.where(a == 1, g + 1.0, closed)
+    closed = -np.expm1((g + 1) * np.log1p(-d)) / d
+  return np.where(a == 1, g + 1, closed)
 
 
 def walltime_improvement(alpha, gamma, c, r=1.0):
@@ -57,7 +83,8 @@ def walltime_improvement(alpha, gamma, c, r=1.0):
   c, r = _cost("c", c), _cost("r", r)
   if np.any(r <= 0):
     raise ValueError(f"r must be > 0, got {r!r}.")
-  return expected_tokens_per_pass(alpha, gamma) / (np.asarray(gamma) * c + r)
+  tokens = expected_tokens_per_pass(alpha, gamma)
+  return tokens / (_gamma(gamma).astype(np.float64) * c + r)
 
 
 def operations_increase(alpha, gamma, c_hat):
@@ -67,8 +94,9 @@ def operations_increase(alpha, gamma, c_hat):
   the draft's arithmetic per token relative to the target's.
   """
   c_hat = _cost("c_hat", c_hat)
-  return ((np.asarray(gamma) * c_hat + np.asarray(gamma) + 1)
-          / expected_tokens_per_pass(alpha, gamma))
+  tokens = expected_tokens_per_pass(alpha, gamma)
+  g = _gamma(gamma).astype(np.float64)  # float64: g + 1 must not wrap
+  return (g * c_hat + g + 1) / tokens
 
 
 def optimal_gamma(alpha, c, r=1.0, max_gamma: int = 32) -> int:
@@ -79,7 +107,9 @@ def optimal_gamma(alpha, c, r=1.0, max_gamma: int = 32) -> int:
   """
   max_gamma = _checks.check_int("max_gamma", max_gamma, low=1)
   gammas = np.arange(1, max_gamma + 1)
-  speed = walltime_improvement(float(alpha), gammas, float(c), float(r))
+  alpha = _scalar("alpha", _alpha(alpha))
+  c, r = _scalar("c", _cost("c", c)), _scalar("r", _cost("r", r))
+  speed = walltime_improvement(alpha, gammas, c, r)
   return int(gammas[int(np.argmax(speed))])
 
 
@@ -99,8 +129,8 @@ def rounds_distribution(alpha, gamma, num_tokens) -> np.ndarray:
   Returns:
     float64 `[num_tokens + 1]`, summing to 1.
   """
-  a = float(_alpha(alpha))
-  g = int(_gamma(gamma))
+  a = float(_scalar("alpha", _alpha(alpha)))
+  g = int(_scalar("gamma", _gamma(gamma)))
   n = _checks.check_int("num_tokens", num_tokens, low=0)
   # emit_J[j] = P(a round emits j + 1 tokens, before the budget cut).
   emit_J = np.array([a ** j * (1 - a) for j in range(g)] + [a ** g])
@@ -140,10 +170,11 @@ def expected_rounds(alpha, gamma, num_tokens, batch_size: int = 1) -> float:
 
 def expected_tokens_per_call(alpha, gamma, num_tokens) -> float:
   """`num_tokens` / expected rounds: tokens per target call of a generation
-  of `num_tokens`, the last round's budget truncation counted. Tends to
-  `expected_tokens_per_pass(alpha, gamma)` as num_tokens grows."""
-  n = _checks.check_int("num_tokens", num_tokens, low=0)
-  return n / expected_rounds(alpha, gamma, n) if n else float("nan")
+  of `num_tokens` >= 1, the last round's budget truncation counted. Tends
+  to `expected_tokens_per_pass(alpha, gamma)` as num_tokens grows."""
+  # 0 tokens take 0 rounds: the ratio has no value, so refuse it by name.
+  n = _checks.check_int("num_tokens", num_tokens, low=1)
+  return n / expected_rounds(alpha, gamma, n)
 
 
 def loop_speedup(alpha, gamma, num_tokens, c, r, *, c_window=None,
@@ -163,20 +194,21 @@ def loop_speedup(alpha, gamma, num_tokens, c, r, *, c_window=None,
 
   speedup = N / (E[loop rounds] * (c_window + (gamma - 1) c + r + overhead)),
   with E[loop rounds] from `expected_rounds` (budget truncation, and the
-  slowest of `batch_size` rows). Scalars only.
+  slowest of `batch_size` rows). Scalars only; num_tokens >= 1.
   """
-  g = int(_gamma(gamma))
+  n = _checks.check_int("num_tokens", num_tokens, low=1)
+  g = int(_scalar("gamma", _gamma(gamma)))
   if g < 1:
     raise ValueError(f"gamma must be >= 1 for a speculative loop, got {gamma}.")
-  c = float(_cost("c", c))
-  r = float(_cost("r", r))
-  cw = c if c_window is None else float(_cost("c_window", c_window))
-  o = float(_cost("overhead", overhead))
+  c = float(_scalar("c", _cost("c", c)))
+  r = float(_scalar("r", _cost("r", r)))
+  cw = c if c_window is None else float(_scalar("c_window",
+                                                _cost("c_window", c_window)))
+  o = float(_scalar("overhead", _cost("overhead", overhead)))
   per_round = cw + (g - 1) * c + r + o
   if per_round <= 0:
     raise ValueError("the round's cost must be > 0.")
-  return int(num_tokens) / (expected_rounds(alpha, g, num_tokens, batch_size)
-                            * per_round)
+  return n / (expected_rounds(alpha, g, n, batch_size) * per_round)
 
 
 def batch_speedups(alpha, gamma, num_tokens, batch_sizes, c_B, r_B, *,
@@ -186,15 +218,33 @@ def batch_speedups(alpha, gamma, num_tokens, batch_sizes, c_B, r_B, *,
   c_B, r_B (and c_window_B, overhead_B) are per batch size, in units of the
   autoregressive step AT THAT BATCH SIZE: as the batch grows a step stops
   being a weight read and becomes arithmetic, so r(B) rises towards gamma + 1
-  and speculation's gain falls. Returns float64 `[len(batch_sizes)]`.
+  and speculation's gain falls. Each is one value per batch size or one
+  scalar for all; c_B and r_B are required, r_B > 0. batch_sizes are
+  integers >= 1. Returns float64 `[len(batch_sizes)]`.
   """
-  b = [int(x) for x in np.asarray(batch_sizes).reshape(-1)]
+  sizes = np.asarray(batch_sizes).reshape(-1)
+  if sizes.size and (not np.issubdtype(sizes.dtype, np.integer)
+                     or np.any(sizes < 1)):
+    # int(2.7) would silently decode a batch of 2.
+    raise ValueError(f"batch_sizes must be integers >= 1, got {batch_sizes!r}.")
+  b = [int(x) for x in sizes]
   n = len(b)
-  def per_batch(x, default):
-    return np.broadcast_to(np.asarray(default if x is None else x,
-                                      np.float64), (n,))
-  c_B, r_B = per_batch(c_B, 0), per_batch(r_B, 0)
-  cw_B, o_B = per_batch(c_window_B, c_B), per_batch(overhead_B, 0.0)
+  def per_batch(name, x, default):
+    if x is None:
+      if default is None:
+        raise TypeError(f"{name} is required: the cost at each batch size, "
+                        "in autoregressive steps at that batch size.")
+      x = default
+    v = _cost(name, x)
+    if v.ndim and v.shape != (n,):
+      raise ValueError(f"{name} has shape {v.shape} but batch_sizes has {n} "
+                       "entries: give one value per batch size (or a scalar).")
+    return np.broadcast_to(v, (n,))
+  c_B, r_B = per_batch("c_B", c_B, None), per_batch("r_B", r_B, None)
+  if np.any(r_B <= 0):
+    raise ValueError(f"r_B must be > 0 (a verify pass costs time), got {r_B}.")
+  cw_B = per_batch("c_window_B", c_window_B, c_B)
+  o_B = per_batch("overhead_B", overhead_B, 0.0)
   return np.array([loop_speedup(alpha, gamma, num_tokens, c_B[i], r_B[i],
                                 c_window=cw_B[i], overhead=o_B[i],
                                 batch_size=b[i]) for i in range(n)])
@@ -211,6 +261,13 @@ def crossover_batch(batch_sizes, speedups) -> float | None:
   s = np.asarray(speedups, np.float64)
   if b.ndim != 1 or b.shape != s.shape or b.size == 0:
     raise ValueError("batch_sizes and speedups must be 1-D of equal length.")
+  # A NaN compares False both ways, so it would slip through the order check
+  # and the interpolation alike: refuse it (and inf) before either.
+  if not np.all(np.isfinite(b)):
+    raise ValueError(f"batch_sizes must be finite, got {b}.")
+  if not np.all(np.isfinite(s)):
+    raise ValueError(f"speedups must be finite, got {s}; drop the batch sizes "
+                     "without a measurement.")
   if np.any(np.diff(b) <= 0) or np.any(b <= 0):
     raise ValueError(f"batch_sizes must be positive and increasing, got {b}.")
   below = np.flatnonzero(s < 1.0)

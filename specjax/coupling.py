@@ -21,22 +21,23 @@ from specjax import _checks
 from specjax import sampling
 
 
-def _check_pair(p_xV, q_xV):
+def check_laws(p_xV, q_xV, names=("p", "q")):
   """p and q as arrays of one float dtype (float32 at least: a bfloat16
-  uniform or CDF would distort the coupling's law); concrete values must be
-  distributions (`sampling.check_probs`)."""
-  p_xV = sampling.check_probs("p", p_xV, normalised=True)
-  q_xV = sampling.check_probs("q", q_xV, normalised=True)
+  uniform or CDF would distort the coupling's law), of one vocabulary and
+  broadcasting leading axes; concrete values must be distributions
+  (`sampling.check_probs`). `names`: how errors name the two."""
+  (a, p_xV), (b, q_xV) = ((name, sampling.check_probs(name, x, normalised=True))
+                          for name, x in zip(names, (p_xV, q_xV)))
   if p_xV.shape[-1] != q_xV.shape[-1]:
     raise ValueError(
-        f"p and q must share the vocabulary axis (last): p has {p_xV.shape[-1]}"
-        f" tokens, q has {q_xV.shape[-1]}. Target and draft must use the same "
-        "tokenizer.")
+        f"{a} and {b} must share the vocabulary axis (last): {a} has "
+        f"{p_xV.shape[-1]} tokens, {b} has {q_xV.shape[-1]}. Target and draft "
+        "must use the same tokenizer.")
   try:
     jnp.broadcast_shapes(p_xV.shape, q_xV.shape)
   except ValueError:
-    raise ValueError(f"p {tuple(p_xV.shape)} and q {tuple(q_xV.shape)} do not "
-                     "broadcast against each other.") from None
+    raise ValueError(f"{a} {tuple(p_xV.shape)} and {b} {tuple(q_xV.shape)} do "
+                     "not broadcast against each other.") from None
   dtype = jnp.result_type(p_xV.dtype, q_xV.dtype)
   return jnp.asarray(p_xV, dtype), jnp.asarray(q_xV, dtype)
 
@@ -47,7 +48,7 @@ def residual(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
   Where p == q (zero residual mass) no rejection can happen; the row returned
   there is p itself, so the result is always a distribution, never NaN.
   """
-  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  p_xV, q_xV = check_laws(p_xV, q_xV)
   return _residual(p_xV, q_xV)
 
 
@@ -69,13 +70,13 @@ def _unnormalised_residual(p_xV, q_xV):
 
 def acceptance_probability(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
   """sum_x min(p(x), q(x)) = 1 - TV(p, q): the chance a draft token is kept."""
-  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  p_xV, q_xV = check_laws(p_xV, q_xV)
   return jnp.sum(jnp.minimum(p_xV, q_xV), axis=-1)
 
 
 def tv_distance(p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
   """Total variation distance 0.5 * sum_x |p(x) - q(x)|, shape `[...]`."""
-  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  p_xV, q_xV = check_laws(p_xV, q_xV)
   return 0.5 * jnp.sum(jnp.abs(p_xV - q_xV), axis=-1)
 
 
@@ -106,7 +107,7 @@ def coupling_sample(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,
   zero mass (p == q) a rejection can only come from rounding and is resolved
   by drawing from p; zero entries of p are never emitted.
   """
-  p_xV, q_xV = _check_pair(p_xV, q_xV)
+  p_xV, q_xV = check_laws(p_xV, q_xV)
   draft_token_x = _checks.check_array("draft_token", draft_token_x, kind="i")
   vocab = p_xV.shape[-1]
   if _checks.is_concrete(draft_token_x):

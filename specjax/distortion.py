@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax import coupling
 from specjax import sampling as sampling_lib
 from specjax.decode import verifiers as verifiers_lib
 from specjax.decode.verifiers import base
@@ -71,7 +72,9 @@ def position_law(verifier, p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
 
   Args:
     verifier: a registry string or `Verifier` with `has_position_law`.
-    p_xV, q_xV: float32 `[..., V]` target and draft laws at one position.
+    p_xV, q_xV: float `[..., V]` target and draft laws at one position (one
+      V; leading axes broadcast). Concrete values must be laws
+      (`coupling.check_laws`).
 
   Returns:
     float32 `[..., V]`, a probability vector per position (module docstring).
@@ -80,6 +83,7 @@ def position_law(verifier, p_xV: jax.Array, q_xV: jax.Array) -> jax.Array:
   if v.name not in _LAWS:
     raise ValueError(f"verifier {v.spec!r} has no per-position law (it judges "
                      f"a block as a whole); known: {_LAWS}.")
+  p_xV, q_xV = coupling.check_laws(p_xV, q_xV, names=("p_xV", "q_xV"))
   p_xV = jnp.asarray(p_xV, jnp.float32)
   q_xV = jnp.asarray(q_xV, jnp.float32)
   if v.name == "always_accept":

@@ -667,7 +667,10 @@ def plot_batch_scaling(rows: Sequence[dict], path_stem: str,
               [r.get(key + "_se") for r in rows], color=color, marker="o",
               label=f"{label}: measured (line: predicted)")
   ax.axhline(1.0, color="0.3", linestyle="--", linewidth=1.0)
-  cross = accounting.crossover_batch(b, [_num(r["decode_speedup"]) for r in rows])
+  measured = np.array([_num(r["decode_speedup"]) for r in rows])
+  ok = np.isfinite(measured)  # a batch without a measurement has no say
+  cross = (accounting.crossover_batch(b[ok], measured[ok]) if ok.any()
+           else None)
   if cross is not None:
     ax.axvline(cross, color="tab:red", linestyle=":", linewidth=1.2,
                label=f"speculation stops paying: B ≈ {cross:.1f}")

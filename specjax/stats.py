@@ -27,18 +27,46 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any, Iterable, Sequence
 
 import jax
 import numpy as np
 
+from specjax import _checks
 from specjax import accounting
 
 
+def _count(name: str, value: Any) -> int:
+  """A count: a non-negative integer (a 0-d integer numpy array too). int()
+  would truncate 2.7 and keep -1, turning a bad count into a wrong number."""
+  if isinstance(value, np.ndarray) and value.ndim == 0:
+    value = value[()]
+  return _checks.check_int(name, value, low=0)
+
+
+def _counts(name: str, values: Any) -> np.ndarray:
+  """Counts as int64 numpy: integers >= 0, any shape (Python ints or numpy)."""
+  arr = np.asarray(values)
+  if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    raise TypeError(f"{name} must hold integer counts, got dtype {arr.dtype}: "
+                    f"{values!r}.")
+  if arr.size and arr.min() < 0:
+    raise ValueError(f"{name} must hold counts >= 0, got {values!r}.")
+  return arr.astype(np.int64)
+
+
 def pooled_alpha(accepted: int, verified: int) -> tuple[float, float]:
-  """(accepted / verified, its binomial standard error); NaNs when none."""
-  accepted, verified = int(accepted), int(verified)
-  if verified <= 0:
+  """(accepted / verified, its binomial standard error); NaNs when none.
+
+  accepted and verified are counts with accepted <= verified.
+  """
+  accepted, verified = _count("accepted", accepted), _count("verified",
+                                                             verified)
+  if accepted > verified:
+    raise ValueError(f"accepted ({accepted}) must be <= verified ({verified}): "
+                     "only verified drafts can be accepted.")
+  if verified == 0:
     return math.nan, math.nan
   a = accepted / verified
   return a, math.sqrt(max(a * (1 - a), 0.0) / verified)
@@ -48,9 +76,13 @@ def tokens_per_round_se(accept_hist: Sequence[int]) -> float:
   """Standard error of mean tokens per round from the kept-drafts histogram.
 
   `accept_hist[n]` counts rounds that kept n drafts (and so emitted n + 1
-  tokens, before any budget cut). NaN with fewer than two rounds.
+  tokens, before any budget cut): 1-D integer counts >= 0. NaN with fewer
+  than two rounds.
   """
-  hist = np.asarray(accept_hist, np.float64)
+  hist = _counts("accept_hist", accept_hist).astype(np.float64)
+  if hist.ndim != 1:
+    raise ValueError(f"accept_hist must be 1-D (rounds per kept-draft count), "
+                     f"got shape {hist.shape}.")
   rounds = hist.sum()
   if rounds < 2:
     return math.nan
@@ -68,14 +100,30 @@ def expected_tokens_per_target_call(alpha: float, gamma: int,
   calls in expectation (its last round cut at the budget), so the pooled
   ratio is sum(n) / sum(E[rounds(n)]). A row stopped by EOS is treated as if
   its budget were its length, the same cut. gamma = 0 gives 1.
+
+  alpha is in [0, 1], or NaN for "not measured" (no verified drafts), which
+  gives NaN unless gamma = 0; row_tokens are integer lengths >= 0. NaN when
+  they sum to 0.
   """
+  gamma = _checks.check_int("gamma", gamma, low=0)
+  if isinstance(alpha, (bool, np.bool_)) or not isinstance(
+      alpha, (numbers.Real, np.floating, np.integer)):
+    raise TypeError(f"alpha must be a real number, got {alpha!r}.")
+  alpha = float(alpha)
+  if not (math.isnan(alpha) or 0.0 <= alpha <= 1.0):
+    # Clamping would turn a bad estimate into a plausible prediction.
+    raise ValueError(f"alpha must be in [0, 1] (or NaN when not measured), "
+                     f"got {alpha}.")
+  if not hasattr(row_tokens, "shape"):
+    row_tokens = list(row_tokens)  # any iterable, generators included
+  lengths = _counts("row_tokens", row_tokens).reshape(-1)
   counts: dict[int, int] = {}
-  for n in row_tokens:
-    counts[int(n)] = counts.get(int(n), 0) + 1
+  for n in lengths.tolist():
+    counts[n] = counts.get(n, 0) + 1
   tokens = sum(n * k for n, k in counts.items())
-  if tokens == 0 or (gamma > 0 and not math.isfinite(alpha)):
+  if tokens == 0 or (gamma > 0 and math.isnan(alpha)):
     return math.nan
-  alpha = 0.0 if gamma == 0 else min(max(float(alpha), 0.0), 1.0)
+  alpha = 0.0 if gamma == 0 else alpha
   rounds = sum(k * accounting.expected_rounds(alpha, gamma, n)
                for n, k in counts.items())
   return tokens / rounds

@@ -75,3 +75,61 @@ def test_bad_inputs_are_named():
   with pytest.raises(ValueError, match="lengths_B"):
     distortion.per_token_tv(target, draft, "lenient:0.5", sampling,
                             **{**ok, "lengths_B": np.full(2, 4, np.int32)})
+  # Ids outside the vocabulary read as the last token (99 and -1 gave V - 1's
+  # number); a fractional length was truncated.
+  vocab = pair.vocab_size
+  for bad in (vocab, 99, -1):
+    tokens = np.zeros((2, 3), np.int32)
+    tokens[1, 2] = bad
+    with pytest.raises(ValueError,
+                       match=rf"tokens_BxN\[1, 2\] = {bad} is outside"):
+      distortion.per_token_tv(target, draft, "lenient:0.5", sampling,
+                              **{**ok, "tokens_BxN": tokens})
+  with pytest.raises(ValueError, match=r"prompts_BxP\[0, 0\] = -1"):
+    distortion.per_token_tv(target, draft, "lenient:0.5", sampling,
+                            **{**ok, "prompts_BxP": np.full((2, 1), -1,
+                                                            np.int32)})
+  with pytest.raises(TypeError, match="lengths_B must be an integer array"):
+    distortion.per_token_tv(target, draft, "lenient:0.5", sampling,
+                            **{**ok, "lengths_B": np.full(2, 2.7)})
+  # Padding past a row's length (the decode's pad_id) may be any id: it is
+  # not read, and the estimate is the same as with zeros there.
+  padded = np.array([[1, 0, -1], [0, 1, 1]], np.int32)
+  zeros = np.array([[1, 0, 0], [0, 1, 1]], np.int32)
+  est = lambda toks: distortion.per_token_tv(
+      target, draft, "lenient:0.5", sampling,
+      **{**ok, "tokens_BxN": toks, "lengths_B": np.array([2, 3], np.int32)})
+  assert est(padded) == est(zeros)
+
+
+def test_position_law_refuses_what_is_not_a_pair_of_laws():
+  p = np.array([0.5, 0.3, 0.2], np.float32)
+  q = np.array([0.3, 0.1, 0.6], np.float32)
+  for fn in (distortion.position_law, distortion.position_tv):
+    # JAX's "min got incompatible shapes for broadcasting" before.
+    with pytest.raises(ValueError, match="p_xV and q_xV must share the vocabulary axis"):
+      fn("token", p, np.full(4, 0.25, np.float32))
+    with pytest.raises(ValueError, match="do not broadcast against each other"):
+      fn("token", np.stack([p] * 2), np.stack([q] * 3))
+    # Integer one-hots were accepted as laws.
+    with pytest.raises(TypeError, match="p_xV must be a float array"):
+      fn("token", np.array([1, 0, 0]), q)
+    # An all-zero p gave a NaN law; an unnormalised one a wrong law.
+    with pytest.raises(ValueError, match="every row of p_xV must sum to 1"):
+      fn("token", np.zeros(3, np.float32), q)
+    with pytest.raises(ValueError, match="every row of q_xV must sum to 1"):
+      fn("lenient:0.5", p, np.stack([q, 2 * q]))
+    with pytest.raises(ValueError, match="q_xV holds NaN or inf"):
+      fn("token", p, np.array([0.3, np.nan, 0.7], np.float32))
+    with pytest.raises(ValueError, match="p_xV has negative entries"):
+      fn("token", np.array([1.2, -0.2, 0.0], np.float32), q)
+  # No positions: nothing to check, an empty result (no reduction error).
+  assert distortion.position_tv("token", np.zeros((0, 3), np.float32),
+                                q).shape == (0,)
+  # Leading axes broadcast, and the checks leave traced calls alone.
+  np.testing.assert_allclose(
+      distortion.position_tv("lenient:0.5", np.stack([p, q]), q),
+      [distortion.position_tv("lenient:0.5", p, q), 0.0], atol=1e-7)
+  jitted = jax.jit(lambda p, q: distortion.position_tv("lenient:0.5", p, q))
+  np.testing.assert_allclose(jitted(p, q),
+                             distortion.position_tv("lenient:0.5", p, q))

@@ -156,6 +156,18 @@ def test_the_cut_context_is_the_prefix_alone():
     (dict(gamma=40), ValueError, "at most 64 positions"),
     (dict(lengths_B=np.zeros(48, np.int64)), ValueError, "all 0"),
     (dict(sampling="T=1"), TypeError, "SamplingConfig"),
+    # Ids outside the vocabulary [0, 2) read as the last token; fractional
+    # lengths were truncated.
+    (dict(tokens_BxN=np.full((48, 24), 2, np.int32)), ValueError,
+     r"tokens_BxN\[0, 0\] = 2 is outside target's vocabulary \[0, 2\)"),
+    (dict(tokens_BxN=np.full((48, 24), -1, np.int32)), ValueError,
+     r"tokens_BxN\[0, 0\] = -1 is outside"),
+    (dict(prompts_BxP=np.full((48, 3), 99, np.int32)), ValueError,
+     r"prompts_BxP\[0, 0\] = 99 is outside"),
+    (dict(lengths_B=np.full(48, 2.7)), TypeError,
+     "lengths_B must be an integer array"),
+    (dict(prompt_lengths_B=np.full(48, 3.0)), TypeError,
+     "prompt_lengths_B must be an integer array"),
 ])
 def test_bad_input_is_refused_before_tracing(kwargs, error, match):
   pair, _ = lv.paper_example()

@@ -411,6 +411,49 @@ def test_accounting_rejects_bad_inputs():
     accounting.walltime_improvement(0.5, 2, -0.1)
   with pytest.raises(ValueError, match="r"):
     accounting.walltime_improvement(0.5, 2, 0.1, 0.0)
+  # Strings, None and bools are not numbers, though numpy would coerce them.
+  with pytest.raises(TypeError, match="alpha"):
+    accounting.expected_tokens_per_pass("0.5", 2)
+  with pytest.raises(TypeError, match="alpha"):
+    accounting.expected_tokens_per_pass(True, 2)
+  with pytest.raises(TypeError, match="c must"):
+    accounting.walltime_improvement(0.5, 2, "0.1")
+  # optimal_gamma takes scalars: an array or None is refused by name.
+  with pytest.raises(ValueError, match="alpha must be a scalar"):
+    accounting.optimal_gamma(np.array([0.5, 0.6]), 0.1)
+  with pytest.raises(TypeError, match="alpha"):
+    accounting.optimal_gamma(None, 0.1)
+  with pytest.raises(ValueError, match="c must be a scalar"):
+    accounting.optimal_gamma(0.5, np.array([0.1, 0.2]))
+
+
+@pytest.mark.parametrize("gamma", [np.int8(127), np.uint8(255),
+                                   np.int16(32767), 2**63 - 1])
+def test_integer_gamma_at_its_dtype_maximum_does_not_wrap(gamma):
+  # gamma + 1 in the gamma's own dtype would wrap to a negative exponent
+  # (int8 127: -6.8e38, uint8 255: 0, int16 32767 and 2**63 - 1: -inf).
+  # Python ints do not wrap; for 2**63 - 1 this is the limit 1 / (1 - 0.9).
+  exact = (1 - 0.9 ** (int(gamma) + 1)) / (1 - 0.9)
+  assert float(accounting.expected_tokens_per_pass(0.9, gamma)) == (
+      pytest.approx(exact, rel=1e-12))
+  assert float(accounting.expected_tokens_per_pass(0.5, gamma)) == (
+      pytest.approx(2.0, rel=1e-12))
+  assert float(accounting.walltime_improvement(0.9, gamma, 0)) == (
+      pytest.approx(exact, rel=1e-12))
+  assert float(accounting.expected_tokens_per_pass(1.0, gamma)) == (
+      float(gamma) + 1)
+  ops = float(accounting.operations_increase(0.5, gamma, 0.0))
+  assert ops == pytest.approx((float(gamma) + 1) / 2, rel=1e-12)
+
+
+def test_expected_tokens_is_accurate_next_to_alpha_one():
+  # 1 - a^2 cancels near a = 1: the closed form returned 2.0 here (relative
+  # error 4e-9, ~sqrt(eps)); the sum itself is 1 + a to the last digit.
+  for a in (1 - 7.35e-9, 1 - 1e-12, 1 - 3e-5):
+    assert float(accounting.expected_tokens_per_pass(a, 1)) == (
+        pytest.approx(1 + a, rel=4e-16, abs=0))
+    assert float(accounting.expected_tokens_per_pass(a, 3)) == (
+        pytest.approx(1 + a + a * a + a * a * a, rel=1e-15, abs=0))
 
 
 # --- The sampling transform --------------------------------------------------

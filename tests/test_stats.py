@@ -153,6 +153,55 @@ def test_crossover_batch():
   assert accounting.crossover_batch([1, 2], [0.9, 0.8]) == 1.0
   with pytest.raises(ValueError, match="increasing"):
     accounting.crossover_batch([2, 1], [1.0, 1.0])
+  # NaN compares False both ways: it would pass the order check, or
+  # interpolate to NaN, or be skipped over; inf interpolates to inf or NaN.
+  for speedups in ([2, np.nan, 0.5], [np.nan, 2, 0.5], [2, np.inf, 0.5]):
+    with pytest.raises(ValueError, match="speedups must be finite"):
+      accounting.crossover_batch([1, 2, 4], speedups)
+  for sizes in ([1, np.nan, 4], [1, 2, np.inf]):
+    with pytest.raises(ValueError, match="batch_sizes must be finite"):
+      accounting.crossover_batch(sizes, [2, 2, 0.5])
+
+
+def test_loop_accounting_refuses_bad_inputs_by_name():
+  # 0 tokens take 0 rounds: no ratio (a bare ZeroDivisionError, or NaN).
+  with pytest.raises(ValueError, match="num_tokens"):
+    accounting.loop_speedup(0.5, 4, 0, 0.1, 1.0)
+  with pytest.raises(ValueError, match="num_tokens"):
+    accounting.expected_tokens_per_call(0.5, 4, 0)
+  # Scalar-only functions name the array argument.
+  with pytest.raises(ValueError, match="alpha must be a scalar"):
+    accounting.rounds_distribution(np.array([0.5, 0.6]), 4, 3)
+  with pytest.raises(ValueError, match="gamma must be a scalar"):
+    accounting.rounds_distribution(0.5, np.array([1, 2]), 3)
+  with pytest.raises(ValueError, match="c must be a scalar"):
+    accounting.loop_speedup(0.5, 4, 8, np.array([0.1, 0.2]), 1.0)
+
+
+def test_batch_speedups():
+  out = accounting.batch_speedups(0.8, 4, 100, [1, 2, 4], [0.1, 0.2, 0.3],
+                                  [1.0, 1.2, 1.5], overhead_B=0.05)
+  assert out.shape == (3,)
+  for i, (b, c, r) in enumerate(((1, 0.1, 1.0), (2, 0.2, 1.2), (4, 0.3, 1.5))):
+    assert out[i] == accounting.loop_speedup(0.8, 4, 100, c, r, overhead=0.05,
+                                             batch_size=b)
+  # r_B = None was read as a free verify pass; 2.7 as a batch of 2; lists of
+  # different lengths failed with numpy's broadcast message.
+  with pytest.raises(TypeError, match="r_B is required"):
+    accounting.batch_speedups(0.8, 4, 100, [1, 2], 0.1, None)
+  with pytest.raises(ValueError, match="r_B must be > 0"):
+    accounting.batch_speedups(0.8, 4, 100, [1, 2], 0.1, [1.0, 0.0])
+  with pytest.raises(ValueError, match="r_B must be finite"):
+    accounting.batch_speedups(0.8, 4, 100, [1, 2], 0.1, [1.0, np.nan])
+  with pytest.raises(ValueError, match="batch_sizes must be integers"):
+    accounting.batch_speedups(0.8, 4, 100, [2.7], 0.1, 1.0)
+  with pytest.raises(ValueError, match="batch_sizes must be integers >= 1"):
+    accounting.batch_speedups(0.8, 4, 100, [0, 2], 0.1, 1.0)
+  with pytest.raises(ValueError, match="c_B has shape"):
+    accounting.batch_speedups(0.8, 4, 100, [1, 2, 4], [0.1, 0.2], 1.0)
+  with pytest.raises(ValueError, match="overhead_B has shape"):
+    accounting.batch_speedups(0.8, 4, 100, [1, 2], 0.1, 1.0,
+                              overhead_B=[0.1, 0.1, 0.1])
 
 
 def test_pooled_estimators():
@@ -162,3 +211,43 @@ def test_pooled_estimators():
   # Rounds that kept 0 and 2 drafts: emitted 1 and 3, se = sd / sqrt(2).
   assert stats.tokens_per_round_se([1, 0, 1]) == pytest.approx(
       np.std([1, 3], ddof=1) / math.sqrt(2))
+  assert stats.tokens_per_round_se(np.array([1, 0, 1], np.int32)) == (
+      stats.tokens_per_round_se([1, 0, 1]))
+  assert stats.pooled_alpha(np.int64(30), np.array(40)) == (
+      stats.pooled_alpha(30, 40))
+
+
+def test_bad_counts_and_rates_are_refused_by_name():
+  # Each of these used to come back as a plausible number.
+  with pytest.raises(ValueError, match="accepted .* must be <= verified"):
+    stats.pooled_alpha(5, 3)
+  with pytest.raises(ValueError, match="accepted must be >= 0"):
+    stats.pooled_alpha(-1, 3)
+  with pytest.raises(ValueError, match="verified must be >= 0"):
+    stats.pooled_alpha(0, -3)
+  with pytest.raises(TypeError, match="accepted"):
+    stats.pooled_alpha(2.7, 3)
+  with pytest.raises(ValueError, match="accept_hist must hold counts >= 0"):
+    stats.tokens_per_round_se([5, -1, 3])
+  with pytest.raises(TypeError, match="accept_hist must hold integer"):
+    stats.tokens_per_round_se(np.array([5.5, 1.0]))
+  with pytest.raises(ValueError, match="accept_hist must be 1-D"):
+    stats.tokens_per_round_se(np.ones((2, 2), np.int64))
+  for alpha in (1.5, -1.0, math.inf):
+    with pytest.raises(ValueError, match="alpha must be in"):
+      stats.expected_tokens_per_target_call(alpha, 4, [10])
+  with pytest.raises(TypeError, match="alpha"):
+    stats.expected_tokens_per_target_call("0.5", 4, [10])
+  with pytest.raises(TypeError, match="row_tokens must hold integer"):
+    stats.expected_tokens_per_target_call(0.5, 4, [2.7])
+  with pytest.raises(ValueError, match="row_tokens must hold counts >= 0"):
+    stats.expected_tokens_per_target_call(0.5, 4, np.array([10, -10]))
+  with pytest.raises(ValueError, match="gamma"):
+    stats.expected_tokens_per_target_call(0.5, -1, [10])
+  # NaN is "not measured" (no verified drafts), as summarize passes it.
+  assert math.isnan(stats.expected_tokens_per_target_call(math.nan, 4, [10]))
+  assert stats.expected_tokens_per_target_call(math.nan, 0, [10]) == 1.0
+  assert stats.expected_tokens_per_target_call(
+      1.0, 4, np.array([12, 5], np.int32)) == 17 / 4
+  assert stats.expected_tokens_per_target_call(
+      1.0, 4, (n for n in (12, 5))) == 17 / 4

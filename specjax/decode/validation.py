@@ -56,7 +56,7 @@ def row_keys(name: str, key: Any, batch_size: int) -> jax.Array:
 
 def check_prompts(prompts: Any, prompt_lengths: Any):
   """Returns host copies of prompts `[B, P]` (int64: an id past int32 must
-  reach `check_token_range`, not wrap to a valid one) and lengths (int32
+  reach `_checks.check_token_range`, not wrap to a valid one) and lengths (int32
   `[B]`)."""
   prompts = _checks.check_array("prompts", prompts, rank=2, kind="i")
   prompt_lengths = _checks.check_array("prompt_lengths", prompt_lengths,
@@ -76,16 +76,6 @@ def check_prompts(prompts: Any, prompt_lengths: Any):
     raise ValueError(f"prompt_lengths must be in [1, {p}] (the padded prompt "
                      f"width), got min {lengths.min()} max {lengths.max()}.")
   return np.asarray(prompts).astype(np.int64), lengths.astype(np.int32)
-
-
-def check_token_range(prompts: np.ndarray, lengths: np.ndarray,
-                      vocab_size: int) -> None:
-  mask = np.arange(prompts.shape[1])[None, :] < lengths[:, None]
-  bad = mask & ((prompts < 0) | (prompts >= vocab_size))
-  if bad.any():
-    r, c = np.argwhere(bad)[0]
-    raise ValueError(f"prompts[{r}, {c}] = {prompts[r, c]} is outside the "
-                     f"vocabulary [0, {vocab_size}).")
 
 
 ON_NONFINITE = ("raise", "warn")
