@@ -128,7 +128,7 @@ class TransformerConfig:
     if self.num_kv_heads is None:
       set_("num_kv_heads", self.num_heads)
     set_("num_kv_heads", _checks.check_int("TransformerConfig.num_kv_heads",
-                                     self.num_kv_heads, low=1))
+                                           self.num_kv_heads, low=1))
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"TransformerConfig.num_heads ({self.num_heads}) must be a multiple "
@@ -140,7 +140,7 @@ class TransformerConfig:
             f"num_heads ({self.num_heads}); pass head_dim explicitly.")
       set_("head_dim", self.d_model // self.num_heads)
     set_("head_dim", _checks.check_int("TransformerConfig.head_dim",
-                                     self.head_dim, low=1))
+                                       self.head_dim, low=1))
     if self.flavour == "llama" and self.head_dim % 2:
       raise ValueError("TransformerConfig.head_dim must be even for RoPE, got "
                        f"{self.head_dim}.")
@@ -150,7 +150,7 @@ class TransformerConfig:
         mlp_dim = -(-8 * self.d_model // 3 // 64) * 64
       set_("mlp_dim", mlp_dim)
     set_("mlp_dim", _checks.check_int("TransformerConfig.mlp_dim",
-                                     self.mlp_dim, low=1))
+                                      self.mlp_dim, low=1))
     if self.tie_embeddings is None:
       set_("tie_embeddings", self.flavour == "gpt2")
     set_("tie_embeddings", _checks.check_bool("TransformerConfig.tie_embeddings",
@@ -854,12 +854,9 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       raise ValueError("check_inputs needs concrete tokens_BxT and "
                        "cache.lengths; call it outside jit.")
     tokens = np.asarray(tokens_BxT)
-    bad = (tokens < 0) | (tokens >= self.config.vocab_size)
-    if bad.any():
-      r, c = np.argwhere(bad)[0]
-      raise ValueError(f"tokens_BxT[{r}, {c}] = {tokens[r, c]} is outside the "
-                       f"vocabulary [0, {self.config.vocab_size}).")
-    t = np.shape(tokens_BxT)[1]
+    b, t = tokens.shape
+    _checks.check_token_range("tokens_BxT", tokens, np.full(b, t),
+                              self.config.vocab_size)
     lengths_B = np.asarray(cache.lengths)
     if lengths_B.min() < 0:
       raise ValueError(f"cache.lengths must be >= 0, got {lengths_B}.")
