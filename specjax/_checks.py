@@ -46,6 +46,11 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def check_float(name: str, value: Any) -> float:
+  """Returns `value` as a finite float: a real number, or a 0-d numpy or jax
+  array of one (e.g. `acceptance_probability(p, q)`); never a bool."""
+  if (getattr(value, "shape", None) == () and is_concrete(value)
+      and np.dtype(value.dtype).kind in "fiu"):
+    value = np.asarray(value).item()
   if isinstance(value, (bool, np.bool_)) or not isinstance(
       value, (numbers.Real, np.floating, np.integer)):
     raise TypeError(f"{name} must be a real number, got {value!r}.")

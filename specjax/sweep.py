@@ -449,6 +449,10 @@ def run_config(config, results_dir: str,
               verifiers=config.get("verifiers", ("token",)),
               batch_sizes=config.get("batch_sizes", (1,)))
   plan([], num_prompts=config.num_prompts, **axes)
+  if os.path.exists(results_dir) and not os.path.isdir(results_dir):
+    raise ValueError(f"results_dir {results_dir!r} is a file; give a "
+                     "directory (it is created if missing).")
+  os.makedirs(results_dir, exist_ok=True)
   corpus = data.stdlib_corpus()
   target, drafts = load_models(config, corpus, dtypes)
   heldout = corpus.tokens("heldout").astype(np.int32)
@@ -465,7 +469,6 @@ def run_config(config, results_dir: str,
   # A long grid that dies (out of memory, a killed job) keeps what it
   # measured: each row is appended here as its cell ends; `write` removes
   # the file once the whole grid is written.
-  os.makedirs(results_dir, exist_ok=True)
   partial = os.path.join(results_dir, PARTIAL_ROWS)
   with open(partial, "w"):
     pass

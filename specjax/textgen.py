@@ -135,8 +135,17 @@ def _timed(fn, *, min_seconds: float = 0.5, max_calls: int = 25):
 
 
 def _texts(tokenizer, result) -> list[str]:
+  """Each row's text, without the EOS that ended it: an EOS id need not be a
+  special token (Llama 3's 119 is a byte), and would decode to junk."""
   tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
-  return [tokenizer.decode(tokens[r, :n]) for r, n in enumerate(lengths)]
+  eos = set(getattr(tokenizer, "eos_ids", None) or ())
+  texts = []
+  for row, n in enumerate(lengths):
+    ids = tokens[row, :n]
+    if n and int(ids[-1]) in eos:
+      ids = ids[:-1]
+    texts.append(tokenizer.decode(ids))
+  return texts
 
 
 def run(target, draft, tokenizer, texts: Sequence[str], *,

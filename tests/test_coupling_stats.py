@@ -287,6 +287,10 @@ def test_check_acceptance():
   rng = np.random.default_rng(5)
   accepted = rng.random(N) < 0.6
   assert testing.check_acceptance(accepted, 0.6).passed
+  # The docstring's own example: a 0-d jax array, as the coupling returns.
+  rate = specjax.acceptance_probability(jnp.asarray([0.5, 0.3, 0.2]),
+                                        jnp.asarray([0.3, 0.1, 0.6]))
+  assert testing.check_acceptance(accepted, rate).passed
   shifted = testing.check_acceptance(accepted, 0.61)
   assert not shifted.passed and shifted.z < -15, str(shifted)
   assert shifted.standard_error == pytest.approx(np.sqrt(0.61 * 0.39 / N))

@@ -8,6 +8,7 @@ import pytest
 from specjax.data import batching
 from specjax.data import corpus as corpus_lib
 from specjax.data import tokenizer as tokenizer_lib
+from specjax.data import encode_batch
 
 TOK = tokenizer_lib.ByteTokenizer()
 
@@ -48,6 +49,12 @@ def test_tokenizer_errors():
     TOK.decode([1, 259])
   with pytest.raises(TypeError, match="text must be"):
     TOK.encode(3)
+  # "no" is truthy: it added BOS.
+  with pytest.raises(TypeError, match="add_bos must be a bool"):
+    TOK.encode("x", add_bos="no")
+  assert TOK.decode([]) == "" and TOK.decode_bytes(np.array([])) == b""
+  with pytest.raises(TypeError, match="pad_id must be a Python int"):
+    encode_batch(TOK, ["ab", "c"], pad_id=1.5)  # was truncated to 1
 
 
 # --------------------------------------------------------------------- corpus
@@ -137,6 +144,8 @@ def test_corpus_errors(tmp_path):
     corpus_lib.text_corpus(str(empty))
   with pytest.raises(ValueError, match="No \\*.py files"):
     corpus_lib.stdlib_corpus(root=str(empty))
+  with pytest.raises(TypeError, match="include_tests must be a bool"):
+    corpus_lib.stdlib_corpus(root=str(empty), include_tests="False")
   with pytest.raises(ValueError, match="heldout_fraction"):
     corpus_lib.text_corpus(_write(tmp_path, "a.txt", "x"),
                            heldout_fraction=1.0)
@@ -163,6 +172,13 @@ def test_globs_and_flag(tmp_path):
   assert [f.rel_path for f in c.files] == ["x.txt", "z.md"]
   c = corpus_lib.text_corpus(str(tmp_path / "a"), suffixes=[".md"])
   assert [f.rel_path for f in c.files] == ["z.md"]
+  # One suffix as a bare string (tuple(".md") would keep any name ending
+  # in ".", "m" or "d").
+  _write(tmp_path, "a/notes.mmd", "4")
+  c = corpus_lib.text_corpus(str(tmp_path / "a"), suffixes=".md")
+  assert [f.rel_path for f in c.files] == ["z.md"]
+  with pytest.raises(TypeError, match="paths must be a path"):
+    corpus_lib.text_corpus(5)
   assert corpus_lib.from_flag("stdlib", max_bytes=50_000).source == "stdlib"
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+import specjax as sj
 from specjax import textgen
 from specjax.models import hf
 
@@ -59,3 +60,15 @@ def test_gamma_flag_takes_an_int_or_auto():
   for bad in ("0", "-2", "2.5", "Auto", ""):
     with pytest.raises(ValueError, match="int >= 1"):
       textgen.parse_gamma(bad)
+
+
+def test_texts_leave_out_the_eos_that_ended_a_row():
+  """An EOS id need not be a special token (Llama 3 stops on byte 119 too),
+  so decoding it would add junk to the text."""
+  class Tok:
+    eos_ids = (7,)
+    decode = staticmethod(lambda ids: ",".join(map(str, ids)))
+  result = sj.GenerationResult(
+      tokens=np.array([[3, 4, 7, 0], [3, 7, 5, 6], [5, 6, 7, 7]]),
+      lengths=np.array([3, 4, 0]), stats=None)
+  assert textgen._texts(Tok(), result) == ["3,4", "3,7,5,6", ""]

@@ -190,6 +190,12 @@ def test_sharded_checkpoint_loads_like_the_single_file(tmp_path):
   np.testing.assert_array_equal(sharded.logits(tokens), single.logits(tokens))
 
 
+def test_ids_past_the_tokenizer_decode_to_nothing():
+  tok = HFTokenizer.from_dir(DATA / "gpt2")
+  # Past u32 the tokenizers library raised an OverflowError.
+  assert tok.decode([2**40, 5, tok.vocab_size]) == tok.decode([5])
+
+
 def test_damaged_files_are_named(tmp_path):
   for name in ("config.json", "model.safetensors", "tokenizer.json"):
     shutil.copy(DATA / "gpt2" / name, tmp_path / name)
@@ -201,6 +207,13 @@ def test_damaged_files_are_named(tmp_path):
   (tmp_path / "model.safetensors").write_bytes(weights[:len(weights) // 2])
   with pytest.raises(ValueError, match="model.safetensors could not be read"):
     hf.load(tmp_path)
+  shutil.copy(DATA / "gpt2" / "tokenizer.json", tmp_path / "tokenizer.json")
+  for config, match in (([], "config.json must hold a JSON object"),
+                        ({"eos_token_id": "abc"}, "eos_token_id must be a"),
+                        ({"eos_token_id": 99_999_999}, "outside the")):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=match):
+      HFTokenizer.from_dir(tmp_path)
   (tmp_path / "tokenizer.json").write_text("{}")
   with pytest.raises(ValueError, match="tokenizer.json could not be read"):
     HFTokenizer.from_dir(tmp_path)

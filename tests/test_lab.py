@@ -153,6 +153,16 @@ def test_trace_length_is_exact(num_tokens):
         num_tokens)
 
 
+def _blocks():
+  """A round of one token, uniform over V = 2, from each of the 3 contexts."""
+  return [np.full((3, 2), 0.5)]
+
+
+def test_chain_blocks_of_uniform_rounds_is_uniform():
+  np.testing.assert_allclose(lab_exact.chain_blocks(_blocks(), 2, 2),
+                             np.full((2, 2), 0.25))
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: lab.make_markov_pair(certainty=-1.0), "certainty"),
     (lambda: lab.make_markov_pair(draft_match=2.0), "draft_match"),
@@ -168,6 +178,21 @@ def test_trace_length_is_exact(num_tokens):
     (lambda: lab.coupling_table(np.ones(3) / 3, np.ones(4) / 4), "vocabulary"),
     (lambda: lab.MarkovPair(np.ones(8), np.eye(8), np.ones(8) / 8, np.eye(8)),
      "target_init_V"),
+    # Not laws: the "output" came back as a non-law ([1, 1] gave [.5, .5]).
+    (lambda: lab.coupling_table(np.ones(2), np.ones(2) / 2),
+     "every row of p must sum to 1"),
+    (lambda: lab.coupling_table(np.ones((2, 3)) / 3, np.ones((3, 3)) / 3),
+     "do not broadcast"),
+    (lambda: lab_exact.tv([np.nan], [1.0]), "finite"),
+    # chain_blocks read context -1 and V as the BOS row, truncated 2.7.
+    (lambda: lab_exact.chain_blocks(_blocks(), 2, 2, context=-1), "context"),
+    (lambda: lab_exact.chain_blocks(_blocks(), 2, 2, context=2), "context"),
+    (lambda: lab_exact.chain_blocks(_blocks(), 2, 2, context=1.5), "context"),
+    (lambda: lab_exact.chain_blocks(_blocks(), 2, 0), "seq_len"),
+    (lambda: lab_exact.chain_blocks([], 2, 2), "blocks is empty"),
+    (lambda: lab_exact.chain_blocks(_blocks(), 3, 2), "blocks.0. has shape"),
+    (lambda: lab_exact.chain_blocks([2 * b for b in _blocks()], 2, 2),
+     "total mass 1"),
 ])
 def test_invalid_inputs_name_the_argument(call, match):
   with pytest.raises((TypeError, ValueError), match=match):

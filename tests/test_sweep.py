@@ -175,6 +175,16 @@ def test_run_config_refuses_a_bad_config_before_loading_models(
     sweep.run_config(config, str(tmp_path))
 
 
+def test_run_config_refuses_a_file_as_results_dir(monkeypatch, tmp_path):
+  def load_models(*_):
+    raise AssertionError("models were loaded before results_dir was checked")
+  monkeypatch.setattr(sweep, "load_models", load_models)
+  monkeypatch.setattr(sweep.data, "stdlib_corpus", load_models)
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(ValueError, match="is a file"):
+    sweep.run_config(reproduce.get_config("tiny"), str(tmp_path / "a_file"))
+
+
 def test_run_records_every_axis(monkeypatch, tmp_path):
   # The bookkeeping, not the timings: costs and the auto rule's c and r are
   # stubbed (each real timing compiles loops; the tiny-config test above

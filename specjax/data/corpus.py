@@ -27,6 +27,7 @@ traced to the exact text it came from.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import glob
 import hashlib
@@ -219,6 +220,7 @@ def stdlib_corpus(*, max_bytes: int | None = None, include_tests: bool = True,
                             "exist; pass your own files with text_corpus().")
   if max_bytes is not None:
     max_bytes = _checks.check_int("max_bytes", max_bytes, low=1)
+  include_tests = _checks.check_bool("include_tests", include_tests)
   found = []
   for dirpath, dirnames, filenames in os.walk(root):
     # Pruning in place stops os.walk from descending; symlinked directories
@@ -275,15 +277,22 @@ def text_corpus(paths: str | Iterable[str], *,
       share a relative path (pass their common parent directory instead).
     FileNotFoundError: when a plain path does not exist.
   """
-  if isinstance(paths, str):
-    paths = [p.strip() for p in paths.split(",") if p.strip()]
-  else:
+  if isinstance(paths, (str, os.PathLike)):
+    paths = [p.strip() for p in os.fspath(paths).split(",") if p.strip()]
+  elif isinstance(paths, collections.abc.Iterable):
     paths = list(paths)
+  else:
+    raise TypeError(f"paths must be a path, a comma-separated string or a "
+                    f"sequence of them, got {paths!r}.")
   if not paths:
     raise ValueError("paths is empty; pass files, directories or glob "
                      "patterns of your text corpus.")
+  if isinstance(suffixes, str):
+    suffixes = (suffixes,)  # tuple(".txt") would be ('.', 't', 'x', 't')
   if suffixes is not None:
     suffixes = tuple(suffixes)
+    if not all(isinstance(s, str) and s for s in suffixes):
+      raise TypeError(f"suffixes must be non-empty strings, got {suffixes}.")
   by_rel: dict[str, CorpusFile] = {}
   for spec in paths:
     if not isinstance(spec, (str, os.PathLike)):

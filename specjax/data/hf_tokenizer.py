@@ -25,10 +25,19 @@ def _token_str(entry: Any) -> str | None:
   return entry
 
 
-def _ids(value: Any) -> tuple[int, ...]:
+def _ids(value: Any, where: str, vocab: int) -> tuple[int, ...]:
+  """A config's id or list of ids, checked: `where` names the file and key."""
   if value is None:
     return ()
-  return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+  values = value if isinstance(value, list) else [value]
+  for v in values:
+    if isinstance(v, bool) or not isinstance(v, int):
+      raise ValueError(f"{where} must be a token id or a list of them, got "
+                       f"{value!r}.")
+    if not 0 <= v < vocab:
+      raise ValueError(f"{where} = {v} is outside the tokenizer's {vocab} "
+                       "ids.")
+  return tuple(values)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -70,25 +79,36 @@ class HFTokenizer:
       if not f.is_file():
         return {}
       try:
-        return json.loads(f.read_text())
+        out = json.loads(f.read_text())
       except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{f} is not valid JSON: {e}") from None
+      if not isinstance(out, dict):
+        raise ValueError(f"{f} must hold a JSON object, got "
+                         f"{type(out).__name__}.")
+      return out
 
-    tok_cfg, gen_cfg, cfg = (read("tokenizer_config.json"),
-                             read("generation_config.json"),
-                             read("config.json"))
+    tok_cfg = read("tokenizer_config.json")
+    configs = {name: read(name)
+               for name in ("generation_config.json", "config.json")}
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+
+    def ids(key):
+      """The first of the configs (generation's, then the model's) that sets
+      `key`, checked and named by file."""
+      for name, source in configs.items():
+        found = _ids(source.get(key), f"{directory / name}: {key}", vocab)
+        if found:
+          return found
+      return ()
 
     def special(name):
       token = _token_str(tok_cfg.get(f"{name}_token"))
       if token is not None and tok.token_to_id(token) is not None:
         return tok.token_to_id(token)
-      for source in (gen_cfg, cfg):
-        if source.get(f"{name}_token_id") is not None:
-          return _ids(source[f"{name}_token_id"])[0]
-      return None
+      found = ids(f"{name}_token_id")
+      return found[0] if found else None
 
-    eos_ids = (_ids(gen_cfg.get("eos_token_id"))
-               or _ids(cfg.get("eos_token_id")))
+    eos_ids = ids("eos_token_id")
     if not eos_ids and special("eos") is not None:
       eos_ids = (special("eos"),)
     return cls(tokenizer=tok, bos_id=special("bos"), eos_ids=eos_ids,
@@ -116,6 +136,8 @@ class HFTokenizer:
     """
     if not isinstance(text, str):
       raise TypeError(f"text must be str, got {type(text).__name__}.")
+    add_bos = _checks.check_bool("add_bos", add_bos)
+    add_eos = _checks.check_bool("add_eos", add_eos)
     ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
     if add_bos:
       if self.bos_id is None:
@@ -140,5 +162,7 @@ class HFTokenizer:
     ids_N = _checks.check_array("ids", ids_N, kind="i").reshape(-1)
     if ids_N.min() < 0:
       raise ValueError(f"ids must be >= 0, got {int(ids_N.min())}.")
+    # Dropped here: past u32 the Rust library raises an OverflowError.
+    ids_N = ids_N[ids_N < self.vocab_size]
     return self.tokenizer.decode([int(i) for i in ids_N],
                                  skip_special_tokens=skip_special_tokens)

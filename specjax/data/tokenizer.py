@@ -71,6 +71,8 @@ class ByteTokenizer:
       data = bytes(text)
     else:
       raise TypeError(f"text must be str or bytes, got {type(text).__name__}.")
+    add_bos = _checks.check_bool("add_bos", add_bos)
+    add_eos = _checks.check_bool("add_eos", add_eos)
     body_N = np.frombuffer(data, dtype=np.uint8).astype(np.int32)
     parts = []
     if add_bos:
@@ -86,7 +88,10 @@ class ByteTokenizer:
     Raises on ids outside [0, 259): those come from a model with a different
     vocabulary, and dropping them silently would hide the mismatch.
     """
-    ids_N = _checks.check_array("ids", np.asarray(ids), kind="i").reshape(-1)
+    ids_N = np.asarray(ids)
+    if ids_N.size == 0:  # [] is float64 to numpy: nothing to decode
+      return b""
+    ids_N = _checks.check_array("ids", ids_N, kind="i").reshape(-1)
     if ids_N.size and (ids_N.min() < 0 or ids_N.max() >= BYTE_VOCAB_SIZE):
       bad = ids_N[(ids_N < 0) | (ids_N >= BYTE_VOCAB_SIZE)][0]
       raise ValueError(f"ids must lie in [0, {BYTE_VOCAB_SIZE}) for the byte "

@@ -11,6 +11,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from specjax import _checks
+
 
 @runtime_checkable
 class Tokenizer(Protocol):
@@ -68,6 +70,8 @@ def encode_batch(tokenizer: Tokenizer, texts: Sequence[str], *,
                      "add_bos=True or a non-empty prompt).")
   if pad_id is None:
     pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0
+  # int32 prompts: 1.5 would be truncated, 2**31 wrapped.
+  pad_id = _checks.check_int("pad_id", pad_id, low=-2**31, high=2**31 - 1)
   lengths_B = np.array([r.size for r in rows], np.int32)
   prompts_BxP = np.full((len(rows), int(lengths_B.max())), pad_id, np.int32)
   for i, r in enumerate(rows):

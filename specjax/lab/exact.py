@@ -46,6 +46,10 @@ from specjax import _checks
 from specjax.lab import controls
 from specjax.lab import markov
 
+# Rows of p and q may come from float32 softmaxes (sum within ~1e-6) or be
+# renormalised in lower precision: the harness's (specjax.testing) slack.
+_SUM_TOLERANCE = 1e-4
+
 RULES = ("exact",) + controls.NAMES
 
 # V ** (gamma + 1) * (V + 1) float64 numbers per round table: cap it at
@@ -156,7 +160,16 @@ def coupling_table(p_xV, q_xV, rule: str = "exact") -> CouplingTable:
   for name, probs in (("p", p_xV), ("q", q_xV)):
     if not np.all(np.isfinite(probs)) or np.any(probs < 0):
       raise ValueError(f"{name} must be finite and non-negative.")
-  p_xV, q_xV = np.broadcast_arrays(p_xV, q_xV)
+    # An unnormalised row gives an "output" that is not a law at all.
+    off = float(np.max(np.abs(probs.sum(-1) - 1.0), initial=0.0))
+    if off > _SUM_TOLERANCE:
+      raise ValueError(f"every row of {name} must sum to 1 (within "
+                       f"{_SUM_TOLERANCE:g}); one is off by {off:g}.")
+  try:
+    p_xV, q_xV = np.broadcast_arrays(p_xV, q_xV)
+  except ValueError:
+    raise ValueError(f"p {p_xV.shape} and q {q_xV.shape} do not broadcast "
+                     "against each other.") from None
   accept_xV, fallback_xV = _rule_tables(p_xV, q_xV, rule)
   accepted_xV = q_xV * accept_xV
   reject_mass_x = np.sum(q_xV * (1.0 - accept_xV), axis=-1)
@@ -241,7 +254,23 @@ def chain_blocks(blocks, vocab: int, seq_len: int,
   Returns:
     float64 `[V] * seq_len`, the probability of every N-token sequence.
   """
-  start = vocab if context is None else int(context)
+  vocab = _checks.check_int("vocab", vocab, low=1)
+  seq_len = _checks.check_int("seq_len", seq_len, low=1)
+  start = (vocab if context is None
+           else _checks.check_int("context", context, low=0, high=vocab - 1))
+  blocks = [np.asarray(b, np.float64) for b in blocks]
+  if not blocks:
+    raise ValueError("blocks is empty: a round emits at least one token.")
+  for k, block in enumerate(blocks, start=1):
+    if block.shape != (vocab + 1,) + (vocab,) * k:
+      raise ValueError(f"blocks[{k - 1}] has shape {block.shape}; a round of "
+                       f"{k} tokens over V={vocab} needs "
+                       f"{(vocab + 1,) + (vocab,) * k}.")
+  # Each context's rounds, over every length, are one law.
+  mass_C = sum(b.reshape(vocab + 1, -1).sum(-1) for b in blocks)
+  if not np.all(np.isfinite(mass_C)) or np.max(np.abs(mass_C - 1)) > 1e-6:
+    raise ValueError("blocks must hold, for each context row, a law over the "
+                     f"rounds (total mass 1); the masses are {mass_C}.")
   final = np.zeros(vocab ** seq_len)
   # boundary[L]: P(some round ends with exactly L committed tokens, and they
   # are this prefix), flattened over the V**L prefixes.
@@ -342,6 +371,8 @@ def tv(a, b) -> float:
   b = np.asarray(b, dtype=np.float64)
   if a.shape != b.shape:
     raise ValueError(f"a {a.shape} and b {b.shape} must have the same shape.")
+  if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+    raise ValueError("tv needs finite a and b (a NaN would make it NaN).")
   return 0.5 * float(np.abs(a - b).sum())
 
 
