@@ -43,6 +43,8 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from specjax import _checks
+
 DATA = "data"
 MODEL = "model"
 
@@ -124,7 +126,9 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
   if spec is None:
     spec = {DATA: -1}
   if isinstance(spec, Mapping):
-    names, sizes = tuple(spec), tuple(int(v) for v in spec.values())
+    # int(2.7) would silently make a data:2 mesh.
+    names, sizes = tuple(spec), tuple(
+        _checks.check_int(f"mesh spec axis {n!r}", v) for n, v in spec.items())
     parse_mesh_spec(",".join(f"{n}:{s}" for n, s in zip(names, sizes)))
   else:
     names, sizes = parse_mesh_spec(spec)

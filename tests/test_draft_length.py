@@ -937,9 +937,15 @@ def test_auto_measures_costs_once(target):
      TypeError, "widths"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(1.5,)),
      TypeError, "widths"),
-    # The loop computes in float32: a cost that overflows it is refused.
+    # The loop computes in float32: a cost that overflows it is refused,
+    # and so is a prior that underflows to 0 (0 / 0 estimates).
     (lambda: draft_length.split(draft_length.Goodput(c=1e39, r=(1.0,))),
      ValueError, "float32"),
+    (lambda: draft_length.split(draft_length.Goodput(
+        c=0.1, r=(1.0,), prior=(1e-50, 1e-50))), ValueError, "float32"),
+    # None is Goodput's "no threshold"; a Confidence rule is its threshold.
+    (lambda: draft_length.Confidence(threshold=None), TypeError,
+     "threshold must be a probability"),
 ])
 def test_bad_rules_get_clear_errors(make, error, match):
   with pytest.raises(error, match=match):
@@ -952,6 +958,8 @@ def test_bad_rules_get_clear_errors(make, error, match):
     (dict(repeats=0), ValueError, "repeats"),
     (dict(batch_size=0), ValueError, "batch_size"),
     (dict(widths=(3,)), ValueError, "widths"),
+    # It priced a pair that speculative_generate refuses.
+    (dict(draft=sj.NGramLM.uniform(V + 1)), ValueError, "vocab_size"),
 ])
 def test_measure_goodput_bad_input_is_refused_before_timing(target, kwargs,
                                                             error, match):
@@ -959,6 +967,17 @@ def test_measure_goodput_bad_input_is_refused_before_timing(target, kwargs,
               max_new_tokens=8, gamma_max=2, calibrate=False)
   with pytest.raises(error, match=match):
     draft_length.measure_goodput(**{**args, **kwargs})
+
+
+def test_gamma_auto_checks_the_mesh_before_timing(target, monkeypatch):
+  def timed(*_, **__):
+    raise AssertionError("measure_goodput ran before the mesh was checked")
+  monkeypatch.setattr(draft_length, "measure_goodput", timed)
+  prompts, lengths = _prompts(2)
+  with pytest.raises(TypeError, match="mesh"):
+    sj.speculative_generate(target, target, prompts, lengths,
+                            jax.random.key(0), gamma="auto", max_new_tokens=4,
+                            mesh=3)
 
 
 @pytest.mark.parametrize("gamma, error", [("fast", ValueError),

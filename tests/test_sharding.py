@@ -68,6 +68,10 @@ def test_make_mesh_on_one_device_and_size_errors():
     sharding.make_mesh("data:2,model:4")
   with pytest.raises(TypeError, match="mesh must be"):
     sharding.as_mesh(42)
+  # int(2.7) made a data:2 mesh, int(True) data:1.
+  for size in (2.7, True, "x"):
+    with pytest.raises(TypeError, match="mesh spec axis 'data'"):
+      sharding.make_mesh({"data": size})
 
 
 def test_rules_shard_heads_mlp_vocab_and_replicate_what_does_not_divide():

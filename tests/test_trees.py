@@ -334,6 +334,9 @@ def test_trees_refuse_bad_inputs_before_tracing():
     run(target, verifier="tree-wor:2,1", gamma="auto")
   with pytest.raises(ValueError, match="more than the vocabulary"):
     run(target, verifier="tree-wor:17")
+  # A million nodes: refused at once (finding children was quadratic).
+  with pytest.raises(ValueError, match="more than the vocabulary"):
+    run(target, verifier="tree-wor:1000,1000")
   with pytest.raises(ValueError, match="gamma is required"):
     run(target, verifier="token")
   # A tree needs a cache slot per node: 3 + 60 + 4 nodes - 1 = 66 > 64,

@@ -51,6 +51,23 @@ def test_bad_verifier_names_the_fix(spec, match):
     vf.get_verifier(spec)
 
 
+def test_register_verifier_refuses_what_get_verifier_could_not_use():
+  make = lambda args: vf.TokenVerifier()
+  # Re-registering "token", the default, changed every later call.
+  with pytest.raises(ValueError, match="already registered"):
+    vf.register_verifier("token", lambda args: vf.BlockVerifier())
+  assert vf.get_verifier("token").spec == "token"
+  with pytest.raises(ValueError, match="surrounding spaces"):
+    vf.register_verifier(" spaced ", make)  # get_verifier strips specs
+  with pytest.raises(TypeError, match="factory must be callable"):
+    vf.register_verifier("not-callable", 3)
+  vf.register_verifier("returns-a-string", lambda args: "token")
+  with pytest.raises(TypeError, match="returned str, not a Verifier"):
+    vf.get_verifier("returns-a-string")
+  vf.register_verifier("returns-a-string", make, replace=True)
+  assert vf.get_verifier("returns-a-string") == vf.TokenVerifier()
+
+
 def test_speculative_generate_validates_verifier_before_tracing():
   model = lab_models.markov_lms(lab.make_markov_pair())[0]
   with pytest.raises(ValueError, match="unknown verifier"):

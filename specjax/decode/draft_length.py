@@ -163,9 +163,12 @@ def split(rule: Rule) -> tuple[Rule, dict[str, np.ndarray]]:
     value = getattr(rule, name)
     if value is None:
       continue
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
       values[name] = np.asarray(value, np.float32)
-    if not np.isfinite(values[name]).all():
+    # A value that overflows, or a non-zero one that underflows to 0 (a
+    # prior of 1e-50: 0 / 0 estimates), would plan from NaN.
+    if not np.isfinite(values[name]).all() or np.any(
+        (values[name] == 0) & (np.asarray(value, np.float64) != 0)):
       raise ValueError(f"{type(rule).__name__}.{name}={value!r} does not fit "
                        "in float32, in which the loop computes; rescale it.")
   return _with_fields(rule, dict.fromkeys(values, TRACED)), values
@@ -265,6 +268,9 @@ class Confidence(Rule):
   traced_fields: ClassVar[tuple[str, ...]] = ("threshold",)
 
   def __post_init__(self):
+    if self.threshold is None:  # None is Goodput's "no threshold"
+      raise TypeError("Confidence threshold must be a probability in [0, 1] "
+                      "(the rule is the threshold), got None.")
     object.__setattr__(self, "threshold", _check_threshold(self.threshold))
     object.__setattr__(self, "gamma_max", _check_gamma_max(self.gamma_max))
 
@@ -750,8 +756,7 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
   # pylint: disable-next=import-outside-toplevel
   from specjax import sampling as sampling_lib
   from specjax.decode import validation  # pylint: disable=import-outside-toplevel
-  validation.check_model("target", target)
-  validation.check_model("draft", draft)
+  validation.check_pair(target, draft)
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
   gamma_max = _check_gamma_max(gamma_max)
   seconds, repeats = measure.check_timing(seconds, repeats)

@@ -613,17 +613,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     (replicated on every device of the mesh).
   """
   verifier = verifiers_lib.get_verifier(verifier)
-  validation.check_model("target", target)
-  validation.check_model("draft", draft)
+  validation.check_pair(target, draft)
   validation.check_on_nonfinite(on_nonfinite)
-  if draft.vocab_size != target.vocab_size:
-    raise ValueError(f"draft.vocab_size ({draft.vocab_size}) != "
-                     f"target.vocab_size ({target.vocab_size}); speculative "
-                     "decoding needs one shared vocabulary.")
-  if getattr(draft, "reads_target_cache", False):
-    draft.check_target(target)  # its cache must be the draft's to read
-  if getattr(draft, "reads_target_features", False):
-    draft.check_target(target)  # the target must return features it reads
   rule, auto = None, isinstance(gamma, str)
   if isinstance(verifier, verifiers_lib.TreeVerifier):
     gamma = _check_tree(verifier, gamma, target, draft)
@@ -658,6 +649,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   # Before anything here compiles: frees compiled programs if they near the
   # kernel's memory-map limit (specjax.jit_memory).
   jit_memory.relieve_if_needed("speculative_generate")
+  # Before gamma="auto" times anything (tens of seconds).
+  mesh = sharding.as_mesh(mesh)
   if auto:
     # Costs at the middle of the generation, at this batch size (r(B), c(B)).
     rule = draft_length_lib.measure_goodput(
@@ -666,7 +659,6 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         sampling=sampling, widths=draft_length_lib.doubling_widths(gamma))
     if not verifier.keeps_with_overlap:
       rule = dataclasses.replace(rule, estimator="accepted")
-  mesh = sharding.as_mesh(mesh)
   (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (target, draft), (prompts, lengths, keys))
   # The rule's numbers are traced: a warm-started prior or new measured

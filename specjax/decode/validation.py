@@ -25,6 +25,21 @@ def check_model(name: str, model: Any) -> None:
     raise TypeError(f"{name} must be callable as {name}(tokens, cache).")
 
 
+def check_pair(target: Any, draft: Any) -> None:
+  """Both are models, of one vocabulary, and a draft that reads the target's
+  cache or features can read this target's."""
+  check_model("target", target)
+  check_model("draft", draft)
+  if draft.vocab_size != target.vocab_size:
+    raise ValueError(f"draft.vocab_size ({draft.vocab_size}) != "
+                     f"target.vocab_size ({target.vocab_size}); speculative "
+                     "decoding needs one shared vocabulary.")
+  if getattr(draft, "reads_target_cache", False):
+    draft.check_target(target)  # its cache must be the draft's to read
+  if getattr(draft, "reads_target_features", False):
+    draft.check_target(target)  # the target must return features it reads
+
+
 def check_sampling(sampling: Any, vocab_size: int) -> None:
   if not isinstance(sampling, sampling_lib.SamplingConfig):
     raise TypeError("sampling must be a specjax.SamplingConfig, e.g. "

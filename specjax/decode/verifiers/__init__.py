@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from specjax import _checks
 from specjax.decode.verifiers.base import Verifier
 from specjax.decode.verifiers.block import BlockVerifier
 from specjax.decode.verifiers.controls import AlwaysAcceptControl
@@ -36,12 +37,24 @@ from specjax.decode.verifiers import trees as _trees
 _REGISTRY: dict[str, Callable[[list[str]], Verifier]] = {}
 
 
-def register_verifier(name: str, factory: Callable[[list[str]], Verifier]):
+def register_verifier(name: str, factory: Callable[[list[str]], Verifier], *,
+                      replace: bool = False):
   """Registers `factory(args) -> Verifier` under `name` (args: the
-  comma-separated strings after "name:", [] when there are none)."""
-  if not isinstance(name, str) or not name or ":" in name or "," in name:
-    raise ValueError(f"verifier name must be a non-empty string without ':' "
-                     f"or ',', got {name!r}.")
+  comma-separated strings after "name:", [] when there are none).
+
+  A registered name is refused unless `replace=True`: re-registering
+  "token", the default, would change every later call in the process.
+  """
+  if (not isinstance(name, str) or not name or ":" in name or "," in name
+      or name != name.strip()):
+    raise ValueError(f"verifier name must be a non-empty string without ':', "
+                     f"',' or surrounding spaces, got {name!r}.")
+  if not callable(factory):
+    raise TypeError(f"factory must be callable (args -> Verifier), got "
+                    f"{type(factory).__name__}.")
+  if name in _REGISTRY and not _checks.check_bool("replace", replace):
+    raise ValueError(f"verifier {name!r} is already registered; pass "
+                     "replace=True to replace it, or choose another name.")
   _REGISTRY[name] = factory
 
 
@@ -103,7 +116,11 @@ def get_verifier(spec: str | Verifier) -> Verifier:
                      f"{available_verifiers()} (arguments after ':', e.g. "
                      "'lenient:0.5', 'typical:0.09,0.3').")
   args = [a.strip() for a in rest.split(",")] if rest.strip() else []
-  return _REGISTRY[name](args)
+  verifier = _REGISTRY[name](args)
+  if not isinstance(verifier, Verifier):
+    raise TypeError(f"the factory registered as {name!r} returned "
+                    f"{type(verifier).__name__}, not a Verifier.")
+  return verifier
 
 
 __all__ = ["Verifier", "TokenVerifier", "BlockVerifier", "LenientVerifier",
