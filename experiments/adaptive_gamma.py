@@ -57,6 +57,7 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import _checks
 from specjax import data
 from specjax import distributed
 from specjax import measure
@@ -99,8 +100,29 @@ for _name in ("batches", "gammas", "widths"):
   flags.register_validator(
       _name, lambda v: all(x.strip().isdigit() and int(x) >= 1 for x in v),
       f"--{_name} must be ints >= 1, e.g. --{_name}=1,8")
+# --widths may be empty (no "auto widths" variant); an empty --drafts,
+# --batches or --gammas would time no cell (or no fixed gamma to compare
+# against) and fail only when the rows are plotted.
+for _name, _example in (("drafts", "self:1,self:2"), ("batches", "1,8"),
+                        ("gammas", "1,2,4")):
+  flags.register_validator(
+      _name, bool, f"--{_name} must name at least one, e.g. "
+      f"--{_name}={_example}")
 flags.register_validator("temperature", lambda t: t >= 0,
                          "--temperature must be >= 0 (0: greedy)")
+# Confidence(threshold=...) takes a probability; else it raises only inside
+# the first cell, after the target loaded.
+flags.register_validator(
+    "threshold", lambda t: 0 <= t <= 1,
+    "--threshold must be in [0, 1]: the draft stops after a token whose "
+    "largest draft probability is below it")
+
+
+# Else the write fails only after every cell was timed.
+flags.register_validator(
+    "results_dir", _checks.dir_or_creatable,
+    "--results_dir must be a directory, or a path where one can be created "
+    "(not an existing file); pass another --results_dir")
 
 
 def _quick():

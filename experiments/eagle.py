@@ -41,6 +41,7 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import _checks
 from specjax import data
 from specjax import zoo
 from specjax.train import eagle as eagle_train
@@ -74,13 +75,16 @@ _SEED = flags.DEFINE_integer("seed", 0, "Prompts and decoding keys.")
 _CACHE = flags.DEFINE_string("cache_dir", None, "Zoo cache (default: "
                              "$SPECJAX_CACHE or ~/.cache/specjax).")
 _RESULTS = flags.DEFINE_string("results_dir", "results/eagle", "Output.")
-# Checked when the flags are parsed, before any model is trained.
+# Checked when the flags are parsed, before any model is trained. An empty
+# list would train every model and then have no row to write.
 flags.register_validator(
-    "gammas", lambda v: all(g.strip().isdigit() and int(g) >= 1 for g in v),
-    "--gammas must be ints >= 1, e.g. --gammas=1,4")
+    "gammas",
+    lambda v: bool(v) and all(g.strip().isdigit() and int(g) >= 1 for g in v),
+    "--gammas must be one or more ints >= 1, e.g. --gammas=1,4")
 flags.register_validator(
-    "temperatures", lambda v: all(_nonnegative(t) for t in v),
-    "--temperatures must be numbers >= 0 (0: greedy), e.g. --temperatures=0,1")
+    "temperatures", lambda v: bool(v) and all(_nonnegative(t) for t in v),
+    "--temperatures must be one or more numbers >= 0 (0: greedy), e.g. "
+    "--temperatures=0,1")
 
 
 def _nonnegative(text: str) -> bool:
@@ -88,6 +92,13 @@ def _nonnegative(text: str) -> bool:
     return float(text) >= 0
   except ValueError:
     return False
+
+
+# Else the write fails only after every model trained and decoded.
+flags.register_validator(
+    "results_dir", _checks.dir_or_creatable,
+    "--results_dir must be a directory, or a path where one can be created "
+    "(not an existing file); pass another --results_dir")
 
 
 def load_models(num_steps: int, cache_dir: str | None,

@@ -16,6 +16,8 @@ exclude compilation (each program runs once untimed). All logic lives in
 
 from __future__ import annotations
 
+import os
+
 from absl import app
 from absl import flags
 
@@ -41,13 +43,41 @@ _TEMPERATURE = flags.DEFINE_float(
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k sampling (0 = off).")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 64,
-                                       "New tokens per row.")
+                                       "New tokens per row.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.")
 _DTYPE = flags.DEFINE_string(
     "dtype", None, "Weight/compute dtype (default: the checkpoint's).")
 _COMPARE = flags.DEFINE_bool(
     "compare", False, "Also time target-only generate and print the speedup.")
 flags.mark_flag_as_required("target")
+
+
+# Checked when the flags are parsed, before the target is loaded. A
+# checkpoint's own errors name a path, not the flag; self:N's upper bound
+# (the target's blocks) waits for the target (textgen.make_draft).
+@flags.validator("draft")
+def _check_draft(spec):
+  kind, _, arg = spec.partition(":")
+  if (spec in ("bigram", "prompt_lookup")
+      or (kind == "self" and arg.isdigit() and int(arg) >= 1)
+      or (kind == "hf" and arg)
+      or os.path.isfile(os.path.join(spec, "config.json"))):
+    return True
+  raise flags.ValidationError(
+      "--draft takes a checkpoint directory (with config.json), "
+      "hf:<repo_id>, bigram, prompt_lookup or self:N (the target's first "
+      f"N >= 1 blocks); {spec!r} is none of these.")
+
+
+# The sampling knobs as SamplingConfig checks them (its messages name them).
+@flags.multi_flags_validator(["temperature", "top_p", "top_k"])
+def _check_sampling(values):
+  try:
+    sampling_lib.SamplingConfig(temperature=values["temperature"],
+                                top_p=values["top_p"], top_k=values["top_k"])
+  except (TypeError, ValueError) as e:
+    raise flags.ValidationError(f"--{e}") from None
+  return True
 
 
 def _prompts() -> list[str]:

@@ -21,7 +21,8 @@ from specjax.lab import audit
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("certainty", lab.DEFAULT_CERTAINTY,
-                   "Default setting: sharpness of the rows (>= 0).")
+                   "Default setting: sharpness of the rows, in [0, "
+                   f"{audit.MAX_CERTAINTY:g}].")
 flags.DEFINE_float("draft_match", lab.DEFAULT_DRAFT_MATCH,
                    "Default setting: weight of the target in the draft, [0, 1].")
 flags.DEFINE_integer("gamma", 5, "Default setting: draft tokens per round.")
@@ -48,20 +49,22 @@ run_audit = audit.run_audit
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  distributed.initialize_from_flags()
-  if not distributed.is_primary():
-    return  # a host-side numpy audit: process 0 alone
   kwargs = dict(certainty=FLAGS.certainty, draft_match=FLAGS.draft_match,
                 gamma=FLAGS.gamma, draft_cost=FLAGS.draft_cost,
                 seq_len=FLAGS.seq_len, seed=FLAGS.seed,
-                trace_tokens=FLAGS.trace_tokens)
-  # Bad flags become a usage message naming the flag, not a traceback.
+                trace_tokens=FLAGS.trace_tokens, grid_seeds=FLAGS.grid_seeds,
+                min_grid_settings=FLAGS.min_grid_settings)
+  # Bad flags become a usage message naming the flag, not a traceback (the
+  # audit's arguments are named as its flags), before the distributed
+  # runtime starts or waits for its peers.
   try:
-    audit.check_arguments(**kwargs, grid_seeds=FLAGS.grid_seeds)
+    audit.check_arguments(**kwargs)
   except (TypeError, ValueError) as e:
     raise app.UsageError(f"--{e}") from None
-  result = audit.run_audit(**kwargs, grid_seeds=FLAGS.grid_seeds,
-                           min_grid_settings=FLAGS.min_grid_settings)
+  distributed.initialize_from_flags()
+  if not distributed.is_primary():
+    return  # a host-side numpy audit: process 0 alone
+  result = audit.run_audit(**kwargs)
   print(audit.report(result))
   sys.exit(0 if result.ok else 1)
 

@@ -45,6 +45,7 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import _checks
 from specjax import distributed
 from specjax import jit_memory
 from specjax import lab
@@ -364,12 +365,35 @@ def _specs(text):
 
 @flags.validator("verifiers")
 def _check_verifiers(text):
+  # Else no cell runs, and an empty CSV replaces the last results.
+  if not _specs(text):
+    raise flags.ValidationError("--verifiers must name at least one verifier "
+                                "(';'-separated), e.g. --verifiers=token;block")
   for spec in _specs(text):
     try:
       vf.get_verifier(spec)
     except ValueError as e:
       raise flags.ValidationError(str(e)) from None
   return True
+
+
+# Checked when the flags are parsed, before any model is loaded: an empty
+# --gammas runs no cell and writes an empty CSV over the last results.
+flags.register_validator(
+    "gammas",
+    lambda v: bool(v) and all(g.strip().isdigit() and int(g) >= 1 for g in v),
+    "--gammas must be one or more ints >= 1, e.g. --gammas=1,2,4")
+flags.register_validator(
+    "paired_gammas",
+    lambda v: all(g.strip().isdigit() and int(g) >= 1 for g in v),
+    "--paired_gammas must be ints >= 1, e.g. --paired_gammas=1,4")
+
+
+# Else the write fails only after every cell was decoded.
+flags.register_validator(
+    "results_dir", _checks.dir_or_creatable,
+    "--results_dir must be a directory, or a path where one can be created "
+    "(not an existing file); pass another --results_dir")
 
 
 def main(argv):

@@ -9,6 +9,7 @@ never an XLA stack trace or a NaN. The checks read only static information
 from __future__ import annotations
 
 import numbers
+import os
 from typing import Any
 
 import jax
@@ -88,6 +89,18 @@ def as_key(name: str, key: Any) -> jax.Array:
   raise TypeError(f"{name} must be a JAX PRNG key (jax.random.key(seed) or "
                   f"jax.random.PRNGKey(seed)), got {type(key).__name__} with "
                   f"dtype {getattr(arr, 'dtype', None)}.")
+
+
+def dir_or_creatable(path: Any) -> bool:
+  """True if `path` is a directory or one can be made there: the nearest
+  existing ancestor is a writable directory (not a file). For output
+  directories, checked before any work writes there."""
+  if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+    return False
+  path = os.path.abspath(os.fspath(path))
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return os.path.isdir(path) and os.access(path, os.W_OK)
 
 
 def check_token_range(name: str, ids_BxT: np.ndarray, lengths_B: np.ndarray,

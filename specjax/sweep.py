@@ -449,9 +449,10 @@ def run_config(config, results_dir: str,
               verifiers=config.get("verifiers", ("token",)),
               batch_sizes=config.get("batch_sizes", (1,)))
   plan([], num_prompts=config.num_prompts, **axes)
-  if os.path.exists(results_dir) and not os.path.isdir(results_dir):
-    raise ValueError(f"results_dir {results_dir!r} is a file; give a "
-                     "directory (it is created if missing).")
+  if not _checks.dir_or_creatable(results_dir):
+    raise ValueError(f"results_dir {results_dir!r} is a file, or under one, "
+                     "or not writable; give a directory (it is created if "
+                     "missing).")
   os.makedirs(results_dir, exist_ok=True)
   corpus = data.stdlib_corpus()
   target, drafts = load_models(config, corpus, dtypes)

@@ -4,10 +4,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
+from specjax.lab import audit
 
 # (command, what stderr must say). Each runs against an empty zoo cache:
 # a check that came after loading the target would start training it.
+# "{file}" is an existing file; "{out}" a results_dir under tmp_path, so that
+# a command whose check is missing never writes into the checkout.
 BAD = [
     (["experiments.adaptive_gamma", "--target=quick", "--drafts=nosuchdraft",
       "--batches=1", "--gammas=1"], "neither self:K nor a zoo name"),
@@ -16,16 +21,80 @@ BAD = [
     # A verifier's own arguments take commas, so the list is ';'-separated.
     (["experiments.verifiers", "--models=lab", "--verifiers=token;typical:0.09",
       "--gammas=1", "--rows=4"], "needs 2 comma-separated number"),
+    # An empty list passed all() and trained every model (adaptive_gamma's
+    # --gammas is refused by the same check as its --batches).
+    (["experiments.eagle", "--gammas=", "--results_dir={out}"],
+     "--gammas must be one or more ints >= 1"),
+    (["experiments.eagle", "--results_dir={file}"],
+     "--results_dir must be a directory"),
+    (["experiments.adaptive_gamma", "--results_dir={file}"],
+     "--results_dir must be a directory"),
+    (["experiments.adaptive_gamma", "--threshold=-1", "--results_dir={out}"],
+     "--threshold must be in [0, 1]"),
+    (["experiments.adaptive_gamma", "--drafts=", "--results_dir={out}"],
+     "--drafts must name at least one"),
+    (["experiments.adaptive_gamma", "--batches=", "--results_dir={out}"],
+     "--batches must name at least one"),
+    # Empty lists wrote an empty verifiers_lab.csv over the last results.
+    (["experiments.verifiers", "--gammas=", "--results_dir={out}"],
+     "--gammas must be one or more ints >= 1"),
+    (["experiments.verifiers", "--verifiers=", "--results_dir={out}"],
+     "--verifiers must name at least one verifier"),
+    (["experiments.verifiers", "--gammas=a", "--results_dir={out}"],
+     "--gammas must be one or more ints >= 1"),
+    (["experiments.verifiers", "--results_dir={file}"],
+     "--results_dir must be a directory"),
+    # The lab's own checks named num_tokens and target_trans_VxV; 1e9
+    # trace_tokens ran the trace inside the check.
+    (["experiments.lab_audit", "--trace_tokens=0"], "--trace_tokens must be"),
+    (["experiments.lab_audit", "--trace_tokens=1000000000"],
+     "--trace_tokens must be <="),
+    (["experiments.lab_audit", "--certainty=1e308"], "--certainty must be <="),
+    # A bad --draft was found only after the target loaded, named as a path.
+    (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
+      "--draft=foo"], "--draft takes a checkpoint directory"),
+    (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
+      "--max_new_tokens=0"], "flag --max_new_tokens=0"),
 ]
 
 
 def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
              SPECJAX_CACHE=str(tmp_path / "empty-zoo"))
-  procs = [subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True) for args, _ in BAD]
-  for proc, (args, message) in zip(procs, BAD):
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0 and message in err, (args, err[-2000:])
+  afile = tmp_path / "afile"
+  afile.write_text("not a directory")
+  out = tmp_path / "out"
+  procs = [subprocess.Popen(
+      [sys.executable, "-m",
+       *(a.format(file=afile, out=out) for a in args)], cwd=REPO, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for args, _ in BAD]
+  try:
+    for proc, (args, message) in zip(procs, BAD):
+      _, err = proc.communicate(timeout=120)
+      assert proc.returncode != 0 and message in err, (args, err[-2000:])
+  finally:
+    for proc in procs:  # a check that did not fire leaves a run going
+      proc.kill()
+      proc.wait()
   assert not (tmp_path / "empty-zoo").exists()  # nothing was trained
+  assert not out.exists() and afile.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(grid_seeds=0), "grid_seeds must be >= 1"),
+    (dict(min_grid_settings="x"), "min_grid_settings must be a Python int"),
+    (dict(certainty=1e308), "certainty must be <="),
+    (dict(trace_tokens=0), "trace_tokens must be >= 1"),
+])
+def test_run_audit_names_a_bad_argument(kwargs, match):
+  # grid_seeds=0 gave a failing audit and "x" a TypeError on >=.
+  with pytest.raises((TypeError, ValueError), match=match):
+    audit.run_audit(**kwargs)
+
+
+def test_check_arguments_bounds_the_audit_it_guards():
+  # Any grid_seeds >= 1 passed, then ran 648 settings per seed.
+  with pytest.raises(ValueError, match="grid_seeds must be <="):
+    audit.check_arguments(grid_seeds=audit.MAX_GRID_SEEDS + 1)
+  audit.check_arguments(grid_seeds=audit.MAX_GRID_SEEDS)

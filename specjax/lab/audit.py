@@ -35,6 +35,19 @@ GRID_GAMMA = (1, 2, 4)
 GRID_DRAFT_COST = (0.05, 0.5)
 GRID_SEQ_LEN = (2, 3, 5)
 
+# Rows are softmax(certainty * z), z ~ N(0, 1), in float64: past ~1e308 /
+# |z| the logits overflow to inf and the rows turn NaN. 1e6 is far from that
+# for any normal draw, and far past sharp: at the grid's 1000 rows already
+# hold exact zeros, and at 1e6 every gap in z above 1e-3 underflows.
+MAX_CERTAINTY = 1e6
+# check_arguments must not run the work it guards, nor pass work that runs
+# for hours: the grid (648 settings per seed) costs ~1 ms of exact
+# enumeration per setting plus one trace of trace_tokens at ~1e5 tokens/s on
+# a 2-core box (the defaults, 96 tokens and 2 seeds: ~3 s). 100 seeds are
+# ~1 minute; 5e7 traced tokens ~8 minutes (38,580 tokens at 2 seeds).
+MAX_GRID_SEEDS = 100
+MAX_GRID_TRACE_TOKENS = 5 * 10 ** 7
+
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
@@ -251,7 +264,15 @@ def run_audit(certainty=lab.DEFAULT_CERTAINTY,
               seq_len=4, seed=lab.DEFAULT_SEED,
               trace_tokens=lab.DEFAULT_NUM_TOKENS, grid_seeds=2,
               min_grid_settings=1000) -> AuditResult:
-  """Runs every check; deterministic for fixed arguments. See module doc."""
+  """Runs every check; deterministic for fixed arguments. See module doc.
+
+  Raises TypeError/ValueError naming a bad argument (`check_arguments`).
+  """
+  # Else grid_seeds=0 gave a failing audit, not an error.
+  check_arguments(certainty=certainty, draft_match=draft_match, gamma=gamma,
+                  draft_cost=draft_cost, seq_len=seq_len, seed=seed,
+                  trace_tokens=trace_tokens, grid_seeds=grid_seeds,
+                  min_grid_settings=min_grid_settings)
   start = time.perf_counter()
   pair = lab.make_markov_pair(certainty, draft_match, seed)
   settings = grid_settings(grid_seeds)
@@ -314,14 +335,30 @@ def _match_table(certainty, gamma, draft_cost, seq_len, seed, trace_tokens):
 def check_arguments(certainty=lab.DEFAULT_CERTAINTY,
                     draft_match=lab.DEFAULT_DRAFT_MATCH, gamma=5,
                     draft_cost=0.1, seq_len=4, seed=lab.DEFAULT_SEED,
-                    trace_tokens=lab.DEFAULT_NUM_TOKENS, grid_seeds=2) -> None:
+                    trace_tokens=lab.DEFAULT_NUM_TOKENS, grid_seeds=2,
+                    min_grid_settings=1000) -> None:
   """Raises TypeError/ValueError naming the bad argument, before any work."""
+  # Checked here, by name: the lab's own checks would name target_trans_VxV
+  # (overflowed rows) and num_tokens.
+  certainty = _checks.check_float("certainty", certainty)
+  if certainty > MAX_CERTAINTY:
+    raise ValueError(f"certainty must be <= {MAX_CERTAINTY:g} (rows are "
+                     "one-hot long before it, and huge values overflow the "
+                     f"softmax to NaN), got {certainty:g}.")
+  trace_tokens = _checks.check_int("trace_tokens", trace_tokens, low=1)
+  grid_seeds = _checks.check_int("grid_seeds", grid_seeds, low=1,
+                                 high=MAX_GRID_SEEDS)
+  _checks.check_int("min_grid_settings", min_grid_settings, low=0)
+  settings = len(grid_settings(grid_seeds))
+  if trace_tokens * settings > MAX_GRID_TRACE_TOKENS:
+    raise ValueError(
+        f"trace_tokens must be <= {MAX_GRID_TRACE_TOKENS // settings} with "
+        f"grid_seeds={grid_seeds} (the grid samples one trace per setting, "
+        f"{settings} of them), got {trace_tokens}.")
   pair = lab.make_markov_pair(certainty, draft_match, seed)
-  lab.speculative_distribution(pair, gamma, seq_len)
-  lab.run_trace(pair, gamma, draft_cost, trace_tokens)
-  _checks.check_int("grid_seeds", grid_seeds)
-  if grid_seeds < 1:
-    raise ValueError(f"grid_seeds must be >= 1, got {grid_seeds}.")
+  lab.speculative_distribution(pair, gamma, seq_len)  # at most ~0.5 s
+  # One token checks gamma and draft_cost; the trace itself is the work.
+  lab.run_trace(pair, gamma, draft_cost, 1)
 
 
 def report(result: AuditResult) -> str:
