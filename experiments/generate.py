@@ -69,6 +69,16 @@ def _check_draft(spec):
       f"N >= 1 blocks); {spec!r} is none of these.")
 
 
+@flags.validator("target")
+def _check_target(spec):
+  if (spec is None or (spec.startswith("hf:") and len(spec) > 3)
+      or os.path.isfile(os.path.join(spec, "config.json"))):
+    return True  # None: mark_flag_as_required says so
+  raise flags.ValidationError(
+      "--target takes a checkpoint directory (with config.json) or "
+      f"hf:<repo_id>; {spec!r} is neither.")
+
+
 # The sampling knobs as SamplingConfig checks them (its messages name them).
 @flags.multi_flags_validator(["temperature", "top_p", "top_k"])
 def _check_sampling(values):

@@ -18,11 +18,12 @@ from absl import flags
 from specjax import distributed
 from specjax import lab
 from specjax.lab import audit
+from specjax.lab import markov
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("certainty", lab.DEFAULT_CERTAINTY,
                    "Default setting: sharpness of the rows, in [0, "
-                   f"{audit.MAX_CERTAINTY:g}].")
+                   f"{markov.MAX_CERTAINTY:g}].")
 flags.DEFINE_float("draft_match", lab.DEFAULT_DRAFT_MATCH,
                    "Default setting: weight of the target in the draft, [0, 1].")
 flags.DEFINE_integer("gamma", 5, "Default setting: draft tokens per round.")

@@ -377,6 +377,30 @@ def _check_verifiers(text):
   return True
 
 
+@flags.validator("trees")
+def _check_trees(text):
+  # Else a bad entry fails after the quick models load, an empty one when
+  # plotting.
+  if not _specs(text):
+    raise flags.ValidationError("--trees must name at least one verifier "
+                                "(';'-separated), e.g. --trees=tree-wor:3,2,1")
+  for spec in _specs(text):
+    try:
+      _, depth = _at_depth(spec)
+    except ValueError as e:
+      raise flags.ValidationError(
+          f"--trees entry {spec!r}: {e} (a tree, or '<chain verifier>@<gamma>'"
+          ", e.g. block@4)") from None
+    if depth < 1:
+      raise flags.ValidationError(f"--trees entry {spec!r}: gamma >= 1.")
+  return True
+
+
+flags.register_validator(
+    "quick_drafts", bool,
+    "--quick_drafts must name at least one draft, e.g. --quick_drafts=bigram")
+
+
 # Checked when the flags are parsed, before any model is loaded: an empty
 # --gammas runs no cell and writes an empty CSV over the last results.
 flags.register_validator(

@@ -44,12 +44,22 @@ BAD = [
      "--gammas must be one or more ints >= 1"),
     (["experiments.verifiers", "--results_dir={file}"],
      "--results_dir must be a directory"),
+    # Checked only after the quick models loaded; an empty one when plotting.
+    (["experiments.verifiers", "--models=quick", "--trees=block@x",
+      "--results_dir={out}"],
+     "--trees entry 'block@x'"),
+    (["experiments.verifiers", "--models=quick", "--trees=",
+      "--results_dir={out}"],
+     "--trees must name at least one"),
     # The lab's own checks named num_tokens and target_trans_VxV; 1e9
     # trace_tokens ran the trace inside the check.
     (["experiments.lab_audit", "--trace_tokens=0"], "--trace_tokens must be"),
     (["experiments.lab_audit", "--trace_tokens=1000000000"],
      "--trace_tokens must be <="),
-    (["experiments.lab_audit", "--certainty=1e308"], "--certainty must be <="),
+    (["experiments.lab_audit", "--certainty=1e308"],
+     "--certainty must be in [0, 1e+06]"),
+    (["experiments.generate", "--target=nosuchdir", "--prompt=hi"],
+     "--target takes a checkpoint directory"),
     # A bad --draft was found only after the target loaded, named as a path.
     (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
       "--draft=foo"], "--draft takes a checkpoint directory"),
@@ -84,7 +94,7 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
 @pytest.mark.parametrize("kwargs,match", [
     (dict(grid_seeds=0), "grid_seeds must be >= 1"),
     (dict(min_grid_settings="x"), "min_grid_settings must be a Python int"),
-    (dict(certainty=1e308), "certainty must be <="),
+    (dict(certainty=1e308), r"certainty must be in \[0, 1e\+06\]"),
     (dict(trace_tokens=0), "trace_tokens must be >= 1"),
 ])
 def test_run_audit_names_a_bad_argument(kwargs, match):

@@ -124,17 +124,26 @@ def _random_chain(rng: np.random.Generator, certainty: float,
   return rows_CxV[vocab], rows_CxV[:vocab]
 
 
+# Rows are softmax(certainty * z), z ~ N(0, 1), in float64: past ~1e308 /
+# |z| the logits overflow to inf and the rows turn NaN. 1e6 is far from that
+# for any normal draw, and far past sharp: at 1000 rows already hold exact
+# zeros, and at 1e6 every gap in z above 1e-3 underflows.
+MAX_CERTAINTY = 1e6
+
+
 def check_knobs(certainty, draft_match, seed, vocab_size=VOCAB_SIZE):
   """Validates the lab's model knobs; returns them as (float, float, int, int).
 
   Raises TypeError / ValueError naming the argument for a non-number, a NaN or
-  infinity, certainty < 0, draft_match outside [0, 1], seed < 0, or
-  vocab_size outside [2, 64].
+  infinity, certainty outside [0, MAX_CERTAINTY], draft_match outside [0, 1],
+  seed < 0, or vocab_size outside [2, 64].
   """
   certainty = _checks.check_float("certainty", certainty)
-  if certainty < 0:
-    raise ValueError(f"certainty must be >= 0 (0 = uniform rows), got "
-                     f"{certainty}.")
+  if not 0 <= certainty <= MAX_CERTAINTY:
+    raise ValueError(f"certainty must be in [0, {MAX_CERTAINTY:g}] (0 = "
+                     "uniform rows; rows are one-hot long before the bound, "
+                     "and far past it the softmax overflows to NaN), got "
+                     f"{certainty:g}.")
   draft_match = _checks.check_float("draft_match", draft_match)
   if not 0.0 <= draft_match <= 1.0:
     raise ValueError(f"draft_match must be in [0, 1] (1 = draft equals "
