@@ -377,6 +377,11 @@ def loop_round_steps(target, draft, shape: LoopShape,
   rule's planning).
   """
   widths = tuple(_checks.check_int("widths[i]", g, low=1) for g in widths)
+  if not widths:
+    raise ValueError("widths is empty: name the round widths to time.")
+  # Before any compile (repeats=0 returned [] after two).
+  calls = _checks.check_int("calls", calls, low=1)
+  repeats = _checks.check_int("repeats", repeats, low=1)
   if rule is not None:
     gammas = {g: draft_length.pinned(rule, g) for g in widths}
   else:
@@ -435,6 +440,7 @@ def null_loop_seconds(target, draft, shape: LoopShape,
   impossible (N rounds) or certain (1 round); the EOS check is a few
   elementwise ops on `[B, 1]`.
   """
+  repeats = _checks.check_int("repeats", repeats, low=1)  # before compiling
   vocab = target.vocab_size
   one_hot = bool(getattr(draft, "one_hot_q", False)) if draft is not None else None
   verifier = verifiers_lib.get_verifier(verifier)
@@ -504,6 +510,17 @@ class LoopCosts:
   ar_prefill_s: float
   ar_call_s: float
 
+  def __post_init__(self):
+    for name, low in (("batch_size", 1), ("prompt_len", 1),
+                      ("max_new_tokens", 1), ("gamma", 0)):
+      object.__setattr__(self, name, _checks.check_int(
+          f"LoopCosts.{name}", getattr(self, name), low=low))
+    # Finite, any sign: a time difference of two loops can dip below 0 in
+    # the noise, and the prediction then says so; a NaN would hide it.
+    for field in dataclasses.fields(self)[4:]:
+      object.__setattr__(self, field.name, _checks.check_float(
+          f"LoopCosts.{field.name}", getattr(self, field.name)))
+
   @property
   def draft_s(self) -> float:
     """The draft's share of a round: the window plus gamma - 1 steps."""
@@ -555,6 +572,7 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
   gamma = _checks.check_int("gamma", gamma, low=1)
   if not isinstance(sampling, sampling_lib.SamplingConfig):
     raise TypeError("sampling must be a specjax.SamplingConfig.")
+  seconds, repeats = check_timing(seconds, repeats)  # before any compile
   spec = LoopShape(batch_size, prompt_len, max_new_tokens, gamma)
   ar = LoopShape(batch_size, prompt_len, max_new_tokens, 0)
   kw = dict(batch_size=batch_size, seconds=seconds, repeats=repeats,
@@ -597,6 +615,12 @@ def _ratio(num: float, den: float) -> float:
   return num / den if den else math.nan
 
 
+def _check_costs(costs):
+  if not isinstance(costs, LoopCosts):
+    raise TypeError(f"costs must be a LoopCosts (loop_costs(...)), got "
+                    f"{type(costs).__name__}.")
+
+
 def predict(costs: LoopCosts, alpha: float) -> dict[str, float]:
   """What `costs` and an acceptance rate predict for one call.
 
@@ -610,6 +634,7 @@ def predict(costs: LoopCosts, alpha: float) -> dict[str, float]:
                    = tokens_per_round * ar_round_s / round_s;
     speedup: end to end, ar_call_s / spec_call_s.
   """
+  _check_costs(costs)
   n = costs.max_new_tokens
   rounds = accounting.expected_rounds(alpha, costs.gamma, n, costs.batch_size)
   spec_decode = rounds * costs.round_s
@@ -661,6 +686,15 @@ def decompose(costs: LoopCosts, alpha: float, *, round_s: float,
   more than TOLERANCE from 1, else "".
   """
   pred = predict(costs, alpha)
+  round_s = _checks.check_float("round_s", round_s)
+  ar_round_s = _checks.check_float("ar_round_s", ar_round_s)
+  loop_rounds = _checks.check_float("loop_rounds", loop_rounds)
+  if loop_rounds <= 0:
+    raise ValueError(f"loop_rounds (while_loop iterations per call) must be "
+                     f"> 0, got {loop_rounds}.")
+  if null_draft_round_s is not None:
+    null_draft_round_s = _checks.check_float("null_draft_round_s",
+                                             null_draft_round_s)
   n = costs.max_new_tokens
   out = {
       "predicted_draft_s": costs.draft_s, "predicted_verify_s": costs.verify_s,
@@ -671,7 +705,7 @@ def decompose(costs: LoopCosts, alpha: float, *, round_s: float,
       "measured_ar_round_s": ar_round_s,
       "measured_loop_rounds": float(loop_rounds),
       "predicted_decode_speedup": pred["decode_speedup"],
-      "decode_speedup": n * ar_round_s / (loop_rounds * round_s),
+      "decode_speedup": _ratio(n * ar_round_s, loop_rounds * round_s),
   }
   out["decode_efficiency"] = _ratio(out["decode_speedup"],
                                    out["predicted_decode_speedup"])
@@ -705,6 +739,17 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
   a draft that costs nothing: subtracted from the real round it gives the
   draft's in-loop cost, and minus `costs.other_s` the verify pass's.
   """
+  repeats = _checks.check_int("repeats", repeats, low=1)  # before compiling
+  if not isinstance(costs, LoopCosts):
+    raise TypeError(f"costs must be a LoopCosts (loop_costs(...)), got "
+                    f"{type(costs).__name__}.")
+  want = (shape.batch_size, shape.prompt_len)
+  if tuple(np.shape(prompts_BxP)) != want:
+    # The memo key holds the shape, not the prompts: a wrong batch would be
+    # timed and then served for this shape.
+    raise ValueError(f"prompts_BxP must be [batch_size, prompt_len] = "
+                     f"{list(want)} for this shape, got "
+                     f"{list(np.shape(prompts_BxP))}.")
   one_hot = bool(getattr(draft, "one_hot_q", False))
   verifier = verifiers_lib.get_verifier(verifier)
   mkey = ("null-draft", model_key(target), shape, sampling, one_hot,
@@ -761,6 +806,19 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
                     N * ar_round / (loop_rounds * round), the median
                     per-round times of the two loops.
   """
+  _check_costs(costs)
+  for name, seconds, timed in (("ar_seconds", ar_seconds, ar_results),
+                               ("spec_seconds", spec_seconds, results)):
+    seconds = np.asarray(seconds)
+    # One time per result, or several for a single result (its repeats):
+    # a shorter list was broadcast over the results.
+    if (seconds.ndim != 1 or not seconds.size or seconds.dtype.kind not in "iuf"
+        or (len(timed) > 1 and len(seconds) != len(timed))):
+      raise ValueError(f"{name} must be one call time per result ({len(timed)}"
+                       f"), or any number for a single result; got "
+                       f"{seconds!r}.")
+    if not np.all(np.isfinite(seconds) & (seconds > 0)):
+      raise ValueError(f"{name} must be finite and > 0, got {seconds}.")
   s = stats.summarize(results)
   ar_tokens, tokens = _tokens_each(ar_results), _tokens_each(results)
   ar_rounds, rounds = _loop_rounds_each(ar_results), _loop_rounds_each(results)

@@ -207,9 +207,9 @@ def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
 # Fields of `measure.compare` that predict a fixed-gamma loop: meaningless
 # for gamma="auto" (the rule picks a length per round), so those rows store
 # None. The measured speedups and costs stay.
-_FIXED_GAMMA_PREDICTIONS = ("predicted_", "efficiency", "decode_efficiency",
-                            "factor_", "off", "measured_draft_s",
-                            "measured_verify_s")
+_FIXED_GAMMA_PREDICTIONS = ("predicted_", "formula_", "efficiency",
+                            "decode_efficiency", "factor_", "off",
+                            "measured_draft_s", "measured_verify_s")
 
 
 def _distortion(target, cell: Cell, prompts: np.ndarray, results,

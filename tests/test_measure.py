@@ -247,3 +247,44 @@ def test_compare_on_synthetic_results():
   assert row["speedup_se"] > 0 and row["decode_speedup_se"] > 0
   assert row["predicted_tokens_per_target_call"] < row[
       "formula_tokens_per_target_call"]
+  # Call times that do not match the results were broadcast over them, or
+  # gave NaN or negative speedups with a warning.
+  for bad in ([0.009], [0.009, 0.011, -0.01], [0.009, np.nan, 0.01], []):
+    with pytest.raises(ValueError, match="spec_seconds must be"):
+      measure.compare(c, ar, [0.012, 0.013, 0.0125], spec, bad)
+
+
+def test_costs_and_measurements_are_checked_before_any_work(tiny):
+  """Each of these was a ZeroDivisionError, a NaN row, or work that ran
+  (compiles, timings) before the bad argument was found."""
+  target, draft = tiny
+  with pytest.raises(TypeError, match="LoopCosts.verify_s must be a real"):
+    _costs(verify_s=None)
+  with pytest.raises(ValueError, match="LoopCosts.verify_s must be finite"):
+    _costs(verify_s=np.nan)
+  with pytest.raises(ValueError, match="LoopCosts.max_new_tokens must be"):
+    _costs(max_new_tokens=0)
+  with pytest.raises(TypeError, match="costs must be a LoopCosts"):
+    measure.predict(dict(gamma=4), 0.5)
+  with pytest.raises(ValueError, match="loop_rounds .* must be > 0"):
+    measure.decompose(_costs(), 0.5, round_s=1e-3, ar_round_s=1e-3,
+                      loop_rounds=0)
+  with pytest.raises(ValueError, match="round_s must be finite"):
+    measure.decompose(_costs(), 0.5, round_s=np.nan, ar_round_s=1e-3,
+                      loop_rounds=5)
+  shape = measure.LoopShape(1, 8, 4, 2)
+  t1 = sj.SamplingConfig()
+  with pytest.raises(ValueError, match="seconds"):
+    measure.loop_costs(target, draft, batch_size=1, prompt_len=8,
+                       max_new_tokens=4, gamma=2, seconds=-1.0)
+  with pytest.raises(ValueError, match="repeats must be >= 1"):
+    measure.null_loop_seconds(target, draft, shape, t1, repeats=0)
+  with pytest.raises(ValueError, match="calls must be >= 1"):
+    measure.loop_round_steps(target, draft, shape, t1, widths=(1,), calls=0)
+  with pytest.raises(ValueError, match="widths is empty"):
+    measure.loop_round_steps(target, draft, shape, t1, widths=())
+  with pytest.raises(ValueError, match="prompts_BxP must be"):
+    measure.null_draft_round_seconds(
+        target, draft, shape, t1, prompts_BxP=np.ones((2, 8), np.int32),
+        prompt_lengths_B=np.full(2, 8), key=jax.random.key(0),
+        costs=_costs())
