@@ -44,7 +44,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax import sampling as sampling_lib
 
 MODES = ("iid", "wor")
 

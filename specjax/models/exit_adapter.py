@@ -35,7 +35,6 @@ from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from flax import struct
 
