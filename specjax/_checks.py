@@ -103,15 +103,21 @@ def dir_or_creatable(path: Any) -> bool:
   return os.path.isdir(path) and os.access(path, os.W_OK)
 
 
-def check_token_range(name: str, ids_BxT: np.ndarray, lengths_B: np.ndarray,
-                      vocab_size: int, whose: str = "the ") -> None:
-  """Raises unless each row's first `lengths_B[b]` ids lie in [0, vocab_size)
-  (the padding past them may hold anything, e.g. a pad_id)."""
-  mask = np.arange(ids_BxT.shape[1])[None, :] < np.asarray(lengths_B)[:, None]
-  bad = mask & ((ids_BxT < 0) | (ids_BxT >= vocab_size))
+def check_token_range(name: str, ids: Any, vocab_size: int, *,
+                      lengths_B: Any = None, whose: str = "the ") -> None:
+  """Raises unless the (concrete) ids lie in [0, vocab_size), naming the
+  first that does not: all of them, of any shape, or with `lengths_B` each
+  row's first `lengths_B[b]` of `[B, T]` ids (the padding past them may hold
+  anything, e.g. a pad_id). An id off the vocabulary would be wrapped or
+  clamped into it by a gather, or embed as NaN."""
+  ids = np.asarray(ids)
+  bad = (ids < 0) | (ids >= vocab_size)
+  if lengths_B is not None:
+    bad &= np.arange(ids.shape[1])[None, :] < np.asarray(lengths_B)[:, None]
   if bad.any():
-    r, c = np.argwhere(bad)[0]
-    raise ValueError(f"{name}[{r}, {c}] = {ids_BxT[r, c]} is outside {whose}"
+    at = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = f"[{', '.join(map(str, at))}]" if at else ""
+    raise ValueError(f"{name}{where} = {ids[at]} is outside {whose}"
                      f"vocabulary [0, {vocab_size}).")
 
 
@@ -165,8 +171,10 @@ def check_texts(prompts_BxP: Any, prompt_lengths_B: Any, tokens_BxN: Any,
     vocab = getattr(model, "vocab_size", None)
     if vocab is None:
       continue
-    check_token_range("prompts_BxP", prompts, p_len, vocab, f"{name}'s ")
-    check_token_range("tokens_BxN", tokens, n_len, vocab, f"{name}'s ")
+    check_token_range("prompts_BxP", prompts, vocab, lengths_B=p_len,
+                      whose=f"{name}'s ")
+    check_token_range("tokens_BxN", tokens, vocab, lengths_B=n_len,
+                      whose=f"{name}'s ")
   seq_BxT = np.zeros((rows, total), np.int32)
   for b in range(rows):
     seq_BxT[b, :p_len[b]] = prompts[b, :p_len[b]]

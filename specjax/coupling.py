@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specjax import _checks
 from specjax import sampling
@@ -109,13 +108,9 @@ def coupling_sample(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,
   """
   p_xV, q_xV = check_laws(p_xV, q_xV)
   draft_token_x = _checks.check_array("draft_token", draft_token_x, kind="i")
-  vocab = p_xV.shape[-1]
   if _checks.is_concrete(draft_token_x):
-    tokens = np.asarray(draft_token_x)
-    if tokens.size and (tokens.min() < 0 or tokens.max() >= vocab):
-      # A gather would wrap or clamp it, and keep it as if it were drawn.
-      raise ValueError(f"draft_token must hold ids in [0, {vocab}), got "
-                       f"min {tokens.min()} max {tokens.max()}.")
+    # Else a gather wraps or clamps it, and keeps it as if it were drawn.
+    _checks.check_token_range("draft_token", draft_token_x, p_xV.shape[-1])
   batch = tuple(draft_token_x.shape)
   for name, probs in (("p", p_xV), ("q", q_xV)):
     if probs.ndim != 1 and tuple(probs.shape[:-1]) != batch:

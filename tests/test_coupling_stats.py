@@ -120,7 +120,8 @@ def test_invalid_probabilities_and_draft_tokens_are_refused():
   p, q = jnp.asarray([0.5, 0.3, 0.2]), jnp.asarray([0.3, 0.1, 0.6])
   key = jax.random.key(0)
   for bad in (-1, 3):  # a gather would wrap or clamp it, and keep it
-    with pytest.raises(ValueError, match=r"draft_token must hold ids in \[0, 3\)"):
+    with pytest.raises(ValueError, match=rf"draft_token\[0\] = {bad} is "
+                       r"outside the vocabulary \[0, 3\)"):
       specjax.coupling_sample(key, p, q, jnp.full((4,), bad, jnp.int32))
   not_a_law = {"sum to 1": 2 * p, "negative": jnp.asarray([1.2, -0.2, 0.0]),
                "NaN or inf": jnp.asarray([jnp.nan, 0.5, 0.5])}

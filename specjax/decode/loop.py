@@ -529,7 +529,8 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
         _checks.check_int("eos_id", i, low=0, high=vocab - 1) for i in ids}))
   # The output is int32: a wider pad_id would fail inside the compiled call.
   pad_id = _checks.check_int("pad_id", pad_id, low=-2**31, high=2**31 - 1)
-  _checks.check_token_range("prompts", prompts_np, lengths_np, vocab)
+  _checks.check_token_range("prompts", prompts_np, vocab,
+                            lengths_B=lengths_np)
   longest = int(lengths_np.max())
   # The last scored position is (longest - 1) + (max_new_tokens - 1) + lookahead.
   needed = longest + max_new_tokens + lookahead - 1

@@ -308,18 +308,13 @@ def draft_step(draft, cache, tokens_BxT, keys_B, sampling, select_B=None):
 
 
 def _check_step_tokens(model, cache, named_tokens, fed):
-  """Where values are concrete (outside jit): every token in [0, V) (a
-  gather would wrap or clamp another id into place, or embed NaN), and room
-  in `cache` (`lengths + fed <= max_len`, and the model's max_positions)
-  for the `fed` tokens: writes past the end are dropped, silently."""
-  vocab = model.vocab_size
+  """Where values are concrete (outside jit): every token in [0, V), and
+  room in `cache` (`lengths + fed <= max_len`, and the model's
+  max_positions) for the `fed` tokens: writes past the end are dropped,
+  silently."""
   for name, tokens in named_tokens:
-    if _checks.is_concrete(tokens) and np.size(tokens):
-      x = np.asarray(tokens)
-      if x.min() < 0 or x.max() >= vocab:
-        bad = tuple(int(i) for i in np.argwhere((x < 0) | (x >= vocab))[0])
-        raise ValueError(f"{name}{list(bad)} = {x[bad]} is outside the "
-                         f"vocabulary [0, {vocab}).")
+    if _checks.is_concrete(tokens):
+      _checks.check_token_range(name, tokens, model.vocab_size)
   lengths = getattr(cache, "lengths", None)
   if lengths is None or not _checks.is_concrete(lengths) or not np.size(
       lengths):

@@ -853,10 +853,8 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
             and _checks.is_concrete(tokens_BxT)):
       raise ValueError("check_inputs needs concrete tokens_BxT and "
                        "cache.lengths; call it outside jit.")
-    tokens = np.asarray(tokens_BxT)
-    b, t = tokens.shape
-    _checks.check_token_range("tokens_BxT", tokens, np.full(b, t),
-                              self.config.vocab_size)
+    _checks.check_token_range("tokens_BxT", tokens_BxT, self.config.vocab_size)
+    t = np.shape(tokens_BxT)[1]
     lengths_B = np.asarray(cache.lengths)
     if lengths_B.min() < 0:
       raise ValueError(f"cache.lengths must be >= 0, got {lengths_B}.")
