@@ -25,6 +25,22 @@ def _token_str(entry: Any) -> str | None:
   return entry
 
 
+def read_json(directory: pathlib.Path, name: str) -> dict[str, Any] | None:
+  """The JSON object in `directory/name`, None if there is no such file;
+  ValueError naming the file if it is not valid JSON or not an object."""
+  file = directory / name
+  if not file.is_file():
+    return None
+  try:
+    out = json.loads(file.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{file} is not valid JSON: {e}") from None
+  if not isinstance(out, dict):
+    raise ValueError(f"{file} must hold a JSON object, got "
+                     f"{type(out).__name__}.")
+  return out
+
+
 def _ids(value: Any, where: str, vocab: int) -> tuple[int, ...]:
   """A config's id or list of ids, checked: `where` names the file and key."""
   if value is None:
@@ -74,21 +90,8 @@ class HFTokenizer:
       raise ValueError(f"{file} could not be read by the tokenizers library "
                        f"({e}).") from None
 
-    def read(name):
-      f = directory / name
-      if not f.is_file():
-        return {}
-      try:
-        out = json.loads(f.read_text())
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{f} is not valid JSON: {e}") from None
-      if not isinstance(out, dict):
-        raise ValueError(f"{f} must hold a JSON object, got "
-                         f"{type(out).__name__}.")
-      return out
-
-    tok_cfg = read("tokenizer_config.json")
-    configs = {name: read(name)
+    tok_cfg = read_json(directory, "tokenizer_config.json") or {}
+    configs = {name: read_json(directory, name) or {}
                for name in ("generation_config.json", "config.json")}
     vocab = tok.get_vocab_size(with_added_tokens=True)
 

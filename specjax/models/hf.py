@@ -31,7 +31,6 @@ decode loop, whatever the model dtype.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 from typing import Any
@@ -42,6 +41,8 @@ import numpy as np
 from flax import nnx
 
 from specjax import _checks
+from specjax.data.hf_tokenizer import HFTokenizer
+from specjax.data.hf_tokenizer import read_json
 from specjax.models import transformer as transformer_lib
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
@@ -99,17 +100,6 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
         "config.json); pass a directory written by save_pretrained or "
         "'hf:<repo_id>'.")
   return local
-
-
-def read_json(directory: pathlib.Path, name: str) -> dict[str, Any] | None:
-  """The parsed `directory/name`, None if there is no such file."""
-  file = directory / name
-  if not file.is_file():
-    return None
-  try:
-    return json.loads(file.read_text())
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ValueError(f"{file} is not valid JSON: {e}") from None
 
 
 def _field(hf: dict[str, Any], name: str) -> Any:
@@ -525,7 +515,6 @@ def load(path: str | os.PathLike, *, dtype: Any = None,
   model = model_from_tensors(config, tensors, dtype=jnp.dtype(dtype))
   tok = None
   if tokenizer and (directory / "tokenizer.json").is_file():
-    from specjax.data.hf_tokenizer import HFTokenizer  # pylint: disable=g-import-not-at-top
     tok = HFTokenizer.from_dir(directory)
   return model, tok
 
