@@ -580,11 +580,24 @@ def check_probs(name: str, probs_xV: Any, *, normalised: bool) -> jax.Array:
   probs_xV = jnp.asarray(probs_xV)  # float64 only under x64
   if jnp.finfo(probs_xV.dtype).bits < 32:
     probs_xV = probs_xV.astype(jnp.float32)
-  if not _checks.is_concrete(probs_xV):
-    return probs_xV
-  x = np.asarray(probs_xV, np.float64)
+  if _checks.is_concrete(probs_xV):
+    check_law_values(name, np.asarray(probs_xV, np.float64),
+                     normalised=normalised, tol=max(SUM_TOLERANCE, eps))
+  return probs_xV
+
+
+# Slack on a row's sum: a float32 softmax row sums to 1 within ~1e-6; this
+# also admits rows renormalised in lower precision (specjax.testing's too).
+SUM_TOLERANCE = 1e-4
+
+
+def check_law_values(name: str, x: np.ndarray, *, normalised: bool,
+                     tol: float = SUM_TOLERANCE) -> None:
+  """Raises unless the float64 `x` `[..., V]` holds finite, non-negative rows
+  that each sum to 1 within `tol` (`normalised`) or else have positive
+  mass (`check_probs`'s value checks, on host arrays)."""
   if not x.size:
-    return probs_xV
+    return
   if not np.isfinite(x).all():
     raise ValueError(f"{name} holds NaN or inf; pass probabilities (e.g. "
                      "specjax.probabilities(logits, sampling)).")
@@ -593,7 +606,6 @@ def check_probs(name: str, probs_xV: Any, *, normalised: bool) -> jax.Array:
                      "probabilities, not logits.")
   total = x.sum(axis=-1)
   if normalised:
-    tol = max(1e-4, eps)
     worst = float(np.abs(total - 1).max())
     if worst > tol:
       raise ValueError(
@@ -603,4 +615,3 @@ def check_probs(name: str, probs_xV: Any, *, normalised: bool) -> jax.Array:
   elif (total <= 0).any():
     raise ValueError(f"every row of {name} needs positive mass; a row is all "
                      "zeros.")
-  return probs_xV
