@@ -57,7 +57,6 @@ import jax
 import numpy as np
 
 import specjax as sj
-from specjax import _checks
 from specjax import data
 from specjax import distributed
 from specjax import measure
@@ -65,6 +64,7 @@ from specjax import sharding
 from specjax import zoo
 from specjax.decode import draft_length
 from specjax.train import recipes
+from experiments import flag_checks
 
 _TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
 _DRAFTS = flags.DEFINE_list("drafts", ["self:1", "self:2"], "Drafts.")
@@ -98,7 +98,7 @@ distributed.define_dtype_flags()
 # Checked when the flags are parsed, before any model is loaded or trained.
 for _name in ("batches", "gammas", "widths"):
   flags.register_validator(
-      _name, lambda v: all(x.strip().isdigit() and int(x) >= 1 for x in v),
+      _name, flag_checks.positive_ints,
       f"--{_name} must be ints >= 1, e.g. --{_name}=1,8")
 # --widths may be empty (no "auto widths" variant); an empty --drafts,
 # --batches or --gammas would time no cell (or no fixed gamma to compare
@@ -118,11 +118,7 @@ flags.register_validator(
     "largest draft probability is below it")
 
 
-# Else the write fails only after every cell was timed.
-flags.register_validator(
-    "results_dir", _checks.dir_or_creatable,
-    "--results_dir must be a directory, or a path where one can be created "
-    "(not an existing file); pass another --results_dir")
+flag_checks.require_results_dir()
 
 
 def _quick():

@@ -41,11 +41,11 @@ import jax
 import numpy as np
 
 import specjax as sj
-from specjax import _checks
 from specjax import data
 from specjax import zoo
 from specjax.train import eagle as eagle_train
 from configs import reproduce
+from experiments import flag_checks
 
 _GAMMAS = flags.DEFINE_list("gammas", ["1", "4"], "Draft lengths.")
 _TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"],
@@ -79,7 +79,7 @@ _RESULTS = flags.DEFINE_string("results_dir", "results/eagle", "Output.")
 # list would train every model and then have no row to write.
 flags.register_validator(
     "gammas",
-    lambda v: bool(v) and all(g.strip().isdigit() and int(g) >= 1 for g in v),
+    lambda v: bool(v) and flag_checks.positive_ints(v),
     "--gammas must be one or more ints >= 1, e.g. --gammas=1,4")
 flags.register_validator(
     "temperatures", lambda v: bool(v) and all(_nonnegative(t) for t in v),
@@ -94,11 +94,7 @@ def _nonnegative(text: str) -> bool:
     return False
 
 
-# Else the write fails only after every model trained and decoded.
-flags.register_validator(
-    "results_dir", _checks.dir_or_creatable,
-    "--results_dir must be a directory, or a path where one can be created "
-    "(not an existing file); pass another --results_dir")
+flag_checks.require_results_dir()
 
 
 def load_models(num_steps: int, cache_dir: str | None,

@@ -45,7 +45,6 @@ import jax
 import numpy as np
 
 import specjax as sj
-from specjax import _checks
 from specjax import distributed
 from specjax import jit_memory
 from specjax import lab
@@ -56,6 +55,7 @@ from specjax.decode import verifiers as vf
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
 from specjax.models.ngram import NGramLM
+from experiments import flag_checks
 
 _MODELS = flags.DEFINE_enum("models", "lab", ["lab", "tiny", "quick"],
                             "Model pair (quick: zoo models, trees vs chain).")
@@ -405,19 +405,15 @@ flags.register_validator(
 # --gammas runs no cell and writes an empty CSV over the last results.
 flags.register_validator(
     "gammas",
-    lambda v: bool(v) and all(g.strip().isdigit() and int(g) >= 1 for g in v),
+    lambda v: bool(v) and flag_checks.positive_ints(v),
     "--gammas must be one or more ints >= 1, e.g. --gammas=1,2,4")
 flags.register_validator(
     "paired_gammas",
-    lambda v: all(g.strip().isdigit() and int(g) >= 1 for g in v),
+    flag_checks.positive_ints,
     "--paired_gammas must be ints >= 1, e.g. --paired_gammas=1,4")
 
 
-# Else the write fails only after every cell was decoded.
-flags.register_validator(
-    "results_dir", _checks.dir_or_creatable,
-    "--results_dir must be a directory, or a path where one can be created "
-    "(not an existing file); pass another --results_dir")
+flag_checks.require_results_dir()
 
 
 def main(argv):
