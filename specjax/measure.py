@@ -352,6 +352,14 @@ def _prompts(shape: LoopShape):
   return prompts_BxP, lengths_B
 
 
+def _check_shape_prompts(shape: LoopShape, prompts_BxP) -> None:
+  want = (shape.batch_size, shape.prompt_len)
+  if tuple(np.shape(prompts_BxP)) != want:
+    raise ValueError(f"prompts_BxP must be [batch_size, prompt_len] = "
+                     f"{list(want)} for this shape, got "
+                     f"{list(np.shape(prompts_BxP))}.")
+
+
 def loop_round_steps(target, draft, shape: LoopShape,
                      sampling: sampling_lib.SamplingConfig, *, widths,
                      calls: int = 10, repeats: int = 3,
@@ -386,14 +394,11 @@ def loop_round_steps(target, draft, shape: LoopShape,
     gammas = {g: draft_length.pinned(rule, g) for g in widths}
   else:
     gammas = {g: g for g in widths}
-  want = (shape.batch_size, shape.prompt_len)
   if prompts_BxP is None:
     prompts_BxP = np.random.default_rng(0).integers(
-        0, target.vocab_size, want, dtype=np.int32)
-  elif np.shape(prompts_BxP) != want:
-    raise ValueError(f"prompts_BxP must be [batch_size, prompt_len] = "
-                     f"{list(want)} for this shape, got "
-                     f"{list(np.shape(prompts_BxP))}.")
+        0, target.vocab_size, (shape.batch_size, shape.prompt_len),
+        dtype=np.int32)
+  _check_shape_prompts(shape, prompts_BxP)
   lengths_B = np.full((shape.batch_size,), shape.prompt_len, np.int32)
   key = jax.random.key(0)
   fns = {g: (lambda g=g: loop_lib.speculative_generate(
@@ -740,16 +745,10 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
   draft's in-loop cost, and minus `costs.other_s` the verify pass's.
   """
   repeats = _checks.check_int("repeats", repeats, low=1)  # before compiling
-  if not isinstance(costs, LoopCosts):
-    raise TypeError(f"costs must be a LoopCosts (loop_costs(...)), got "
-                    f"{type(costs).__name__}.")
-  want = (shape.batch_size, shape.prompt_len)
-  if tuple(np.shape(prompts_BxP)) != want:
-    # The memo key holds the shape, not the prompts: a wrong batch would be
-    # timed and then served for this shape.
-    raise ValueError(f"prompts_BxP must be [batch_size, prompt_len] = "
-                     f"{list(want)} for this shape, got "
-                     f"{list(np.shape(prompts_BxP))}.")
+  _check_costs(costs)
+  # The memo key holds the shape, not the prompts: a wrong batch would be
+  # timed and then served for this shape.
+  _check_shape_prompts(shape, prompts_BxP)
   one_hot = bool(getattr(draft, "one_hot_q", False))
   verifier = verifiers_lib.get_verifier(verifier)
   mkey = ("null-draft", model_key(target), shape, sampling, one_hot,
