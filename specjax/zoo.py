@@ -519,8 +519,8 @@ def _build_exit_adapter(name, size, teacher_name, config, recipe_, directory,
        f"into {directory}; expect about {minutes:.1f} min on 2 CPU cores")
   start = time.time()
   _, metrics = exit_adapter_lib.train_exit_adapter(
-      target, int(size), partial, config=config, mlp_dim=config.model.mlp_dim,
-      corpus=corpus, extra_metadata=extra)
+      target, int(size), partial, config=config, corpus=corpus,
+      extra_metadata=extra)  # the adapter's mlp_dim is config.model's
   _write_record(partial, recipe_, {
       "zoo_name": name, "heldout_tv": metrics["heldout_tv"],
       "heldout_tv_untrained": metrics["heldout_tv_untrained"]})
