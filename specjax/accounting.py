@@ -75,7 +75,9 @@ def expected_tokens_per_pass(alpha, gamma):
   d = 1 - a
   with np.errstate(divide="ignore", invalid="ignore"):
     closed = -np.expm1((g + 1) * np.log1p(-d)) / d
-  return np.where(a == 1, g + 1, closed)
+  # Rounding may leave the closed form an ulp outside [1, g + 1] (gamma = 0
+  # at a = 0.75 gave 0.9999999999999999), where no round can be.
+  return np.where(a == 1, g + 1, np.clip(closed, 1.0, g + 1))
 
 
 def walltime_improvement(alpha, gamma, c, r=1.0):
