@@ -17,10 +17,16 @@ Derived statistics (see `summarize`):
   one_minus_tv                 mean over verified positions of sum min(p, q);
   tokens_per_target_call(_se)  generated tokens / target passes (block
                                efficiency), se from the per-round histogram;
-  formula_tokens_per_target_call    (1 - a^(g+1)) / (1 - a) at alpha_hat;
+  formula_tokens_per_target_call    (1 - a^(n+1)) / (1 - a) at alpha_hat,
+                               averaged over the rounds' draft lengths n
+                               (`RowStats.length_hist`: gamma at a fixed
+                               gamma, each round's own under a rule);
   expected_tokens_per_target_call   the same with each row's last round cut
                                at its budget (`accounting.rounds_distribution`):
-                               what the measured value should match.
+                               what the measured value should match. Rounds
+                               of one length only (a fixed gamma, a tree):
+                               NaN for a rule's ragged rounds, whose cut
+                               counts do not record.
 """
 
 from __future__ import annotations
@@ -167,9 +173,10 @@ def summarize(results: Any) -> dict[str, Any]:
   Returns:
     A dict of Python numbers: `rows`, `generated_tokens`, `loop_rounds`
     (while_loop iterations: the most rounds any row of a generation ran,
-    summed over generations), `gamma`, every `RowStats` field summed
-    (`rounds`, `target_calls`, `draft_calls`, `verified`, `accepted`,
-    `overlap_sum`, `accept_hist`, ...), `proposed` (= draft_calls), and the
+    summed over generations), `gamma` (the loop's static draft length: a
+    draft-length rule's gamma_max), every `RowStats` field summed (`rounds`,
+    `target_calls`, `draft_calls`, `verified`, `accepted`, `overlap_sum`,
+    `accept_hist`, `length_hist`, ...), `proposed` (= draft_calls), and the
     derived statistics of the module docstring. Ratios with a zero
     denominator are NaN.
   """
@@ -195,6 +202,26 @@ def summarize(results: Any) -> dict[str, Any]:
   out["proposed"] = out["draft_calls"]
   alpha, alpha_se = pooled_alpha(out["accepted"], out["verified"])
   target_calls = out["target_calls"]
+  length_hist = np.asarray(out["length_hist"], np.int64)
+  block_rounds = int(length_hist.sum())
+  if block_rounds != out["rounds"]:
+    # Stats built by hand without it would price every round as 0 drafts.
+    raise ValueError(f"RowStats.length_hist counts {block_rounds} rounds but "
+                     f"rounds counts {out['rounds']}: each round adds 1 at "
+                     "the most drafts its row could keep (gamma at a fixed "
+                     "gamma).")
+  block_lengths = np.flatnonzero(length_hist)
+  if not block_rounds or (length_hist[1:].any() and not math.isfinite(alpha)):
+    formula = math.nan
+  else:  # alpha is NaN only where every round drafted nothing: 1 token each
+    formula = float(length_hist @ accounting.expected_tokens_per_pass(
+        alpha if math.isfinite(alpha) else 0.0, np.arange(gamma + 1))
+                    ) / block_rounds
+  # The budget cut is priced for rounds of one length; a rule's ragged
+  # rounds would need each round's remaining budget, which is not counted.
+  expected = (math.nan if block_lengths.size != 1 else
+              expected_tokens_per_target_call(alpha, int(block_lengths[0]),
+                                              row_tokens))
   out.update({
       "alpha_hat": alpha,
       "alpha_se": alpha_se,
@@ -203,10 +230,7 @@ def summarize(results: Any) -> dict[str, Any]:
       "tokens_per_target_call": (out["generated_tokens"] / target_calls
                                  if target_calls else math.nan),
       "tokens_per_target_call_se": tokens_per_round_se(hist),
-      "formula_tokens_per_target_call": (
-          1.0 if gamma == 0 else math.nan if not math.isfinite(alpha)
-          else float(accounting.expected_tokens_per_pass(alpha, gamma))),
-      "expected_tokens_per_target_call": expected_tokens_per_target_call(
-          alpha, gamma, row_tokens),
+      "formula_tokens_per_target_call": formula,
+      "expected_tokens_per_target_call": expected,
   })
   return out

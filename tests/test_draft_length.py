@@ -3,6 +3,7 @@ each with a negative control), greedy equality, ragged stats, bad input."""
 
 import dataclasses
 import itertools
+import math
 import types
 
 import jax
@@ -237,7 +238,20 @@ def test_greedy_output_is_unchanged(target, batch):
     np.testing.assert_array_equal(out.lengths, ref.lengths)
     s = out.summary()
     assert s["accepted"] <= s["verified"] <= s["draft_calls"]
-    assert sum(s["accept_hist"]) == s["rounds"]
+    assert sum(s["accept_hist"]) == sum(s["length_hist"]) == s["rounds"]
+    # Each round's length is what the row could keep, at most what the
+    # round drafted; the formula is priced at those lengths (greedy, both
+    # rules happen to keep one length, so the budget cut is priced too).
+    length_BxG1 = np.asarray(out.stats.length_hist)
+    drafted_B = length_BxG1 @ np.arange(rule.gamma_max + 1)
+    assert (drafted_B <= np.asarray(out.stats.draft_calls)).all()
+    assert (np.asarray(out.stats.accepted) <= drafted_B).all()
+    a = s["alpha_hat"]
+    want = sum(k * sum(a ** i for i in range(n + 1))
+               for n, k in enumerate(s["length_hist"])) / s["rounds"]
+    assert s["formula_tokens_per_target_call"] == pytest.approx(want)
+    ragged = np.count_nonzero(s["length_hist"]) > 1
+    assert math.isnan(s["expected_tokens_per_target_call"]) == ragged
   # Greedy rows start from the prior: the loop scored no prompt.
   assert not np.asarray(out.stats.prompt_scored).any()
 
@@ -344,6 +358,9 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
       probes = (16 * 3 if rule.probe_every == 1 or kind == "eagle"
                 else 4 * 3)
       assert s["draft_calls"] == s["verified"] == probes, s
+      # A probe round judges a draft but emits one token, as an off step.
+      assert s["length_hist"] == [s["rounds"], 0, 0], s
+      assert s["formula_tokens_per_target_call"] == 1.0
       # (An untrained head's greedy drafts are never the target's.)
       assert s["accepted"] > 0 or kind == "eagle", s
     if kind == "twin":
@@ -355,6 +372,13 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
                                 gamma=_Cycle(), max_new_tokens=16).summary()
     assert s["one_minus_tv"] > 1 - 1e-5, s
     assert s["accepted"] <= s["verified"] <= s["draft_calls"]
+    # Probe rounds and widths 1 and 2: ragged rounds, each emitting its
+    # length + 1 at alpha = 1 (a probe: 1), which the formula prices, not
+    # gamma_max + 1 = 3 a round; only budget cuts leave the measured lower.
+    assert np.count_nonzero(s["length_hist"]) == 3, s
+    assert (s["tokens_per_target_call"] <= s["formula_tokens_per_target_call"]
+            < 2.5), s
+    assert math.isnan(s["expected_tokens_per_target_call"])
 
 
 def test_rules_that_differ_in_numbers_share_one_compiled_loop(target):

@@ -230,11 +230,12 @@ def test_compare_on_synthetic_results():
         verified=jnp.array([sum(min(k + 1, 2) for k in kept)]),
         accepted=jnp.array([sum(kept)]),
         overlap_sum=jnp.array([0.7 * n], jnp.float32),
-        accept_hist=jnp.asarray(hist))
+        accept_hist=jnp.asarray(hist), length_hist=jnp.array([[0, 0, n]]))
     return types.SimpleNamespace(stats=stats, lengths=jnp.array([8]))
 
   ar = [types.SimpleNamespace(stats=sj.RowStats.zeros(1, 0).replace(
-      rounds=jnp.array([8])), lengths=jnp.array([8]))] * 3
+      rounds=jnp.array([8]), length_hist=jnp.array([[8]])),
+                              lengths=jnp.array([8]))] * 3
   spec = [result([2, 2, 1]), result([2, 0, 2, 1]), result([1, 2, 2])]
   row = measure.compare(c, ar, [0.012, 0.013, 0.0125], spec,
                         [0.009, 0.011, 0.010], null_draft_round_s=1.9e-3)

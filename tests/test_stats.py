@@ -36,7 +36,9 @@ def _result(accepted_per_round, gamma, lengths):
       draft_calls=jnp.asarray(gamma * n_rounds),
       verified=jnp.asarray(verified), accepted=jnp.asarray(accepted),
       overlap_sum=jnp.asarray(0.5 * verified, jnp.float32),
-      accept_hist=jnp.asarray(hist))
+      accept_hist=jnp.asarray(hist),
+      length_hist=jnp.zeros((rows, gamma + 1), jnp.int32).at[:, gamma].set(
+          n_rounds))
   return GenerationResult(tokens=jnp.zeros((rows, 1), jnp.int32),
                           lengths=jnp.asarray(lengths, jnp.int32), stats=s)
 
@@ -87,6 +89,44 @@ def test_autoregressive_summary():
   assert math.isnan(out["alpha_hat"])
   assert out["expected_tokens_per_target_call"] == 1.0
   assert out["formula_tokens_per_target_call"] == 1.0
+
+
+def test_formula_prices_a_rules_ragged_rounds_at_their_own_lengths():
+  """Under a draft-length rule `gamma` is gamma_max, but rounds draft fewer:
+  the formula averages (1 - a^(n+1)) / (1 - a) over the rounds' lengths n,
+  and the budget-cut expectation, priced for one length, is not given."""
+  base = _result([[1, 0, 2, 0], [0, 1]], gamma=4, lengths=[9, 3])
+  # Rounds of 1, 2, 4, 0 (an off step) and 2, 2 drafts the row could keep.
+  lengths_BxG1 = np.zeros((2, 5), np.int32)
+  for b, row in enumerate([[1, 2, 4, 0], [2, 2]]):
+    for n in row:
+      lengths_BxG1[b, n] += 1
+  ragged = base.replace(stats=base.stats.replace(
+      length_hist=jnp.asarray(lengths_BxG1)))
+  out = ragged.summary()
+  a = out["alpha_hat"]
+  f = lambda n: (1 - a ** (n + 1)) / (1 - a)
+  assert out["gamma"] == 4 and out["length_hist"] == [1, 1, 3, 0, 1]
+  assert out["formula_tokens_per_target_call"] == pytest.approx(
+      (f(1) + 3 * f(2) + f(4) + 1) / 6)
+  assert out["formula_tokens_per_target_call"] < 0.9 * f(4)  # not gamma_max
+  assert math.isnan(out["expected_tokens_per_target_call"])
+  # Off steps and probe rounds alone emit one token each.
+  off = base.replace(stats=base.stats.replace(
+      length_hist=jnp.zeros((2, 5), jnp.int32).at[:, 0].set(
+          jnp.array([4, 2]))))
+  assert off.summary()["formula_tokens_per_target_call"] == 1.0
+  # Stats built by hand without the lengths would price every round as an
+  # off step.
+  with pytest.raises(ValueError, match="length_hist counts 0 rounds"):
+    base.replace(stats=base.stats.replace(
+        length_hist=jnp.zeros((2, 5), jnp.int32))).summary()
+  assert off.summary()["expected_tokens_per_target_call"] == 1.0
+  # A fixed gamma's rounds keep the budget-cut expectation, below the
+  # uncut formula.
+  fixed = base.summary()
+  assert fixed["formula_tokens_per_target_call"] == pytest.approx(f(4))
+  assert fixed["expected_tokens_per_target_call"] < f(4)
 
 
 def _simulate_rounds(alpha, gamma, n, size, rng):

@@ -152,11 +152,12 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
     Others as in `propose` and `verify`.
 
   Returns:
-    `(out, draft_cache, width, draft_nonfinite_B)`: the verify output with
-    tokens (and hidden) padded to `[B, gamma_max + 1, ...]` (its cache is the
-    target's after the round; a cache-sharing draft's writes are in it), the
-    draft's cache, the draft passes run, and per row the drafts drawn from
-    non-finite logits.
+    `(out, draft_cache, width, block_B, draft_nonfinite_B)`: the verify
+    output with tokens (and hidden) padded to `[B, gamma_max + 1, ...]` (its
+    cache is the target's after the round; a cache-sharing draft's writes are
+    in it), the draft's cache, the draft passes run, per row the most drafts
+    it could keep (`RowStats.length_hist`: 0 in a probe round, which emits
+    one token), and per row the drafts drawn from non-finite logits.
   """
   gamma_max, probe = rule.gamma_max, width == 0
   w = max(width, 1)
@@ -185,4 +186,7 @@ def planned(target, draft, state, rule, width, remaining_B, last_B, keys_BxG,
   out = out.replace(tokens=jnp.pad(out.tokens, ((0, 0), (0, gamma_max - w))),
                     hidden=hidden)
   nonfinite_B = jnp.sum(jnp.isnan(q_BxWxV[..., 0]), axis=1, dtype=jnp.int32)
-  return out, draft_cache, w, nonfinite_B
+  block_B = (jnp.zeros_like(last_B) if probe
+             else jnp.full_like(last_B, w) if num_drafts_B is None
+             else num_drafts_B)
+  return out, draft_cache, w, block_B, nonfinite_B

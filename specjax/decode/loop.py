@@ -205,7 +205,8 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     (out, draft_cache, draft_passes, draft_nonfinite_B,
      target_features) = tree_round.tree_round(target, draft, state, verifier,
                                               sampling)
-    return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
+    return _commit(state, out, draft_cache, draft_passes, draft_passes,
+                   draft_nonfinite_B,
                    max_new_tokens=max_new_tokens, eos_id=eos_id,
                    target_features=target_features)
   if width == -1:
@@ -229,19 +230,20 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
         sampling, coupling_rule, verifier)
     # One token, committed unpadded as a `generate` step commits it: an off
     # step should cost what that step costs.
-    return _commit(state, out, state.draft_cache, 0,
+    return _commit(state, out, state.draft_cache, 0, 0,
                    jnp.zeros((batch,), jnp.int32),
                    max_new_tokens=max_new_tokens, eos_id=eos_id,
                    target_features=state.target_features)
   if width is not None:
-    out, draft_cache, draft_passes, draft_nonfinite_B = adaptive.planned(
+    out, draft_cache, draft_passes, block_B, draft_nonfinite_B = (
+        adaptive.planned(
         target, draft, state, draft_length, width, remaining_B, last_B,
         draft_keys_BxG, verify_keys_B, sampling, coupling_rule, verifier,
         features, lambda keys: _propose(draft, state, max(width, 1), keys,
-                                        sampling))
-    return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-                   features, max_new_tokens=max_new_tokens,
-                   eos_id=eos_id)
+                                        sampling)))
+    return _finish(state, out, draft_cache, draft_passes, block_B,
+                   draft_nonfinite_B, features,
+                   max_new_tokens=max_new_tokens, eos_id=eos_id)
   if draft_length is not None:
     drafts_BxG, q_BxGxV, draft_cache, drafted_B, draft_passes = (
         adaptive.propose(draft, state, draft_length, remaining_B,
@@ -276,13 +278,14 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   # row (a one-hot or probability row never holds a NaN).
   draft_nonfinite_B = jnp.sum(jnp.isnan(q_BxGxV[..., 0]), axis=1,
                               dtype=jnp.int32)
-  return _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-                 features, max_new_tokens=max_new_tokens,
-                 eos_id=eos_id)
+  block_B = drafted_B if draft_length is not None else gamma
+  return _finish(state, out, draft_cache, draft_passes, block_B,
+                 draft_nonfinite_B, features,
+                 max_new_tokens=max_new_tokens, eos_id=eos_id)
 
 
-def _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-            features, *, max_new_tokens, eos_id):
+def _finish(state, out, draft_cache, draft_passes, block_B,
+            draft_nonfinite_B, features, *, max_new_tokens, eos_id):
   """Keeps the verify pass's features for a feature-reading draft, then
   commits the round."""
   target_features = state.target_features
@@ -293,15 +296,16 @@ def _finish(state, out, draft_cache, draft_passes, draft_nonfinite_B,
     # finished row's state is never read again.)
     target_features = out.hidden
     draft_cache = draft_cache.replace(lengths=state.lengths)
-  return _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B,
-                 max_new_tokens=max_new_tokens, eos_id=eos_id,
-                 target_features=target_features)
+  return _commit(state, out, draft_cache, draft_passes, block_B,
+                 draft_nonfinite_B, max_new_tokens=max_new_tokens,
+                 eos_id=eos_id, target_features=target_features)
 
 
-def _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B, *,
-            max_new_tokens, eos_id, target_features):
+def _commit(state, out, draft_cache, draft_passes, block_B,
+            draft_nonfinite_B, *, max_new_tokens, eos_id, target_features):
   """Commits a verified round (`out.tokens` `[B, G + 1]`: up to G drafts kept
-  and the token after them) for every row."""
+  and the token after them) for every row. `block_B` (int or int32 `[B]`):
+  the most drafts each row could keep (`RowStats.length_hist`)."""
   n_B = state.lengths
   batch = n_B.shape[0]
   active_B = ~state.done
@@ -337,6 +341,8 @@ def _commit(state, out, draft_cache, draft_passes, draft_nonfinite_B, *,
       overlap_sum=s.overlap_sum + jnp.where(active_B, out.overlap, 0.0),
       accept_hist=s.accept_hist.at[jnp.arange(batch), out.num_accepted].add(
           a_B),
+      length_hist=s.length_hist.at[
+          jnp.arange(batch), jnp.broadcast_to(block_B, (batch,))].add(a_B),
       target_nonfinite=s.target_nonfinite + out.nonfinite * a_B,
       draft_nonfinite=s.draft_nonfinite + draft_nonfinite_B * a_B)
   return state.replace(

@@ -31,6 +31,13 @@ class RowStats:
   accepted: jax.Array        # int32 [B]: draft tokens kept
   overlap_sum: jax.Array     # float32 [B]: sum over verified of sum_x min(p, q)
   accept_hist: jax.Array     # int32 [B, G+1]: rounds that kept n drafts
+  # int32 [B, G+1]: rounds whose block could keep at most n drafts, so emit
+  # at most n + 1 tokens: gamma every round at a fixed gamma, the row's own
+  # length under a draft-length rule, and 0 for a round that emits one token
+  # whatever it judges (a rule's off step, or its probe round: one draft
+  # judged, no bonus). `summarize`'s formula reads it, so a rule's ragged
+  # rounds are not priced as gamma_max ones.
+  length_hist: jax.Array
   target_nonfinite: jax.Array  # int32 [B]: target positions scored from
                                # non-finite logits (NaN, +inf, all -inf)
   draft_nonfinite: jax.Array   # int32 [B]: draft proposals drawn from
@@ -51,6 +58,7 @@ class RowStats:
                verified=z, accepted=z,
                overlap_sum=jnp.zeros((batch_size,), jnp.float32),
                accept_hist=jnp.zeros((batch_size, gamma + 1), jnp.int32),
+               length_hist=jnp.zeros((batch_size, gamma + 1), jnp.int32),
                target_nonfinite=z, draft_nonfinite=z, prompt_scored=z,
                prompt_overlap_sum=jnp.zeros((batch_size,), jnp.float32))
 
