@@ -668,7 +668,9 @@ def decompose(costs: LoopCosts, alpha: float, *, round_s: float,
     round_s: measured seconds per loop round of the speculative call, decode
       only: (call - costs.call_s - both prefills) / its loop rounds.
     ar_round_s: the same per step of the autoregressive call.
-    loop_rounds: measured while_loop iterations per speculative call.
+    loop_rounds: measured while_loop iterations per speculative call, of
+      rows that each generate costs.max_new_tokens tokens (no EOS: the
+      autoregressive call is counted as max_new_tokens steps).
     null_draft_round_s: measured seconds per round of the same loop with the
       draft a `NullLM` (verify + other, in the loop). It splits the round's
       measured time into draft (round_s - it) and verify (it - other).
@@ -791,6 +793,8 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
 
   `ar_results` / `results` are the generations of the prompts (batch 1 or
   more), `ar_seconds` / `spec_seconds` their call times, taken alternately.
+  Every row must run to `costs.max_new_tokens` (no EOS): the prediction and
+  the decode split count that many autoregressive steps a call.
   A single result may stand for several timed calls of the same inputs and
   key (a benchmark's repeats): its statistics are then counted once and its
   time is the fewest seconds of those calls.
@@ -818,6 +822,18 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
                        f"{seconds!r}.")
     if not np.all(np.isfinite(seconds) & (seconds > 0)):
       raise ValueError(f"{name} must be finite and > 0, got {seconds}.")
+  for name, timed in (("ar_results", ar_results), ("results", results)):
+    for i, r in enumerate(timed):
+      short = np.flatnonzero(np.asarray(r.lengths) != costs.max_new_tokens)
+      if short.size:
+        # The prediction and the decode split count max_new_tokens steps
+        # of the autoregressive loop a call; an EOS-stopped row ran fewer.
+        raise ValueError(
+            f"{name}[{i}] row {int(short[0])} generated "
+            f"{int(np.asarray(r.lengths)[short[0]])} tokens, not "
+            f"costs.max_new_tokens = {costs.max_new_tokens}: compare prices "
+            "rows that run to their budget. Time generations without eos_id, "
+            "with the max_new_tokens of the costs.")
   s = stats.summarize(results)
   ar_tokens, tokens = _tokens_each(ar_results), _tokens_each(results)
   ar_rounds, rounds = _loop_rounds_each(ar_results), _loop_rounds_each(results)

@@ -253,6 +253,13 @@ def test_compare_on_synthetic_results():
   for bad in ([0.009], [0.009, 0.011, -0.01], [0.009, np.nan, 0.01], []):
     with pytest.raises(ValueError, match="spec_seconds must be"):
       measure.compare(c, ar, [0.012, 0.013, 0.0125], spec, bad)
+  # A row stopped by EOS ran fewer autoregressive steps than the decode
+  # split counts (with EOS at the first token it read 4.0 for a true 0.5).
+  eos = types.SimpleNamespace(stats=ar[0].stats, lengths=jnp.array([1]))
+  with pytest.raises(ValueError, match=r"ar_results\[1\] row 0 generated 1 "
+                     "tokens, not costs.max_new_tokens = 8"):
+    measure.compare(c, [ar[0], eos, ar[0]], [0.012, 0.013, 0.0125], spec,
+                    [0.009, 0.011, 0.010])
 
 
 def test_costs_and_measurements_are_checked_before_any_work(tiny):
