@@ -219,6 +219,7 @@ def pass_seconds(model, *, batch_size: int, num_tokens: int, capacity: int,
   """
   batch_size, num_tokens, capacity, fill = _check_pass(batch_size, num_tokens,
                                                        capacity, fill)
+  check_timing(seconds, repeats)  # before a memo hit hides a bad argument
   key = ("pass", model_key(model), batch_size, num_tokens, capacity, fill)
   if memo is not None and key in memo:
     return memo[key]
@@ -242,10 +243,11 @@ def passes_seconds(model, *, batch_size: int, passes, capacity: int,
   passes = tuple(passes)
   if not passes:
     raise ValueError("passes must name at least one (num_tokens, fill).")
+  # Every pass checked before the first is timed (seconds each).
+  checked = [_check_pass(batch_size, num_tokens, capacity, fill)
+             for num_tokens, fill in passes]
   loops, fns = [], {}
-  for i, (num_tokens, fill) in enumerate(passes):
-    batch, tokens, cache_len, fill = _check_pass(batch_size, num_tokens,
-                                                 capacity, fill)
+  for i, (batch, tokens, cache_len, fill) in enumerate(checked):
     n, once, twice = forward_loops(model, batch, tokens, cache_len, fill,
                                    seconds)
     loops.append(n)

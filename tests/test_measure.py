@@ -145,15 +145,24 @@ def test_pass_memo_is_keyed_by_everything_that_sets_the_cost(tiny):
   assert len(memo) == 4
   with pytest.raises(ValueError, match="capacity"):
     measure.pass_seconds(target, num_tokens=5, capacity=8, fill=4, **kw)
+  # A memo hit does not hide a bad timing argument.
+  with pytest.raises(ValueError, match="repeats"):
+    measure.pass_seconds(target, num_tokens=2, capacity=40, fill=10,
+                         **{**kw, "repeats": 0})
 
 
-def test_passes_are_timed_together_and_checked(tiny):
+def test_passes_are_timed_together_and_checked(tiny, monkeypatch):
   target, _ = tiny
   kw = dict(batch_size=1, capacity=40, seconds=1e-3, repeats=1)
   times = measure.passes_seconds(target, passes=((1, 10), (4, 10)), **kw)
   assert len(times) == 2 and all(t >= 0 for t in times)
+  # The bad second pass is refused before the first is timed.
+  timed = []
+  monkeypatch.setattr(measure, "forward_loops",
+                      lambda *a: timed.append(a) or (1, None, None))
   with pytest.raises(ValueError, match="capacity"):
     measure.passes_seconds(target, passes=((1, 10), (5, 36)), **kw)
+  assert not timed
   with pytest.raises(ValueError, match="at least one"):
     measure.passes_seconds(target, passes=(), **kw)
 
