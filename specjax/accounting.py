@@ -134,6 +134,10 @@ def rounds_distribution(alpha, gamma, num_tokens) -> np.ndarray:
   a = float(_scalar("alpha", _alpha(alpha)))
   g = int(_scalar("gamma", _gamma(gamma)))
   n = _checks.check_int("num_tokens", num_tokens, low=0)
+  # A round cut at the budget emits at most n tokens, so keeping n drafts or
+  # more is one outcome: gamma beyond n changes nothing (and 2^62 drafts
+  # must not size the list below).
+  g = min(g, n)
   # emit_J[j] = P(a round emits j + 1 tokens, before the budget cut).
   emit_J = np.array([a ** j * (1 - a) for j in range(g)] + [a ** g])
   # left_N1[m] = P(m tokens still to emit after the rounds so far).

@@ -159,6 +159,20 @@ def test_rounds_distribution_matches_simulation(alpha, gamma, n):
   assert abs(maxes.mean() - expected) < 5 * maxes.std() / math.sqrt(maxes.size)
 
 
+def test_rounds_distribution_past_the_budget_is_gammas_own():
+  """Drafts beyond the budget cannot be emitted: gamma >= n - 1 all give
+  the same law, an absurd gamma too (it once sized a list of gamma
+  entries)."""
+  want = accounting.rounds_distribution(0.8, 6, 6)
+  for gamma in (5, 7, 40, 2 ** 62):
+    np.testing.assert_allclose(accounting.rounds_distribution(0.8, gamma, 6),
+                               want, rtol=1e-12)
+  # A row finishes in one round when it keeps n - 1 = 5 drafts, which
+  # gamma = 4 cannot.
+  assert want[1] == pytest.approx(0.8 ** 5)
+  assert accounting.rounds_distribution(0.8, 4, 6)[1] == 0.0
+
+
 def test_truncation_lowers_tokens_per_call_and_vanishes_for_long_runs():
   full = float(accounting.expected_tokens_per_pass(0.9, 4))
   short = accounting.expected_tokens_per_call(0.9, 4, 12)
