@@ -23,10 +23,10 @@ Derived statistics (see `summarize`):
                                gamma, each round's own under a rule);
   expected_tokens_per_target_call   the same with each row's last round cut
                                at its budget (`accounting.rounds_distribution`):
-                               what the measured value should match. Rounds
-                               of one length only (a fixed gamma, a tree):
-                               NaN for a rule's ragged rounds, whose cut
-                               counts do not record.
+                               what the measured value should match. Given
+                               for rounds of one length (a fixed gamma, a
+                               tree); NaN for a rule's ragged rounds, whose
+                               budget cuts the counts do not record.
 """
 
 from __future__ import annotations

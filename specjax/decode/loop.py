@@ -235,12 +235,13 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
                    max_new_tokens=max_new_tokens, eos_id=eos_id,
                    target_features=state.target_features)
   if width is not None:
+    propose = lambda keys: _propose(draft, state, max(width, 1), keys,
+                                    sampling)
     out, draft_cache, draft_passes, block_B, draft_nonfinite_B = (
-        adaptive.planned(
-        target, draft, state, draft_length, width, remaining_B, last_B,
-        draft_keys_BxG, verify_keys_B, sampling, coupling_rule, verifier,
-        features, lambda keys: _propose(draft, state, max(width, 1), keys,
-                                        sampling)))
+        adaptive.planned(target, draft, state, draft_length, width,
+                         remaining_B, last_B, draft_keys_BxG, verify_keys_B,
+                         sampling, coupling_rule, verifier, features,
+                         propose))
     return _finish(state, out, draft_cache, draft_passes, block_B,
                    draft_nonfinite_B, features,
                    max_new_tokens=max_new_tokens, eos_id=eos_id)
