@@ -304,9 +304,10 @@ def multiproc(process_id, port):
 
 # -- every draft kind, verifier and draft-length rule on 2x4 (opt-in) ---------
 
-def kinds():
-  """{case: True if 2x4 gave the unmeshed tokens (and greedy, `generate`'s)}
-  for every draft kind x verifier / draft-length rule, at T = 0 and 1."""
+def kinds(spec="data:2,model:4"):
+  """{case: True if the mesh `spec` gave the unmeshed tokens (and greedy,
+  `generate`'s)} for every draft kind x verifier / draft-length rule, at
+  T = 0 and 1."""
   target = sj.TransformerLM.create(sj.TransformerConfig(
       vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
       max_positions=48, flavour="llama"), 0)
@@ -337,7 +338,7 @@ def kinds():
            "tree-wor:2,2": ("tree-wor:2,2", None)}
   p = np.random.default_rng(1).integers(0, 64, (8, 6)).astype(np.int32)
   lens = np.array([6, 3, 5, 1, 6, 2, 4, 6], np.int32)
-  mesh = _mesh("data:2,model:4")
+  mesh = _mesh(spec)
   res = {}
   for (name, draft), (rule, (verifier, gamma)), t in itertools.product(
       drafts.items(), rules.items(), (0.0, 1.0)):
@@ -374,7 +375,7 @@ def main(argv):
   elif section == "train":
     result = train(argv[2])
   elif section == "kinds":
-    result = kinds()
+    result = kinds(*argv[2:])
   elif section == "multiproc":
     result = multiproc(int(argv[2]), int(argv[3]))
   else:

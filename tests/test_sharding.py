@@ -211,13 +211,15 @@ def test_per_device_param_bytes_shrink_by_model_axis(decode_results):
 
 
 @pytest.mark.slow
-def test_every_draft_kind_and_rule_decodes_the_same_on_2x4():
+@pytest.mark.parametrize("spec", ["data:2,model:4", "data:8,model:1",
+                                  "data:1,model:8"])
+def test_every_draft_kind_and_rule_decodes_the_same_on_a_mesh(spec):
   """Self-drafts (shared cache, skipped block, exit adapter), an EAGLE head,
   n-gram, prompt lookup and Transformer drafts, under token, block and tree
-  verifiers and both draft-length rules: 2x4 gives the unmeshed tokens, and
-  greedy the autoregressive ones. (The default run's mesh checks use a
-  Transformer draft; this is every kind, about 160 compiles.)"""
-  results = _run_worker("kinds")
+  verifiers and both draft-length rules: each mesh gives the unmeshed
+  tokens, and greedy the autoregressive ones. (The default run's mesh checks
+  use a Transformer draft; this is every kind, about 160 compiles a mesh.)"""
+  results = _run_worker("kinds", spec)
   assert len(results) == 80
   assert all(results.values()), [k for k, v in results.items() if not v]
 
