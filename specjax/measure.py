@@ -788,6 +788,14 @@ def _mean_se(x) -> float | None:
   return float(np.std(x, ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
 
 
+# Fields of `compare` that price a loop whose every round drafts costs.gamma:
+# the prediction, its decomposition and their ratios. A draft-length rule's
+# rounds draft fewer, so under one these are None; what was measured stays.
+FIXED_GAMMA_FIELDS = ("predicted_", "efficiency", "decode_efficiency",
+                      "factor_", "off", "measured_draft_s",
+                      "measured_verify_s")
+
+
 def compare(costs: LoopCosts, ar_results, ar_seconds, results,
             spec_seconds, null_draft_round_s: float | None = None
             ) -> dict[str, Any]:
@@ -796,7 +804,10 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
   `ar_results` / `results` are the generations of the prompts (batch 1 or
   more), `ar_seconds` / `spec_seconds` their call times, taken alternately.
   Every row must run to `costs.max_new_tokens` (no EOS): the prediction and
-  the decode split count that many autoregressive steps a call.
+  the decode split count that many autoregressive steps a call. The results
+  must come from a loop of `costs.gamma` (a draft-length rule's gamma_max);
+  unless every round drafted that many (a rule's rounds draft fewer), the
+  `FIXED_GAMMA_FIELDS` are None.
   A single result may stand for several timed calls of the same inputs and
   key (a benchmark's repeats): its statistics are then counted once and its
   time is the fewest seconds of those calls.
@@ -837,6 +848,12 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
             "rows that run to their budget. Time generations without eos_id, "
             "with the max_new_tokens of the costs.")
   s = stats.summarize(results)
+  for name, g, want in (("ar_results", stats.summarize(ar_results)["gamma"],
+                         0), ("results", s["gamma"], costs.gamma)):
+    if g != want:
+      raise ValueError(f"{name} come from a loop of gamma = {g}, but costs "
+                       f"price gamma = {want} (the autoregressive loop: 0): "
+                       "pass the costs of the loop that was timed.")
   ar_tokens, tokens = _tokens_each(ar_results), _tokens_each(results)
   ar_rounds, rounds = _loop_rounds_each(ar_results), _loop_rounds_each(results)
   # One result for several timed calls of the same inputs: those calls are
@@ -888,4 +905,7 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
       **{f"factor_{k}": v for k, v in factors.items()},
       "accept_hist": s["accept_hist"],
   }
+  if np.flatnonzero(s["length_hist"]).tolist() != [costs.gamma]:
+    row = {k: (None if k.startswith(FIXED_GAMMA_FIELDS) else v)
+           for k, v in row.items()}
   return row

@@ -204,14 +204,6 @@ def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
   return out[0], np.asarray(out[1]), out[2], np.asarray(out[3])
 
 
-# Fields of `measure.compare` that predict a fixed-gamma loop: meaningless
-# for gamma="auto" (the rule picks a length per round), so those rows store
-# None. The measured speedups and costs stay.
-_FIXED_GAMMA_PREDICTIONS = ("predicted_", "formula_", "efficiency",
-                            "decode_efficiency", "factor_", "off",
-                            "measured_draft_s", "measured_verify_s")
-
-
 def _distortion(target, cell: Cell, prompts: np.ndarray, results,
                 sampling) -> dict:
   """tv_per_token (and se) for a cell: 0 for exact verifiers (proved, and
@@ -337,11 +329,10 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
           prompt_lengths_B=np.full((cell.batch_size,), prompt_len, np.int32),
           key=jax.random.key(seed), costs=costs, repeats=step_repeats,
           verifier=cell.verifier, memo=memo)
+    # An auto row's fixed-gamma predictions are None (its rounds draft
+    # fewer than gamma_max); its formula is priced at the rounds' lengths.
     measured = measure.compare(costs, ar_results, ar_seconds, results,
                                spec_seconds, null_round)
-    if cell.gamma == AUTO:
-      measured = {k: (None if k.startswith(_FIXED_GAMMA_PREDICTIONS) else v)
-                  for k, v in measured.items()}
     summary = stats.summarize(results)
     rows.append({
         "draft": cell.draft.name, "draft_kind": cell.draft.kind,

@@ -262,6 +262,25 @@ def test_compare_on_synthetic_results():
   for bad in ([0.009], [0.009, 0.011, -0.01], [0.009, np.nan, 0.01], []):
     with pytest.raises(ValueError, match="spec_seconds must be"):
       measure.compare(c, ar, [0.012, 0.013, 0.0125], spec, bad)
+  # Costs of another gamma than the loop's price another loop.
+  with pytest.raises(ValueError, match="results come from a loop of gamma = 2"
+                     ", but costs price gamma = 3"):
+    measure.compare(_costs(max_new_tokens=8, gamma=3), ar,
+                    [0.012, 0.013, 0.0125], spec, [0.009, 0.011, 0.010])
+  # A rule's rounds that drafted fewer than gamma: no fixed-gamma prediction,
+  # the measured numbers stay.
+  ragged = [types.SimpleNamespace(stats=r.stats.replace(
+      length_hist=jnp.array([[0, 1, r.stats.rounds[0] - 1]])),
+                                  lengths=r.lengths) for r in spec]
+  rule_row = measure.compare(c, ar, [0.012, 0.013, 0.0125], ragged,
+                             [0.009, 0.011, 0.010], null_draft_round_s=1.9e-3)
+  blank = [k for k, v in rule_row.items() if v is None]
+  assert "predicted_speedup" in blank and "factor_acceptance" in blank
+  assert all(k.startswith(measure.FIXED_GAMMA_FIELDS) for k in blank
+             if row[k] is not None)
+  assert rule_row["speedup"] == row["speedup"]
+  assert rule_row["formula_tokens_per_target_call"] < row[
+      "formula_tokens_per_target_call"]
   # A row stopped by EOS ran fewer autoregressive steps than the decode
   # split counts (with EOS at the first token it read 4.0 for a true 0.5).
   eos = types.SimpleNamespace(stats=ar[0].stats, lengths=jnp.array([1]))

@@ -221,7 +221,10 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
   assert by[("lenient:0.5", "fixed")]["tv_per_token"] > 0.01
   assert by[("token", "fixed")]["tv_per_token"] == 0.0
   auto = by[("token", "auto")]
-  assert auto["gamma"] == 3 and auto["predicted_speedup"] is None
+  # Fixed-gamma predictions only where every round drafted gamma_max.
+  assert auto["gamma"] == 3
+  assert (auto["predicted_speedup"] is None) == (
+      auto["mean_draft_length"] != 3), auto
   assert auto["speedup"] > 0
   assert len(auto["accept_hist"]) == 4
   assert by[("token", "fixed")]["predicted_speedup"] > 0
