@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from specjax import _checks
 from specjax import sampling as sampling_lib
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
@@ -112,9 +113,12 @@ class TextRun:
 
   @property
   def speedup(self) -> float | None:
-    if self.baseline_seconds is None:
+    """tokens_per_s / baseline_tokens_per_s: per generated token, since a
+    sampled run stopped by EOS need not emit as many tokens as the baseline
+    (then the ratio of seconds is not the speedup)."""
+    if self.baseline_tokens_per_s is None:
       return None
-    return self.baseline_seconds / self.seconds
+    return self.tokens_per_s / self.baseline_tokens_per_s
 
 
 def _timed(fn, *, min_seconds: float = 0.5, max_calls: int = 25):
@@ -172,8 +176,12 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
   if add_bos is None:
     add_bos = (tokenizer.bos_id is not None
                and tokenizer.bos_id not in tokenizer.eos_ids)
+  # encode_batch refuses a bare string, but list() would split it first.
+  if isinstance(texts, (str, bytes)):
+    raise TypeError(f"texts must be a sequence of prompts, one row each, got "
+                    f"a bare {type(texts).__name__}: pass [texts].")
   prompts, lengths = encode_batch(tokenizer, list(texts), add_bos=add_bos)
-  key = jax.random.key(seed)
+  key = jax.random.key(_checks.check_int("seed", seed))
   eos = tokenizer.eos_ids or None
   kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
   out, seconds = _timed(lambda: loop.speculative_generate(

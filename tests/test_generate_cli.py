@@ -72,3 +72,22 @@ def test_texts_leave_out_the_eos_that_ended_a_row():
       tokens=np.array([[3, 4, 7, 0], [3, 7, 5, 6], [5, 6, 7, 7]]),
       lengths=np.array([3, 4, 0]), stats=None)
   assert textgen._texts(Tok(), result) == ["3,4", "3,7,5,6", ""]
+
+
+def test_speedup_is_per_generated_token():
+  """Sampled rows stopped by EOS need not emit as many tokens as the
+  baseline: the speedup compares tokens/s, not seconds."""
+  run = textgen.TextRun(texts=[], summary={}, seconds=1.0, tokens_per_s=194.0,
+                        baseline_seconds=0.636, baseline_tokens_per_s=402.5)
+  assert run.speedup == pytest.approx(194.0 / 402.5)
+  assert textgen.TextRun(texts=[], summary={}, seconds=1.0,
+                         tokens_per_s=1.0).speedup is None
+
+
+def test_run_refuses_a_bare_string_and_a_bad_seed():
+  """list("hello") would make five one-character prompts."""
+  tok = sj.data.ByteTokenizer()
+  with pytest.raises(TypeError, match=r"bare str: pass \[texts\]"):
+    textgen.run(None, None, tok, "hello")
+  with pytest.raises(TypeError, match="seed"):
+    textgen.run(None, None, tok, ["hello"], seed="a")
