@@ -19,6 +19,7 @@ colab/hf_checkpoints.ipynb:
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import Any, Sequence
 
@@ -65,7 +66,7 @@ def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
     # A view, not a second model: the target's own arrays, and its KV cache
     # for the kept blocks (no draft prefill, no draft cache).
     draft = SelfDraft(target, layers=int(arg), share_cache=True)
-    return draft, target, (f"self:{arg}: the target's first {arg} of "
+    return draft, target, (f"self:{arg}: the target's first {int(arg)} of "
                            f"{num_layers} blocks (SelfDraft: shared weights "
                            "and KV cache)")
   if spec == "prompt_lookup":
@@ -78,6 +79,12 @@ def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
           f"above {MAX_BIGRAM_VOCAB}. Use prompt_lookup or self:N.")
     draft = NGramLM.fit(prompt_ids[prompt_ids >= 0], target.vocab_size, 2)
     return draft, target, "bigram: add-1 bigram counts of the prompts"
+  if not spec.startswith("hf:") and not os.path.isdir(spec):
+    raise FileNotFoundError(
+        f"--draft={spec!r} is no directory; a draft is self:N (the target's "
+        "first N blocks), prompt_lookup, bigram, a Hugging Face checkpoint "
+        "directory (config.json, tokenizer.json, *.safetensors) or "
+        "hf:<repo_id>.")
   draft, draft_tok = hf.load(spec, dtype=dtype)
   if draft_tok is None:
     raise FileNotFoundError(f"--draft={spec} has no tokenizer.json; it is "

@@ -52,6 +52,12 @@ def test_draft_specs_are_checked():
     textgen.make_draft(str(DATA / "llama_gqa"), target, tok, ids)
   with pytest.raises(FileNotFoundError, match="config.json"):
     textgen.make_draft("no/such/dir", target, tok, np.array([1]))
+  # A misspelt kind is told the kinds there are.
+  for spec in ("Bigram", "prompt-lookup"):
+    with pytest.raises(FileNotFoundError, match="self:N .*prompt_lookup, "
+                       "bigram"):
+      textgen.make_draft(spec, target, tok, ids)
+  assert "first 1 of" in textgen.make_draft("self:01", target, tok, ids)[2]
 
 
 def test_gamma_flag_takes_an_int_or_auto():
