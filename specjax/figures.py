@@ -34,7 +34,11 @@ and `DIR/metadata.json`, and writes into `DIR`:
 
 Sweeps with more axes (`specjax.sweep.run`: verifier, gamma = auto, batch
 size) draw (a)-(f) and Table 3 from the main rows only (token verifier, fixed
-gamma, the smallest batch size), and (g), (h) where their axes vary.
+gamma, the smallest batch size), and (g), (h) where their axes vary;
+summary.txt counts the rows (a)-(f) leave out, per reason. The functions of
+(a)-(f), Table 3, `best_cells`, `summary_table` and `efficiency_report` read
+one (verifier, gamma_mode, batch_size) setting and refuse rows mixing them:
+pass `main_rows(rows)`.
 
 Measured values are markers with 95% (1.96 * se) error bars; the i.i.d.
 formulas of `specjax.accounting` are lines. Nothing is refit here: every
@@ -131,7 +135,11 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
   Raises:
     FileNotFoundError: sweep.jsonl is missing (the message names the path).
     ValueError: sweep.jsonl or metadata.json is corrupt, empty, lacks required
-      keys, or repeats a cell; the message names the file and line.
+      keys, repeats a cell, or holds a value that would relabel or drop a
+      cell (gamma not an integer >= 1, temperature not finite >= 0,
+      exact/lossy not bools, batch_size not an integer >= 1, accepted or
+      verified not integers >= 0 or accepted > verified, one draft name with
+      two kinds or sizes); the message names the file and line.
   """
   path = os.path.join(results_dir, SWEEP_FILE)
   if not os.path.isfile(path):
@@ -140,6 +148,7 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
         "written by experiments/sweep.py).")
   rows = []
   seen = {}
+  drafts = {}  # draft name -> ((draft_kind, draft_params), first line)
   with open(path, encoding="utf-8") as f:
     for lineno, line in enumerate(f, start=1):
       if not line.strip():
@@ -154,17 +163,34 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
       missing = [k for k in REQUIRED_KEYS if k not in row]
       if missing:
         raise ValueError(f"{path}:{lineno}: missing key(s) {missing}.")
-      try:
-        row["gamma"] = int(row["gamma"])
-        row["temperature"] = float(row["temperature"])
-        row["draft_params"] = int(row["draft_params"])
-      except (TypeError, ValueError) as e:
-        raise ValueError(f"{path}:{lineno}: gamma, temperature and "
-                         f"draft_params must be numbers ({e}).") from e
-      for name, default in AXIS_DEFAULTS.items():
-        row.setdefault(name, default)
-      row["lossy"] = not row["exact"]
-      row["batch_size"] = int(row["batch_size"])
+      where = f"{path}:{lineno}"
+      row["gamma"] = _count_field(row, "gamma", 1, where)
+      row["draft_params"] = _count_field(row, "draft_params", 0, where)
+      row["accepted"] = _count_field(row, "accepted", 0, where)
+      row["verified"] = _count_field(row, "verified", 0, where)
+      if row["accepted"] > row["verified"]:
+        raise ValueError(
+            f"{where}: accepted ({row['accepted']}) > verified "
+            f"({row['verified']}): a draft token is accepted only after it "
+            "is verified; fix the line or re-run the sweep.")
+      t = row["temperature"]
+      # float() would take "nan" or "1": a NaN temperature matches no
+      # panel, so the cell would vanish from every figure.
+      if (isinstance(t, bool) or not isinstance(t, (int, float))
+          or not math.isfinite(t) or t < 0):
+        raise ValueError(f"{where}: temperature must be a finite number >= "
+                         f"0 (a JSON number), got {t!r}; fix the line.")
+      row["temperature"] = float(t)
+      _check_axes(row, where)
+      # One draft name, one model: a name reused for another size would be
+      # one line (and one colour) mixing two drafts.
+      draft = (row["draft_kind"], row["draft_params"])
+      first = drafts.setdefault(row["draft"], (draft, lineno))
+      if first[0] != draft:
+        raise ValueError(
+            f"{where}: draft {row['draft']!r} is (draft_kind, draft_params) "
+            f"= {draft}, but line {first[1]} has {first[0]}; give different "
+            "drafts different names.")
       # A repeated cell would make "best gamma" depend on line order; refuse
       # rather than silently pick one.
       cell = (row["draft"], row["temperature"], row["gamma"], row["verifier"],
@@ -193,6 +219,49 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
   return rows, metadata
 
 
+def _count_field(row: dict, key: str, minimum: int, where: str) -> int:
+  """row[key] as an int >= minimum, or a ValueError naming `where`.
+
+  int() would truncate 7.9 to 7 (a cell relabelled) and take true as 1;
+  only a JSON integer, or a float with an integral value (4.0), is a count.
+  """
+  value = row[key]
+  if (isinstance(value, bool) or not isinstance(value, (int, float))
+      or (isinstance(value, float) and not value.is_integer())
+      or value < minimum):
+    raise ValueError(f"{where}: {key} must be an integer >= {minimum}, got "
+                     f"{value!r}; fix the line or re-run the sweep.")
+  return int(value)
+
+
+def _check_axes(row: dict, where: str) -> None:
+  """Fills the optional axes (AXIS_DEFAULTS) and checks their types.
+
+  An absent axis is a row written before it existed and takes its default;
+  a present one must be well typed: a string "false" is truthy, so it would
+  count a lossy verifier as exact.
+  """
+  if "exact" not in row and isinstance(row.get("lossy"), bool):
+    row["exact"] = not row["lossy"]
+  for name, default in AXIS_DEFAULTS.items():
+    row.setdefault(name, default)
+  for name in ("exact", "lossy"):
+    if name in row and not isinstance(row[name], bool):
+      raise ValueError(f"{where}: {name} must be true or false (a JSON "
+                       f"bool), got {row[name]!r}; fix the line.")
+  if "lossy" in row and row["lossy"] == row["exact"]:
+    raise ValueError(f"{where}: exact={row['exact']} and lossy="
+                     f"{row['lossy']} contradict; fix the line.")
+  row["lossy"] = not row["exact"]
+  row["batch_size"] = _count_field(row, "batch_size", 1, where)
+  if not isinstance(row["verifier"], str) or not row["verifier"]:
+    raise ValueError(f"{where}: verifier must be a non-empty string, got "
+                     f"{row['verifier']!r}; fix the line.")
+  if row["gamma_mode"] not in ("fixed", "auto"):
+    raise ValueError(f"{where}: gamma_mode must be 'fixed' or 'auto', got "
+                     f"{row['gamma_mode']!r}; fix the line.")
+
+
 # --- Small helpers ----------------------------------------------------------
 
 
@@ -209,6 +278,30 @@ def _num(value) -> float:
   except (TypeError, ValueError):
     return math.nan
   return out
+
+
+def _settings(rows: Sequence[dict]) -> list[tuple[str, str, int]]:
+  """The (verifier, gamma_mode, batch_size) combinations of `rows`; a row
+  without an axis has its AXIS_DEFAULTS value, as load_results gives it."""
+  return sorted({tuple(r.get(k, AXIS_DEFAULTS[k])
+                       for k in ("verifier", "gamma_mode", "batch_size"))
+                 for r in rows}, key=str)
+
+
+def _require_one_setting(rows: Sequence[dict], caller: str) -> None:
+  """Refuses rows mixing verifiers, gamma modes or batch sizes.
+
+  Figures (a)-(f), Table 3 and the best-gamma summary index cells by (draft,
+  temperature, gamma) only: given two verifiers they would pick a lossy
+  cell as the best gamma or pool alpha across verifiers, silently.
+  """
+  settings = _settings(rows)
+  if len(settings) > 1:
+    raise ValueError(
+        f"rows: {caller} reads one (verifier, gamma_mode, batch_size) "
+        f"setting, got {len(settings)}: {settings}; pass "
+        "figures.main_rows(rows) (token verifier, fixed gamma, smallest "
+        "batch) or select the rows of one setting.")
 
 
 def _drafts(rows: Sequence[dict]) -> list[str]:
@@ -321,8 +414,13 @@ def best_cells(rows: Sequence[dict]) -> dict[tuple[str, float], dict]:
   The best gamma is chosen on the measurement, not the prediction: that is
   the gamma a user of this hardware should pick. Ties go to the smaller gamma
   (less draft work for the same speed). Cells without a finite speedup are
-  skipped.
+  skipped, so a (draft, temperature) with no measured speedup is absent.
+
+  Raises:
+    ValueError: `rows` mix verifiers, gamma modes or batch sizes (pass
+      `main_rows(rows)`).
   """
+  _require_one_setting(rows, "best_cells")
   out = {}
   for d in _drafts(rows):
     for t in _temperatures(rows):
@@ -392,6 +490,7 @@ def plot_alpha_vs_overlap(rows: Sequence[dict], path_stem: str,
   Returns:
     The written paths, `path_stem.png` and `path_stem.pdf`.
   """
+  _require_one_setting(rows, "plot_alpha_vs_overlap")
   colors = _colors(rows)
   fig, panels = _new_figure(
       rows, "(a) Acceptance rate α̂ against draft/target overlap 1 − TV",
@@ -429,6 +528,7 @@ def plot_tokens_per_pass(rows: Sequence[dict], path_stem: str,
   cell's own alpha_hat; markers are the measured block efficiency with 95%
   CIs. The gap between them is the i.i.d.-acceptance assumption failing.
   """
+  _require_one_setting(rows, "plot_tokens_per_pass")
   colors = _colors(rows)
   fig, panels = _new_figure(
       rows, "(b) Tokens per target pass against γ: measured vs "
@@ -476,6 +576,7 @@ def plot_speedup_vs_gamma(rows: Sequence[dict], path_stem: str,
   second (95% CI where the sweep gave an se). A star marks each draft's best
   measured gamma; the dashed y = 1 line is break-even.
   """
+  _require_one_setting(rows, "plot_speedup_vs_gamma")
   colors = _colors(rows)
   best = best_cells(rows)
   fig, panels = _new_figure(
@@ -524,6 +625,7 @@ def plot_speedup_vs_draft_size(rows: Sequence[dict], path_stem: str,
   The x axis is symlog so prompt lookup (0 parameters) sits at 0 beside the
   n-gram tables and Transformers.
   """
+  _require_one_setting(rows, "plot_speedup_vs_draft_size")
   colors = _colors(rows)
   best = best_cells(rows)
   fig, panels = _new_figure(
@@ -580,6 +682,7 @@ def plot_round_decomposition(rows: Sequence[dict], path_stem: str,
   autoregressive step (measured): a bar below it is a speedup. Above each
   pair: the decode efficiency and, where it misses, the component off.
   """
+  _require_one_setting(rows, "plot_round_decomposition")
   temps = _temperatures(rows)
   per_panel = max(len([r for r in rows if r["temperature"] == t])
                   for t in temps)
@@ -712,6 +815,7 @@ def efficiency_report(rows: Sequence[dict]) -> str:
   efficiency is outside the band and whose 95% interval misses 1, with the
   component `measure.decompose` found off and by how much.
   """
+  _require_one_setting(rows, "efficiency_report")
   if not _has_decomposition(rows):
     return ""
   lines = ["Cost model check: efficiency = measured / predicted speedup "
@@ -814,6 +918,7 @@ def table3_markdown(rows: Sequence[dict], metadata: dict | None) -> str:
   column shows our best Transformer draft (plain or distilled, highest mean
   alpha) and names it. A second table lists every draft with 95% CIs.
   """
+  _require_one_setting(rows, "table3_markdown")
   uni = _best_of_kind(rows, ("unigram",))
   bi = _best_of_kind(rows, ("bigram",))
   tf = _best_of_kind(rows, TRANSFORMER_KINDS)
@@ -872,8 +977,14 @@ def summary_table(rows: Sequence[dict]) -> str:
   end-to-end speedup (±95% CI where known), predicted speedup and efficiency
   (measured / predicted), and, for sweeps with the loop's cost model, the
   same three decode only (prefills and the fixed call cost removed), all at
-  that gamma; then where speculation loses.
+  that gamma; then where speculation loses. Claims and counts cover measured
+  cells only (a finite speedup); a (draft, T) without one is named.
+
+  Raises:
+    ValueError: `rows` mix verifiers, gamma modes or batch sizes (pass
+      `main_rows(rows)`).
   """
+  _require_one_setting(rows, "summary_table")
   best = best_cells(rows)
   w = max([18] + [len(d) for d in _drafts(rows)])
   # Plain ASCII headers: combining characters (alpha hat) break alignment.
@@ -906,15 +1017,29 @@ def summary_table(rows: Sequence[dict]) -> str:
   losers = [f"{d} at T={t:g} (best {_num(b['speedup']):.2f}x at "
             f"gamma={b['gamma']})"
             for (d, t), b in best.items() if _num(b["speedup"]) < 1.0]
-  slow = [r for r in rows if _num(r["speedup"]) < 1.0]
+  # Only measured cells count: a claim "for every draft" or "N of M cells"
+  # must not cover a (draft, T) whose speedup was never measured.
+  measured = [r for r in rows if math.isfinite(_num(r["speedup"]))]
+  slow = [r for r in measured if _num(r["speedup"]) < 1.0]
+  unmeasured = [f"{d} at T={t:g}" for d in _drafts(rows)
+                for t in _temperatures(rows)
+                if _cells(rows, d, t) and (d, t) not in best]
+  scope = ("draft and temperature" if not unmeasured else
+           "draft and temperature with a measured speedup")
   if losers:
     lines.append("Speculation LOSES (speedup < 1 even at the best gamma): "
                  + "; ".join(losers) + ".")
-  else:
-    lines.append("Speculation wins (speedup >= 1) at the best gamma for every "
-                 "draft and temperature.")
-  lines.append(f"{len(slow)} of {len(rows)} (draft, T, gamma) cells are slower "
-               "than autoregressive decoding (speedup < 1).")
+  elif best:
+    lines.append(f"Speculation wins (speedup >= 1) at the best gamma for every "
+                 f"{scope}.")
+  if unmeasured:
+    lines.append("No measured speedup (no finite speedup at any gamma, so no "
+                 "row above): " + "; ".join(unmeasured) + ".")
+  lines.append(f"{len(slow)} of {len(measured)} (draft, T, gamma) cells with a "
+               "measured speedup are slower than autoregressive decoding "
+               "(speedup < 1)"
+               + (f"; {len(rows) - len(measured)} cells have none."
+                  if len(measured) < len(rows) else "."))
   return "\n".join(lines) + "\n"
 
 
@@ -1042,7 +1167,8 @@ def plot_adaptive_gamma(rows: Sequence[dict], path_stem: str,
                         metadata: dict | None = None) -> list[str]:
   """(h) gamma = auto against every fixed gamma, per draft and batch size.
 
-  Rows of panels are batch sizes, columns (draft, temperature). Markers:
+  Rows of panels are batch sizes, columns (draft, temperature, verifier):
+  auto is drawn against its own verifier's fixed gammas only. Markers:
   the measured speedup at each fixed gamma (95% CI); the horizontal line and
   band: gamma = auto's speedup and its 95% CI, labelled with its mean draft
   length per round.
@@ -1051,8 +1177,9 @@ def plot_adaptive_gamma(rows: Sequence[dict], path_stem: str,
   if not rows:
     raise ValueError("no cell ran gamma='auto': nothing to compare.")
   batches = sorted({r["batch_size"] for r in rows})
-  columns = sorted({(r["draft"], r["temperature"]) for r in rows},
-                   key=lambda k: (_drafts(rows).index(k[0]), k[1]))
+  columns = sorted({(r["draft"], r["temperature"], r["verifier"])
+                    for r in rows},
+                   key=lambda k: (_drafts(rows).index(k[0]), k[1], k[2]))
   colors = _colors(rows)
   fig, axes = plt.subplots(len(batches), len(columns), squeeze=False,
                            figsize=(4.4 * len(columns), 3.6 * len(batches)),
@@ -1060,10 +1187,11 @@ def plot_adaptive_gamma(rows: Sequence[dict], path_stem: str,
   fig.suptitle("(h) γ = auto (Goodput rule) against every fixed γ\n"
                f"{_provenance(rows, metadata)}", fontsize=10)
   for i, b in enumerate(batches):
-    for j, (d, t) in enumerate(columns):
+    for j, (d, t, v) in enumerate(columns):
       ax = axes[i][j]
       cells = [r for r in rows if (r["draft"], r["temperature"],
-                                   r["batch_size"]) == (d, t, b)]
+                                   r["batch_size"], r["verifier"])
+               == (d, t, b, v)]
       fixed = sorted((r for r in cells if r["gamma_mode"] == "fixed"),
                      key=lambda r: r["gamma"])
       auto = [r for r in cells if r["gamma_mode"] == "auto"]
@@ -1084,7 +1212,8 @@ def plot_adaptive_gamma(rows: Sequence[dict], path_stem: str,
                     (0.02, 0.04), xycoords="axes fraction", fontsize=7,
                     color="tab:red")
       ax.axhline(1.0, color="0.3", linestyle=":", linewidth=1.0)
-      ax.set_title(f"{d}, T = {t:g}, batch {b}", fontsize=9)
+      ax.set_title(f"{d}, T = {t:g}, batch {b}"
+                   + (f", {v}" if v != "token" else ""), fontsize=9)
       ax.set_xlabel("fixed γ")
       ax.set_ylabel("speedup over autoregressive (×)")
       ax.grid(alpha=0.3)
@@ -1143,7 +1272,9 @@ def block_vs_token_report(rows: Sequence[dict]) -> str:
   Checks issue 11's target per cell: block >= token within the 95% interval
   of the difference, and a gain >= BLOCK_GAIN where token's alpha_hat <=
   BLOCK_ALPHA_MAX (n/a at gamma = 1, where block verification is token
-  verification, and where alpha is higher).
+  verification, and where alpha is higher). A cell without a positive
+  tokens per call on both sides is n/a in both checks and counted in
+  neither.
   """
   fixed = [r for r in rows if r["gamma_mode"] == "fixed"]
   index = {(r["draft"], r["temperature"], r["batch_size"], r["gamma"],
@@ -1160,11 +1291,24 @@ def block_vs_token_report(rows: Sequence[dict]) -> str:
            f"where alpha <= {BLOCK_ALPHA_MAX})",
            f"{'cell':44s} {'alpha':>6} {'token':>6} {'block':>6} "
            f"{'gain':>7}  >=token  +{BLOCK_GAIN:.0%}"]
-  counts = {"ok": 0, "pass": 0, "fail": 0, "n/a": 0}
+  counts = {"ok": 0, "pass": 0, "fail": 0, "n/a": 0, "unmeasured": 0}
   for tok, blk in pairs:
     a = _num(tok["alpha_hat"])
     t_tok, t_blk = _num(tok["tokens_per_target_call"]), _num(
         blk["tokens_per_target_call"])
+    cell = (f"{tok['draft']} T={tok['temperature']:g} B={tok['batch_size']} "
+            f"g={tok['gamma']}")
+    # Every target call emits >= 1 token: a missing or non-positive value is
+    # no measurement, so the cell is n/a in both checks, neither pass nor fail.
+    if not (t_tok > 0 and t_blk > 0 and math.isfinite(t_tok)
+            and math.isfinite(t_blk)):
+      counts["unmeasured"] += 1
+      counts["n/a"] += 1
+      fmt = lambda x, spec: format(x, spec) if math.isfinite(x) else "n/a"
+      lines.append(f"{cell:44s} {fmt(a, '.3f'):>6} {fmt(t_tok, '.2f'):>6} "
+                   f"{fmt(t_blk, '.2f'):>6} {'n/a':>7}  {'n/a':>7}  n/a "
+                   "(tokens per call not measured)")
+      continue
     se = math.sqrt(sum(_num(x.get("tokens_per_target_call_se")) ** 2
                        for x in (tok, blk)))
     gain = t_blk / t_tok - 1.0
@@ -1172,16 +1316,19 @@ def block_vs_token_report(rows: Sequence[dict]) -> str:
     counts["ok"] += at_least
     if tok["gamma"] == 1:
       verdict = "n/a (gamma=1: block is token)"
+    elif not math.isfinite(a):
+      verdict = "n/a (alpha not measured)"
     elif not a <= BLOCK_ALPHA_MAX:
       verdict = f"n/a (alpha > {BLOCK_ALPHA_MAX})"
     else:
       verdict = "PASS" if gain >= BLOCK_GAIN else "FAIL"
     counts[{"PASS": "pass", "FAIL": "fail"}.get(verdict, "n/a")] += 1
-    cell = (f"{tok['draft']} T={tok['temperature']:g} B={tok['batch_size']} "
-            f"g={tok['gamma']}")
     lines.append(f"{cell:44s} {a:>6.3f} {t_tok:>6.2f} {t_blk:>6.2f} "
                  f"{gain:>+7.1%}  {'yes' if at_least else 'NO':>7}  {verdict}")
-  lines.append(f"block >= token (95%): {counts['ok']} of {len(pairs)} cells; "
+  measured = len(pairs) - counts["unmeasured"]
+  lines.append(f"block >= token (95%): {counts['ok']} of {measured} cells"
+               + (f" ({counts['unmeasured']} more without tokens per call)"
+                  if counts["unmeasured"] else "") + "; "
                f"+{BLOCK_GAIN:.0%} where alpha <= {BLOCK_ALPHA_MAX} and gamma "
                f"> 1: {counts['pass']} pass, {counts['fail']} fail "
                f"({counts['n/a']} n/a).")
@@ -1189,7 +1336,8 @@ def block_vs_token_report(rows: Sequence[dict]) -> str:
 
 
 def adaptive_report(rows: Sequence[dict]) -> str:
-  """Per (draft, T, batch): gamma = auto against the sweep's best fixed gamma.
+  """Per (draft, T, batch, verifier): gamma = auto against the sweep's best
+  fixed gamma with the same verifier.
 
   "Faster" is decoding throughput (generated tokens per second): every cell
   of a group decodes the same prompts to the same budget, so auto and each
@@ -1200,42 +1348,69 @@ def adaptive_report(rows: Sequence[dict]) -> str:
 
   Verdicts (issue 12), on throughput: BEATS when auto's is >= (1 +
   AUTO_GAIN) x the best fixed gamma's, MATCHES when within AUTO_TOLERANCE of
-  it, else MISSES.
+  it, else MISSES; n/a (not counted) where auto's throughput is missing.
   """
   rows = adaptive_rows(rows)
   if not rows:
     return ""
+  w = max([40] + [len(f"{r['draft']} T={r['temperature']:g} "
+                      f"B={r['batch_size']} {r['verifier']}") for r in rows])
   lines = [f"gamma = auto vs the best fixed gamma of the sweep (target: >= "
            f"+{AUTO_GAIN:.0%}, or within {AUTO_TOLERANCE:.0%} where no fixed "
            "gamma can be beaten; judged on tokens/s)",
-           f"{'cell':40s} {'auto tok/s':>10} {'mean_g':>6} "
+           f"{'cell':{w}s} {'auto tok/s':>10} {'mean_g':>6} "
            f"{'best fixed':>14} {'auto/best':>9} {'speedup ratio':>13}  "
            "verdict"]
   verdicts = []
+  unmeasured = 0
+  rate = lambda r: _num(r.get("spec_tokens_per_s"))
+  fmt = lambda x, spec: format(x, spec) if math.isfinite(x) else "n/a"
+  verifiers = sorted({r["verifier"] for r in rows})
   for d, t, b in _groups(rows):
-    cells = [r for r in rows if (r["draft"], r["temperature"],
-                                 r["batch_size"]) == (d, t, b)]
-    auto = next((r for r in cells if r["gamma_mode"] == "auto"), None)
-    fixed = [r for r in cells if r["gamma_mode"] == "fixed"
-             and math.isfinite(_num(r["spec_tokens_per_s"]))]
-    if auto is None or not fixed:
-      continue
-    rate = lambda r: _num(r["spec_tokens_per_s"])
-    best = max(sorted(fixed, key=lambda r: r["gamma"]), key=rate)
-    ratio = rate(auto) / rate(best)
-    by_speedup = _num(auto["speedup"]) / max(
-        _num(r["speedup"]) for r in fixed)
-    verdict = ("BEATS" if ratio >= 1 + AUTO_GAIN else "MATCHES"
-               if ratio >= 1 - AUTO_TOLERANCE else "MISSES")
-    verdicts.append(verdict)
-    lines.append(
-        f"{f'{d} T={t:g} B={b}':40s} {rate(auto):>10.0f} "
-        f"{_num(auto.get('mean_draft_length')):>6.2f} "
-        f"{'g=' + str(best['gamma']) + ' ' + format(rate(best), '.0f'):>14} "
-        f"{ratio:>9.3f} {by_speedup:>13.3f}  {verdict}")
+    # Auto is compared with fixed gammas of its own verifier only: another
+    # verifier's fixed gamma is a different decoder.
+    for v in verifiers:
+      cells = [r for r in rows if (r["draft"], r["temperature"],
+                                   r["batch_size"], r["verifier"])
+               == (d, t, b, v)]
+      auto = next((r for r in cells if r["gamma_mode"] == "auto"), None)
+      # A rate of 0 is no measurement, and dividing by it would raise.
+      fixed = [r for r in cells if r["gamma_mode"] == "fixed"
+               and math.isfinite(rate(r)) and rate(r) > 0]
+      if auto is None:
+        continue
+      label = f"{d} T={t:g} B={b} {v}"
+      if not fixed:
+        unmeasured += 1
+        lines.append(f"{label:{w}s} {fmt(rate(auto), '.0f'):>10} "
+                     f"{_num(auto.get('mean_draft_length')):>6.2f} "
+                     f"{'n/a':>14} {'n/a':>9} {'n/a':>13}  "
+                     "n/a (no fixed gamma's tokens/s measured)")
+        continue
+      best = max(sorted(fixed, key=lambda r: r["gamma"]), key=rate)
+      ratio = rate(auto) / rate(best)
+      # max() over a list holding NaN depends on where the NaN sits.
+      speedups = [x for x in (_num(r["speedup"]) for r in fixed)
+                  if math.isfinite(x) and x > 0]
+      by_speedup = (_num(auto["speedup"]) / max(speedups) if speedups
+                    else math.nan)
+      if not math.isfinite(ratio):
+        verdict = "n/a (auto's tokens/s not measured)"
+        unmeasured += 1
+      else:
+        verdict = ("BEATS" if ratio >= 1 + AUTO_GAIN else "MATCHES"
+                   if ratio >= 1 - AUTO_TOLERANCE else "MISSES")
+        verdicts.append(verdict)
+      lines.append(
+          f"{label:{w}s} {fmt(rate(auto), '.0f'):>10} "
+          f"{_num(auto.get('mean_draft_length')):>6.2f} "
+          f"{'g=' + str(best['gamma']) + ' ' + format(rate(best), '.0f'):>14}"
+          f" {fmt(ratio, '.3f'):>9} {fmt(by_speedup, '.3f'):>13}  {verdict}")
   lines.append(", ".join(f"{verdicts.count(v)} {v}" for v in
                          ("BEATS", "MATCHES", "MISSES")) + f" of "
-               f"{len(verdicts)} cells.")
+               f"{len(verdicts)} cells"
+               + (f" ({unmeasured} n/a: tokens/s not measured)."
+                  if unmeasured else "."))
   return "\n".join(lines) + "\n"
 
 
@@ -1256,6 +1431,46 @@ def models_table(metadata: dict) -> str:
   return "\n".join(lines) + "\n\n"
 
 
+def main_rows_note(rows: Sequence[dict]) -> str:
+  """Which of `rows` figures (a)-(f) and Table 3 leave out, and why.
+
+  A count per reason (another verifier, gamma = auto, a larger batch) and
+  the drafts with no row left, so a draft or verifier that vanished from
+  the main figures is stated, not silently missing. "" when none is left out.
+  """
+  main = main_rows(rows)
+  if len(main) == len(rows):
+    return ""
+  other = [r for r in rows if r["verifier"] != "token"]
+  auto = [r for r in rows
+          if r["verifier"] == "token" and r["gamma_mode"] == "auto"]
+  batch = main[0]["batch_size"] if main else None
+  larger = [r for r in rows if r["verifier"] == "token"
+            and r["gamma_mode"] == "fixed" and r["batch_size"] != batch]
+  if not main:
+    lines = [f"Figures (a)-(f) and Table 3 NOT drawn: none of the {len(rows)} "
+             "rows is token verifier with fixed gamma (the rows they read)."]
+  else:
+    lines = [f"Figures (a)-(f), Table 3 and the best-gamma table read "
+             f"{len(main)} of {len(rows)} rows (token verifier, fixed gamma, "
+             f"batch {batch}); left out:"]
+  if other:
+    lines.append(f"  {len(other)} rows of other verifiers ("
+                 + ", ".join(sorted({r['verifier'] for r in other})) + ")")
+  if auto:
+    lines.append(f"  {len(auto)} token rows with gamma = auto")
+  if larger:
+    lines.append(f"  {len(larger)} token fixed-gamma rows at batch "
+                 + ", ".join(str(b) for b in
+                             sorted({r['batch_size'] for r in larger}))
+                 + f" (the main figures read the smallest batch, {batch})")
+  kept = {r["draft"] for r in main}
+  gone = [d for d in _drafts(rows) if d not in kept]
+  if gone and main:
+    lines.append("  drafts with no row in them: " + ", ".join(gone))
+  return "\n".join(lines) + "\n"
+
+
 def make_all(results_dir: str) -> list[str]:
   """Writes every figure (PNG and PDF), the tables and summary.txt.
 
@@ -1263,11 +1478,25 @@ def make_all(results_dir: str) -> list[str]:
   verifiers were compared; (h) where gamma = auto ran; summary.txt with the
   block-vs-token and auto-vs-best-fixed reports where they apply.
 
+  summary.txt states which rows the main figures left out (`main_rows_note`).
+
   Returns:
     The written paths, figures first.
+
+  Raises:
+    ValueError: no figure can be drawn (no token fixed-gamma row, no group
+      comparing verifiers, no gamma = auto); nothing is written.
   """
   all_rows, metadata = load_results(results_dir)
   rows = main_rows(all_rows)
+  if not (rows or verifier_rows(all_rows) or adaptive_rows(all_rows)):
+    raise ValueError(
+        f"{results_dir}: no figure to draw: no row is token verifier with "
+        "fixed gamma (figures (a)-(f), Table 3), no (draft, T, batch) group "
+        "ran two verifiers (g) and none ran gamma = auto (h); the rows have "
+        f"verifiers {sorted({r['verifier'] for r in all_rows})} and gamma "
+        f"modes {sorted({r['gamma_mode'] for r in all_rows})}. Re-run the "
+        "sweep with 'token' among its verifiers.")
   plots = (plot_alpha_vs_overlap, plot_tokens_per_pass,
            plot_speedup_vs_gamma, plot_speedup_vs_draft_size,
            plot_round_decomposition)
@@ -1284,6 +1513,9 @@ def make_all(results_dir: str) -> list[str]:
         all_rows, os.path.join(results_dir, "fig_adaptive_gamma"), metadata)
   report = efficiency_report(rows) if rows else ""
   summary = models_table(metadata) + (summary_table(rows) if rows else "")
+  note = main_rows_note(all_rows)
+  if note:
+    summary += ("\n" if rows else "") + note
   for part in (report, block_vs_token_report(all_rows),
                verifier_table_markdown(all_rows, metadata),
                adaptive_report(all_rows)):

@@ -375,3 +375,173 @@ def test_repeated_cell_includes_the_new_axes(tmp_path):
   path.write_text(json.dumps(a) + "\n" + json.dumps(a) + "\n")
   with pytest.raises(ValueError, match="verifier='token'.*repeats line 1"):
     figures.load_results(str(tmp_path))
+
+
+# -- Audit: mixed settings, load-time validation, honest counts ---------------
+
+
+def test_one_setting_functions_refuse_mixed_rows(axes_made, tmp_path):
+  # _axis_rows mix verifiers, gamma = auto and batch 8: a best gamma or a
+  # pooled alpha over them would silently pick a lossy or auto cell.
+  rows, meta = figures.load_results(axes_made[0])
+  calls = {
+      "best_cells": lambda r: figures.best_cells(r),
+      "summary_table": lambda r: figures.summary_table(r),
+      "table3_markdown": lambda r: figures.table3_markdown(r, meta),
+      "efficiency_report": lambda r: figures.efficiency_report(r),
+      "plot_speedup_vs_gamma": lambda r: figures.plot_speedup_vs_gamma(
+          r, str(tmp_path / "c")),
+      "plot_round_decomposition": lambda r: figures.plot_round_decomposition(
+          r, str(tmp_path / "f")),
+  }
+  for name, call in calls.items():
+    with pytest.raises(ValueError, match=rf"rows: {name} .*main_rows"):
+      call(rows)
+  assert not list(tmp_path.iterdir())  # refused before drawing anything
+
+
+def _write_rows(path, rows):
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, figures.SWEEP_FILE), "w") as f:
+    for r in rows:
+      f.write(json.dumps(r) + "\n")
+  return str(path)
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"gamma": 7.9}, "gamma"), ({"gamma": 0}, "gamma"),
+    ({"gamma": -3}, "gamma"), ({"gamma": True}, "gamma"),
+    ({"temperature": "nan"}, "temperature"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"exact": "false"}, "exact"),
+    ({"batch_size": None}, "batch_size"),
+    ({"batch_size": "abc"}, "batch_size"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"verified": None}, "verified"),
+    ({"accepted": float("nan")}, "accepted"),
+    ({"accepted": 10**6}, "accepted"),  # more than verified
+    ({"draft_params": 5}, "draft"),  # line 1 says another size
+])
+def test_load_results_refuses_values_that_relabel_cells(tmp_path, change,
+                                                        key):
+  rows = _write_sweep_rows()[:2]
+  rows[1].update(change)
+  d = _write_rows(tmp_path, rows)
+  with pytest.raises(ValueError, match=rf"sweep\.jsonl:2: {key}"):
+    figures.load_results(d)
+
+
+def test_summary_names_drafts_without_a_measured_speedup():
+  rows = _write_sweep_rows()
+  for r in rows:
+    r["speedup"] = None if r["draft"] == "bigram" else 1.2
+  text = figures.summary_table(rows)
+  assert "No measured speedup" in text
+  assert "bigram at T=0; bigram at T=1" in text
+  assert "every draft and temperature with a measured speedup" in text
+  assert f"0 of {len(rows) - 8} (draft, T, gamma) cells with a measured" \
+      in text
+
+
+def _stub_plots(monkeypatch):
+  for name in ("plot_alpha_vs_overlap", "plot_tokens_per_pass",
+               "plot_speedup_vs_gamma", "plot_speedup_vs_draft_size",
+               "plot_round_decomposition", "plot_verifiers",
+               "plot_adaptive_gamma"):
+    monkeypatch.setattr(figures, name,
+                        lambda rows, stem, metadata=None: [stem + ".png"])
+
+
+def test_make_all_states_the_rows_main_figures_leave_out(axes_made,
+                                                         monkeypatch,
+                                                         tmp_path):
+  _stub_plots(monkeypatch)
+  d, _ = axes_made
+  figures.make_all(d)
+  summary = open(os.path.join(d, "summary.txt")).read()
+  assert ("read 5 of 16 rows (token verifier, fixed gamma, batch 1); left "
+          "out:") in summary
+  assert "6 rows of other verifiers (block, lenient:0.5)" in summary
+  assert "3 token rows with gamma = auto" in summary
+  assert "2 token fixed-gamma rows at batch 8" in summary
+  # A draft that ran only at a larger batch is named, not silently dropped.
+  rows = ([_axis_row("bigram", "token", g, 2.0, 1.2) for g in (1, 2)]
+          + [_axis_row("self:1", "token", g, 2.0, 1.2, batch=8)
+             for g in (1, 2)])
+  d = _write_rows(tmp_path / "batch", rows)
+  figures.make_all(d)
+  summary = open(os.path.join(d, "summary.txt")).read()
+  assert "drafts with no row in them: self:1" in summary
+  # Nothing to draw at all (one verifier, not token): an error, not a
+  # summary with the models table only.
+  d = _write_rows(tmp_path / "block",
+                  [dict(r, verifier="block") for r in rows])
+  with pytest.raises(ValueError, match="no figure to draw"):
+    figures.make_all(d)
+
+
+def test_adaptive_report_unmeasured_auto_is_na(axes_made):
+  rows = figures.load_results(axes_made[0])[0]
+  for r in rows:
+    if r["draft"] == "self:1" and r["gamma_mode"] == "auto":
+      r["spec_tokens_per_s"] = None
+  report = figures.adaptive_report(rows)
+  line = next(l for l in report.splitlines() if l.startswith("self:1"))
+  assert line.endswith("n/a (auto's tokens/s not measured)"), line
+  assert "1 BEATS, 1 MATCHES, 0 MISSES of 2 cells (1 n/a" in report
+
+
+def test_adaptive_speedup_ratio_skips_a_missing_fixed_speedup(axes_made):
+  rows = figures.load_results(axes_made[0])[0]
+  for r in rows:
+    if (r["draft"], r["verifier"], r["gamma_mode"], r["batch_size"],
+        r["gamma"]) == ("bigram", "token", "fixed", 1, 1):
+      r["speedup"] = None  # the first fixed gamma: max() would return NaN
+  line = next(l for l in figures.adaptive_report(rows).splitlines()
+              if l.startswith("bigram T=1 B=1"))
+  assert line.split()[-2] == f"{1.54 / 1.4:.3f}", line
+
+
+def _two_verifier_auto_rows(axes_made):
+  rows = figures.load_results(axes_made[0])[0]
+  # A second exact verifier with its own auto and fixed gammas, 3x faster:
+  # token's auto must not be judged against its fixed gammas.
+  extra = [dict(r, verifier="tree", spec_tokens_per_s=3 * r[
+      "spec_tokens_per_s"], speedup=3 * r["speedup"]) for r in rows
+           if (r["draft"], r["verifier"], r["batch_size"])
+           == ("bigram", "token", 1)]
+  return rows + extra
+
+
+def test_adaptive_report_compares_within_one_verifier(axes_made):
+  report = figures.adaptive_report(_two_verifier_auto_rows(axes_made))
+  lines = {" ".join(l.split()[:4]): l for l in report.splitlines()
+           if l.startswith("bigram")}
+  assert lines["bigram T=1 B=1 token"].endswith("BEATS")
+  assert lines["bigram T=1 B=1 tree"].endswith("BEATS")
+  assert "2 BEATS, 1 MATCHES, 1 MISSES of 4 cells." in report
+
+
+def test_adaptive_figure_has_a_column_per_verifier(axes_made, monkeypatch):
+  figs = []
+  monkeypatch.setattr(figures, "_finish",
+                      lambda fig, *a, **k: figs.append(fig) or [])
+  figures.plot_adaptive_gamma(_two_verifier_auto_rows(axes_made), "unused")
+  titles = [ax.get_title() for ax in figs[0].axes]
+  figures.plt.close(figs[0])
+  assert "bigram, T = 1, batch 1, tree" in titles, titles
+  assert len(titles) == 2 * 3  # batches 1, 8 x (bigram token/tree, self:1)
+
+
+@pytest.mark.parametrize("tokens", [None, 0.0])
+def test_block_vs_token_unmeasured_cell_is_na(axes_made, tokens):
+  rows = figures.load_results(axes_made[0])[0]
+  for r in rows:
+    if (r["verifier"], r["gamma"], r["gamma_mode"]) == ("token", 2, "fixed"):
+      r["tokens_per_target_call"] = tokens
+  report = figures.block_vs_token_report(rows)
+  line = next(l for l in report.splitlines() if l.startswith("bigram")
+              and " g=2 " in l + " ")
+  assert line.endswith("n/a (tokens per call not measured)"), line
+  assert ("2 of 2 cells (1 more without tokens per call); +5% where alpha "
+          "<= 0.9 and gamma > 1: 0 pass, 1 fail") in report
