@@ -17,6 +17,7 @@ held-out split, result files with full metadata.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 import csv
 import dataclasses
 import functools
@@ -33,11 +34,13 @@ from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
+from ml_collections import config_dict
 import tqdm
 
 from specjax import _checks
 from specjax import data
 from specjax import distortion
+from specjax import figures
 from specjax import jit_memory
 from specjax import measure
 from specjax import sampling as sampling_lib
@@ -45,8 +48,11 @@ from specjax import stats
 from specjax import zoo
 from specjax.decode import loop
 from specjax.decode import verifiers as verifiers_lib
+from specjax.models.eagle import EagleDraft
+from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.self_draft import SelfDraft
+from specjax.models.transformer import TransformerLM
 from specjax.train import losses
 
 
@@ -65,8 +71,53 @@ def _param_count(model) -> int:
   return int(sum(np.prod(x.shape) for x in jax.tree.leaves(model)))
 
 
+# The kinds the figures place (their Table 3 columns and markers); a row of
+# any other kind would drop out of them. "self" and "eagle" are among them.
+DRAFT_KINDS = figures.KIND_ORDER
+
+
+def _check_kind(where: str, kind) -> str:
+  if kind not in DRAFT_KINDS:
+    raise ValueError(f"{where} must be one of {DRAFT_KINDS} (the kinds the "
+                     f"figures place), got {kind!r}.")
+  return kind
+
+
+def _model_kinds(model) -> tuple[str, ...] | None:
+  """The draft kinds a model's class admits; None where it does not say
+  (a CausalLM of another class: any kind)."""
+  if isinstance(model, NGramLM):
+    return {1: ("unigram",), 2: ("bigram",)}.get(model.order)
+  if isinstance(model, TransformerLM):  # trained or distilled: same class
+    return ("transformer", "distilled")
+  if isinstance(model, PromptLookupDraft):
+    return ("prompt_lookup",)
+  if isinstance(model, SelfDraft):
+    return ("self",)
+  if isinstance(model, EagleDraft):
+    return ("eagle",)
+  return None
+
+
 def make_draft(name: str, kind: str, model) -> Draft:
-  """A `Draft` whose size is the number of array entries in the model."""
+  """A `Draft` whose size is the number of array entries in the model.
+
+  Raises (before counting) for a name that is not a non-empty string, a
+  kind outside `DRAFT_KINDS`, a None model, or a kind the model's class
+  contradicts (an order-2 `NGramLM` is a "bigram", a `TransformerLM` a
+  "transformer" or "distilled", ...).
+  """
+  if not isinstance(name, str) or not name:
+    raise TypeError(f"name must be a non-empty string, got {name!r}.")
+  _check_kind("kind", kind)
+  if model is None:
+    raise TypeError(f"model of draft {name!r} is None: give the draft's "
+                    "CausalLM.")
+  allowed = _model_kinds(model)
+  if allowed is not None and kind not in allowed:
+    raise ValueError(f"kind {kind!r} of draft {name!r} contradicts its model, "
+                     f"a {type(model).__name__} (kind {' or '.join(allowed)}"
+                     "); give the model's kind.")
   return Draft(name=name, kind=kind, params=_param_count(model), model=model)
 
 
@@ -93,7 +144,36 @@ class Cell:
             "batch_size": int(self.batch_size)}
 
 
+def _axis(name: str, values, example: str) -> tuple:
+  """`values` as a tuple (read once: a generator would run dry after the
+  first pass of the grid's loops), refusing a bare value or a string (whose
+  letters would be iterated: "token" -> 't', 'o', ...) and an empty axis."""
+  if isinstance(values, (str, bytes, Mapping)) or not isinstance(
+      values, Iterable):
+    raise TypeError(f"{name} must be a sequence, e.g. {example}, got "
+                    f"{values!r}.")
+  values = tuple(values)
+  if not values:
+    raise ValueError(f"{name} is empty: give at least one, e.g. {example}.")
+  return values
+
+
+def _refuse_repeats(name: str, keys: Sequence, values: Sequence) -> None:
+  """Each key (a value as the cell sees it: 1 and 1.0 are one temperature)
+  at most once: a repeat would measure the same cell twice, and
+  `figures.load_results` refuses the repeated rows."""
+  seen = {}
+  for key, value in zip(keys, values):
+    if key in seen:
+      given = ("" if repr(seen[key]) == repr(value) == repr(key) else
+               f" (given as {seen[key]!r} and {value!r})")
+      raise ValueError(f"{name} repeats {key!r}{given}; give each value "
+                       "once.")
+    seen[key] = value
+
+
 def _check_gammas(gammas) -> tuple:
+  gammas = _axis("gammas", gammas, "(1, 2, 4) or (2, 'auto')")
   out = []
   for g in gammas:
     if g == AUTO:
@@ -102,9 +182,8 @@ def _check_gammas(gammas) -> tuple:
       out.append(int(g))
     else:
       raise ValueError(f"gammas must hold ints >= 1 or 'auto', got {g!r} in "
-                       f"{tuple(gammas)}.")
-  if not out:
-    raise ValueError("gammas is empty: give at least one draft length.")
+                       f"{gammas}.")
+  _refuse_repeats("gammas", out, gammas)
   return tuple(out)
 
 
@@ -120,18 +199,37 @@ def plan(drafts: Sequence[Draft], *, temperatures: Sequence[float],
   gamma="auto" with a verifier that judges a block as a whole (block: the
   loop refuses adaptive draft lengths) or with a lossy verifier (the
   adaptive comparison is between exact decoders; a lossy+auto cell would mix
-  two effects). Raises ValueError (before any model runs) for an unknown
-  verifier, a bad gamma or temperature, or a batch size that does not
-  divide num_prompts; `plan([], ...)` checks the axes alone.
+  two effects). Raises ValueError or TypeError (before any model runs),
+  naming the argument, for an axis that is empty, not a sequence, or
+  repeats a value (temperatures compared as floats, verifiers by their
+  normalised spec, "lenient:0.50" = "lenient:0.5", drafts by name), an
+  unknown verifier, a bad gamma or temperature, a draft that is not a
+  `Draft`, or a batch size that does not divide num_prompts; `plan([], ...)`
+  checks the axes alone.
   """
+  if isinstance(drafts, (str, bytes, Mapping)) or not isinstance(
+      drafts, Iterable):
+    raise TypeError(f"drafts must be a sequence of Drafts (make_draft), got "
+                    f"{drafts!r}.")
+  drafts = tuple(drafts)  # iterated once per temperature and batch size
+  for i, d in enumerate(drafts):
+    if not isinstance(d, Draft):
+      raise TypeError(f"drafts[{i}] must be a Draft (make_draft(name, kind, "
+                      f"model)), got {type(d).__name__} {d!r}.")
+  _refuse_repeats("drafts (by name)", [d.name for d in drafts],
+                  [d.name for d in drafts])
   gammas = _check_gammas(gammas)
-  if not len(temperatures):
-    raise ValueError("temperatures is empty: give at least one, e.g. (1.0,).")
+  temperatures = _axis("temperatures", temperatures, "(1.0,)")
   for t in temperatures:
     sampling_lib.SamplingConfig(temperature=t)  # raises, naming temperature
+  _refuse_repeats("temperatures", [float(t) for t in temperatures],
+                  temperatures)
+  verifiers = _axis("verifiers", verifiers, "('token',)")
   specs = [verifiers_lib.get_verifier(v) for v in verifiers]
-  if not specs:
-    raise ValueError("verifiers is empty: give at least one, e.g. ('token',).")
+  _refuse_repeats("verifiers", [v.spec for v in specs], verifiers)
+  if num_prompts is not None:
+    _checks.check_int("num_prompts", num_prompts, low=1)
+  batch_sizes = _axis("batch_sizes", batch_sizes, "(1,)")
   batches = []
   for b in batch_sizes:
     if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b < 1:
@@ -141,6 +239,16 @@ def plan(drafts: Sequence[Draft], *, temperatures: Sequence[float],
                        "prompts; use num_prompts a multiple of every batch "
                        "size.")
     batches.append(int(b))
+  _refuse_repeats("batch_sizes", batches, batch_sizes)
+  # A grid whose every cell is skipped would load and time the models for
+  # nothing, and leave no rows to write.
+  if not any(g != AUTO or (v.supports_draft_length and v.exact)
+             for g in gammas for v in specs):
+    raise ValueError(f"every cell of gammas {gammas} x verifiers "
+                     f"{tuple(v.spec for v in specs)} would be skipped: "
+                     "gamma='auto' runs only with an exact verifier that "
+                     "drafts token by token (e.g. 'token'); add one, or a "
+                     "fixed gamma.")
   cells, skipped = [], []
   for temperature in temperatures:
     for batch in batches:
@@ -383,13 +491,70 @@ def device_description() -> str:
           f"({os.cpu_count()} CPU cores, {platform.machine()})")
 
 
-def self_draft(name: str, target) -> SelfDraft:
-  """`self:k`: the target's first k blocks, sharing its KV cache."""
+def _self_layers(name: str) -> int:
+  """k of a self-draft's name `self:k`; raises for any other name."""
   head, _, k = name.partition(":")
   if head != "self" or not k.isdigit() or int(k) < 1:
     raise ValueError(f"a self-draft is named 'self:k' (the target's first k "
                      f"blocks, k >= 1), got {name!r}.")
-  return SelfDraft(target, layers=int(k), share_cache=True)
+  return int(k)
+
+
+def self_draft(name: str, target) -> SelfDraft:
+  """`self:k`: the target's first k blocks, sharing its KV cache."""
+  return SelfDraft(target, layers=_self_layers(name), share_cache=True)
+
+
+_DRAFT_FIELDS = ("name", "kind", "overrides", "teacher_overrides")
+# The draft kind each kind of zoo name loads as ("ngram": the name itself).
+_ZOO_KINDS = {"transformer": "transformer", "distilled": "distilled",
+              "eagle": "eagle"}
+
+
+def _check_draft_specs(drafts, where: str = "config.drafts") -> None:
+  """A config's drafts, checked before any model loads: a non-empty
+  sequence of ConfigDicts with `_DRAFT_FIELDS`, unique names, kinds in
+  `DRAFT_KINDS` that agree with what the name loads (a zoo name's kind, or
+  `self:k` for "self"; prompt lookup's name is free)."""
+  if isinstance(drafts, (str, bytes, Mapping)) or not isinstance(
+      drafts, Iterable):
+    raise TypeError(f"{where} must be a list of draft ConfigDicts (as in "
+                    f"configs/reproduce.py), got {drafts!r}.")
+  drafts = list(drafts)
+  if not drafts:
+    raise ValueError(f"{where} is empty: give at least one draft (as in "
+                     "configs/reproduce.py), e.g. name 'bigram', kind "
+                     "'bigram'.")
+  for i, spec in enumerate(drafts):
+    here = f"{where}[{i}]"
+    if not isinstance(spec, config_dict.ConfigDict) or any(
+        f not in spec for f in _DRAFT_FIELDS):
+      raise TypeError(f"{here} must be a ConfigDict with fields "
+                      f"{_DRAFT_FIELDS} (as configs/reproduce.py makes them), "
+                      f"got {spec!r}.")
+    if not isinstance(spec.name, str) or not spec.name:
+      raise TypeError(f"{here}.name must be a non-empty string, got "
+                      f"{spec.name!r}.")
+    kind = _check_kind(f"{here}.kind", spec.kind)
+    if kind == "self":
+      _self_layers(spec.name)
+      continue
+    if kind == "prompt_lookup":
+      continue
+    try:
+      zoo_kind, size, _ = zoo.parse_name(spec.name)
+    except ValueError as e:
+      raise ValueError(f"{here}.name: {e}") from None
+    loads_as = size if zoo_kind == "ngram" else _ZOO_KINDS.get(zoo_kind)
+    if loads_as is None:
+      raise ValueError(f"{here}.name {spec.name!r} is a zoo {zoo_kind}, not "
+                       "a draft model.")
+    if kind != loads_as:
+      raise ValueError(f"{here}.kind is {kind!r}, but the zoo's "
+                       f"{spec.name!r} is a {loads_as} model; give kind "
+                       f"{loads_as!r}.")
+  _refuse_repeats(f"{where} (by name)", [d.name for d in drafts],
+                  [d.name for d in drafts])
 
 
 def _cast(model, dtypes):
@@ -402,8 +567,11 @@ def load_models(config, corpus, dtypes: dict | None = None):
   """(target, [Draft]) as a reproduce config names them, via the zoo.
 
   `dtypes`: `{"dtype": ..., "param_dtype": ...}` to decode the Transformers
-  in (e.g. bfloat16; default: as trained, float32).
+  in (e.g. bfloat16; default: as trained, float32). The drafts' names and
+  kinds are checked before any model loads (`_check_draft_specs`), and
+  each loaded model against its kind (`make_draft`).
   """
+  _check_draft_specs(config.drafts)
   cache = config.cache_dir
   target = _cast(zoo.load(config.target, cache_dir=cache,
                           overrides=dict(config.target_overrides),
@@ -429,21 +597,38 @@ def run_config(config, results_dir: str,
 
   `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
   `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
-  `dtypes` as `load_models` (recorded in the metadata).
+  `dtypes` as `load_models` (recorded in the metadata). Every field, axis,
+  draft and `results_dir` is checked, naming it, before a model loads.
   """
   start = time.time()
   # Every axis and size is checked before a model is loaded or trained
   # (minutes, for the quick job's models).
-  for name in ("num_prompts", "prompt_len", "max_new_tokens"):
-    _checks.check_int(f"config.{name}", config[name], low=1)
+  if not isinstance(config, config_dict.ConfigDict):
+    raise TypeError("config must be a configs/reproduce.py ConfigDict "
+                    "(reproduce.get_config(preset)), got "
+                    f"{type(config).__name__}.")
+  missing = [f for f in _CONFIG_FIELDS if f not in config]
+  if missing:
+    raise ValueError(f"config lacks the field(s) {missing}; start from "
+                     "reproduce.get_config(preset).")
+  for name in ("num_prompts", "prompt_len", "max_new_tokens", "step_repeats",
+               "call_repeats"):
+    _checks.check_int(f"config.{name}", config.get(name, 1), low=1)
+  _checks.check_int("config.seed", config.seed, low=0)
+  if _checks.check_float("config.step_seconds", config.step_seconds) <= 0:
+    raise ValueError("config.step_seconds (the time each timed loop aims at) "
+                     f"must be > 0, got {config.step_seconds}.")
   axes = dict(temperatures=config.temperatures, gammas=config.gammas,
               verifiers=config.get("verifiers", ("token",)),
               batch_sizes=config.get("batch_sizes", (1,)))
-  plan([], num_prompts=config.num_prompts, **axes)
-  if not _checks.dir_or_creatable(results_dir):
-    raise ValueError(f"results_dir {results_dir!r} is a file, or under one, "
-                     "or not writable; give a directory (it is created if "
-                     "missing).")
+  try:
+    plan([], num_prompts=config.num_prompts, **axes)
+  except TypeError as e:  # plan names the argument: here, the config field
+    raise TypeError(f"config: {e}") from None
+  except ValueError as e:
+    raise ValueError(f"config: {e}") from None
+  _check_draft_specs(config.drafts)
+  _check_results_dir(results_dir)
   os.makedirs(results_dir, exist_ok=True)
   corpus = data.stdlib_corpus()
   target, drafts = load_models(config, corpus, dtypes)
@@ -475,6 +660,9 @@ def run_config(config, results_dir: str,
              call_repeats=config.get("call_repeats", 1),
              progress=progress, skipped=skipped, on_row=save, **axes)
   bar.close()
+  if not rows:  # every cell refused by its decoder: nothing to write
+    raise ValueError("no cell of the grid ran; the decoders refused every "
+                     "one: " + "; ".join(s["reason"] for s in skipped))
   limits = [m.max_positions for m in [target] + [d.model for d in drafts]
             if m.max_positions is not None]
   window = min([256] + limits)
@@ -494,6 +682,22 @@ def run_config(config, results_dir: str,
   }
   write(rows, metadata, results_dir)
   return rows
+
+
+_CONFIG_FIELDS = ("target", "target_overrides", "cache_dir", "drafts",
+                  "temperatures", "gammas", "num_prompts", "prompt_len",
+                  "max_new_tokens", "seed", "step_seconds", "step_repeats")
+
+
+def _check_results_dir(results_dir) -> None:
+  if not isinstance(results_dir, (str, os.PathLike)) or not os.fspath(
+      results_dir):
+    raise TypeError(f"results_dir must be a directory path (a non-empty str), "
+                    f"got {results_dir!r}.")
+  if not _checks.dir_or_creatable(results_dir):
+    raise ValueError(f"results_dir {results_dir!r} is a file, or under one, "
+                     "or not writable; give a directory (it is created if "
+                     "missing).")
 
 
 def model_summaries(target_name: str, target, drafts: list[Draft],
@@ -534,13 +738,44 @@ def heldout_bpb(model, windows_NxBxT1: np.ndarray) -> float:
 PARTIAL_ROWS = "sweep.partial.jsonl"
 
 
-def write(rows: list[dict], metadata: dict, results_dir: str) -> None:
+def write(rows: Sequence[dict], metadata: dict, results_dir: str) -> None:
   """sweep.jsonl and sweep.csv (overwritten, never appended), metadata.json;
-  removes `run_config`'s rows-so-far file, which they supersede."""
+  removes `run_config`'s rows-so-far file, which they supersede.
+
+  Every input is checked, and every row and the metadata serialised, before
+  a file is opened, so a refused call leaves the old files as they were:
+  `rows` a non-empty sequence (any iterable, read once) of dicts, each
+  holding `figures.REQUIRED_KEYS`; `metadata` a dict; `results_dir` a
+  directory or creatable.
+  """
+  if isinstance(rows, (str, bytes, Mapping)) or not isinstance(
+      rows, Iterable):
+    raise TypeError(f"rows must be a sequence of row dicts (what run "
+                    f"returns), got {type(rows).__name__}.")
+  rows = list(rows)  # a generator would be used up by the first file
+  if not rows:
+    raise ValueError("rows is empty: no cells to write (figures.load_results "
+                     "refuses an empty sweep.jsonl).")
+  lines = []
+  for i, row in enumerate(rows):
+    if not isinstance(row, dict):
+      raise TypeError(f"rows[{i}] must be a dict (a row of run), got "
+                      f"{type(row).__name__} {row!r}.")
+    missing = [k for k in figures.REQUIRED_KEYS if k not in row]
+    if missing:
+      raise ValueError(f"rows[{i}] lacks {missing} (figures.REQUIRED_KEYS: "
+                       "the figures refuse a row without them).")
+    try:
+      lines.append(json.dumps(row) + "\n")
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"rows[{i}] is not JSON-serialisable: {e}.") from None
+  if not isinstance(metadata, dict):
+    raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}.")
+  meta_text = json.dumps(metadata, indent=1, default=str)
+  _check_results_dir(results_dir)
   os.makedirs(results_dir, exist_ok=True)
   with open(os.path.join(results_dir, "sweep.jsonl"), "w") as fh:
-    for row in rows:
-      fh.write(json.dumps(row) + "\n")
+    fh.writelines(lines)
   # Rows may differ in keys (an auto row's decomposition has factor_round
   # where a fixed row has factor_draft / factor_verify): the union, in order.
   fields = list(dict.fromkeys(k for row in rows for k in row))
@@ -550,7 +785,7 @@ def write(rows: list[dict], metadata: dict, results_dir: str) -> None:
     writer.writerows({k: (json.dumps(v) if isinstance(v, list) else v)
                       for k, v in row.items()} for row in rows)
   with open(os.path.join(results_dir, "metadata.json"), "w") as fh:
-    json.dump(metadata, fh, indent=1, default=str)
+    fh.write(meta_text)
   partial = os.path.join(results_dir, PARTIAL_ROWS)
   if os.path.exists(partial):
     os.remove(partial)

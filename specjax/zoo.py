@@ -121,7 +121,7 @@ def names() -> list[str]:
           + [f"{_EAGLE}{t}" for t in targets])
 
 
-def _parse(name: str) -> tuple[str, str, str | None]:
+def parse_name(name: str) -> tuple[str, str, str | None]:
   """(kind, size, teacher) for a model name; raises for an unknown one."""
   if not isinstance(name, str):
     raise TypeError(f"name must be a string, got {type(name).__name__}.")
@@ -215,7 +215,7 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
   teacher (the teacher's full recipe). `key(recipe)` names the cache entry.
   Reading the default corpus costs about a second (its content is hashed).
   """
-  kind, size, teacher_name = _parse(name)
+  kind, size, teacher_name = parse_name(name)
   corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
   out = {"format": FORMAT, "name": name, "kind": kind,
          "objective": _OBJECTIVES[kind], "corpus": _corpus_identity(corpus)}
@@ -383,7 +383,7 @@ def load(name: str, *, cache_dir: str | None = None,
   Raises:
     ZooError: the entry's recorded recipe differs from the request.
   """
-  kind, size, teacher_name = _parse(name)
+  kind, size, teacher_name = parse_name(name)
   for arg, value in (("overrides", overrides),
                      ("teacher_overrides", teacher_overrides)):
     if value is not None and not hasattr(value, "items"):  # a mapping

@@ -283,3 +283,148 @@ def test_model_summaries_score_every_model_but_prompt_lookup():
     bpb = models[name]["heldout_bpb"]
     assert np.isfinite(bpb) and bpb > 0, models[name]
   assert models["p"]["kind"] == "target"
+
+
+# -- Refusals before any work (no models trained, nothing timed) -------------
+
+
+def _named(name, kind="bigram"):
+  return sweep.Draft(name, kind, 0, object())  # plan reads names and kinds
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(gammas=(2, 2)), "gammas repeats 2"),
+    (dict(gammas=("auto", "auto")), "gammas repeats 'auto'"),
+    (dict(temperatures=(1, 1.0)), "temperatures repeats 1.0"),
+    (dict(verifiers=("lenient:0.5", "lenient:0.50")),
+     "verifiers repeats 'lenient:0.5'"),
+    (dict(batch_sizes=(1, 1)), "batch_sizes repeats 1"),
+    (dict(drafts=[_named("a"), _named("a", "unigram")]), "drafts.*repeats 'a'"),
+])
+def test_plan_refuses_a_repeated_axis_value(kwargs, match):
+  """A repeat would measure a cell twice and figures would refuse the file."""
+  axes = dict(drafts=[_named("a")], temperatures=(1.0,), gammas=(1, "auto"),
+              verifiers=("token",), batch_sizes=(1,), num_prompts=4)
+  axes.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    sweep.plan(axes.pop("drafts"), **axes)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    (dict(batch_sizes=()), ValueError, "batch_sizes is empty"),
+    (dict(temperatures=1.0), TypeError, "temperatures must be a sequence"),
+    (dict(batch_sizes=1), TypeError, "batch_sizes must be a sequence"),
+    (dict(verifiers="token"), TypeError, "verifiers must be a sequence"),
+    (dict(gammas="auto"), TypeError, "gammas must be a sequence"),
+    (dict(drafts=["bigram"]), TypeError, r"drafts\[0\] must be a Draft"),
+    (dict(gammas=("auto",), verifiers=("block",)), ValueError,
+     "would be skipped"),
+])
+def test_plan_names_the_bad_argument(kwargs, error, match):
+  axes = dict(drafts=[], temperatures=(1.0,), gammas=(1,),
+              verifiers=("token",), batch_sizes=(1,), num_prompts=4)
+  axes.update(kwargs)
+  with pytest.raises(error, match=match):
+    sweep.plan(axes.pop("drafts"), **axes)
+
+
+def test_plan_reads_a_generator_axis_once():
+  cells, _ = sweep.plan([_named("a")], temperatures=(t for t in (0.0, 1.0)),
+                        gammas=(1,))
+  assert [c.temperature for c in cells] == [0.0, 1.0]
+
+
+def test_make_draft_refuses_an_unknown_or_contradicted_kind():
+  from specjax.models.ngram import NGramLM  # pylint: disable=import-outside-toplevel
+  bigram = NGramLM.fit(np.arange(50) % 5, 8, 2)
+  assert sweep.DRAFT_KINDS == figures.KIND_ORDER
+  with pytest.raises(ValueError, match="kind must be one of"):
+    sweep.make_draft("d", "transfomer", bigram)
+  with pytest.raises(ValueError, match="contradicts its model"):
+    sweep.make_draft("d", "unigram", bigram)
+  with pytest.raises(TypeError, match="is None"):
+    sweep.make_draft("d", "bigram", None)
+
+
+def _row(draft="a"):
+  return {**{k: 1 for k in figures.REQUIRED_KEYS}, "draft": draft,
+          "draft_kind": "bigram"}
+
+
+def test_write_reads_a_generator_of_rows_once(tmp_path):
+  sweep.write((r for r in [_row("a"), _row("b")]), {}, str(tmp_path))
+  with open(tmp_path / "sweep.csv") as fh:
+    assert len(fh.read().splitlines()) == 3  # header and both rows
+
+
+@pytest.mark.parametrize("rows,metadata,match", [
+    ([{"draft": "x"}, "oops"], {}, r"rows\[0\] lacks"),
+    ([_row(), "oops"], {}, r"rows\[1\] must be a dict"),
+    ([], {}, "rows is empty"),
+    (_row(), {}, "rows must be a sequence"),
+    ([_row()], None, "metadata must be a dict"),
+])
+def test_write_checks_before_overwriting(tmp_path, rows, metadata, match):
+  """A refused write leaves the good results there as they were."""
+  sweep.write([_row("good")], {"a": 1}, str(tmp_path))
+  before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+  with pytest.raises((TypeError, ValueError), match=match):
+    sweep.write(rows, metadata, str(tmp_path))
+  assert {p.name: p.read_text() for p in tmp_path.iterdir()} == before
+
+
+def test_write_names_a_file_given_as_results_dir(tmp_path):
+  (tmp_path / "a_file").write_text("")
+  with pytest.raises(ValueError, match="results_dir .* is a file"):
+    sweep.write([_row()], {}, str(tmp_path / "a_file"))
+
+
+def _no_loading(monkeypatch):
+  def load_models(*_):
+    raise AssertionError("models were loaded before the config was checked")
+  monkeypatch.setattr(sweep, "load_models", load_models)
+  monkeypatch.setattr(sweep.data, "stdlib_corpus", load_models)
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("call_repeats", 0, "config.call_repeats must be >= 1"),
+    ("step_repeats", 0, "config.step_repeats must be >= 1"),
+    ("step_seconds", -1.0, "config.step_seconds .* must be > 0"),
+    ("drafts", [], "config.drafts is empty"),
+    ("drafts", [reproduce._draft("bigram", "transfomer")],  # pylint: disable=protected-access
+     r"config.drafts\[0\].kind must be one of"),
+    ("drafts", [reproduce._draft("bigram", "unigram")],  # pylint: disable=protected-access
+     r"config.drafts\[0\].kind is 'unigram'.*give kind 'bigram'"),
+    ("drafts", [reproduce._draft("draft-0.1m", "distilled")],  # pylint: disable=protected-access
+     "give kind 'transformer'"),
+    ("drafts", [reproduce._draft("bigram", "bigram")] * 2,  # pylint: disable=protected-access
+     "config.drafts .*repeats 'bigram'"),
+    ("batch_sizes", (), "config: batch_sizes is empty"),
+    ("gammas", (1, 1), "config: gammas repeats 1"),
+])
+def test_run_config_checks_every_field_before_loading_models(
+    monkeypatch, tmp_path, field, value, match):
+  _no_loading(monkeypatch)
+  config = reproduce.get_config("tiny")
+  config[field] = value
+  with pytest.raises(ValueError, match=match):
+    sweep.run_config(config, str(tmp_path))
+
+
+@pytest.mark.parametrize("what, match", [
+    ("plain dict", "config must be a .*ConfigDict"),
+    ("no results_dir", "results_dir must be a directory path"),
+    ("drafts as names", r"config.drafts\[0\] must be a ConfigDict"),
+])
+def test_run_config_names_a_wrong_type_before_loading_models(
+    monkeypatch, tmp_path, what, match):
+  _no_loading(monkeypatch)
+  config, results_dir = reproduce.get_config("tiny"), str(tmp_path)
+  if what == "plain dict":
+    config = config.to_dict()
+  elif what == "no results_dir":
+    results_dir = None
+  else:
+    config.drafts = ["bigram"]
+  with pytest.raises(TypeError, match=match):
+    sweep.run_config(config, results_dir)
