@@ -395,7 +395,8 @@ def ablation_loss(feature_weight, scores_itself, split):
     out, _ = module(eagle.shift_features(hidden_BxTxD), jax.lax.stop_gradient(
         head_inputs(frozen, inputs_BxT, positions_BxT, split)),
                     positions_BxT, None)
-    mask_BxT = losses.target_mask(targets_BxT)
+    mask_BxT = losses.target_mask(targets_BxT,
+                                  losses.pad_id_for(teacher_BxTxV.shape[-1]))
     mean = lambda x_BxT: ((x_BxT * mask_BxT).sum()
                           / jnp.maximum(mask_BxT.sum(), 1.0))
     loss = mean(distill.divergence_BxT(

@@ -148,6 +148,17 @@ def test_training_reads_the_pairs_drafting_reads(target):
     eagle_train.eagle_loss(divergence="kl")
 
 
+def test_loss_masks_the_byte_pad_only_in_the_byte_vocabulary():
+  """Id 258 is the byte tokenizer's PAD, but a real token of a 300-token
+  vocabulary: text of it must still be trained on."""
+  target = _target(vocab=300)
+  draft = sj.EagleDraft.create(target, 5)
+  tokens = jnp.asarray([[5, 258, 258, 258, 258]], jnp.int32)
+  loss, _ = eagle_train.eagle_loss()(draft.head.module(), {"tokens": tokens},
+                                     jax.random.key(0), target)
+  assert float(loss) > 0.1
+
+
 @pytest.mark.parametrize("flavour, gamma, eos", [
     ("gpt2", 3, 5), pytest.param("llama", 3, 5, marks=pytest.mark.slow),
     pytest.param("gpt2", 1, None, marks=pytest.mark.slow)])

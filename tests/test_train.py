@@ -1,5 +1,6 @@
 """Training: loss falls, bitwise checkpoints, exact resume, sharding, errors."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -16,7 +17,9 @@ import pytest
 from configs import train as train_configs
 from conftest import REPO
 from specjax import data
+from specjax.models import transformer as transformer_lib
 from specjax.train import checkpoint
+from specjax.train import distill
 from specjax.train import recipes as model_sizes
 from specjax.train import losses
 from specjax.train import optim
@@ -442,3 +445,243 @@ def test_command_line_entry_point(corpus_dir, tmp_path):
   assert "checkpoint_manager.py" not in proc.stderr  # orbax INFO filtered
   model, meta = checkpoint.load_model(workdir)
   assert meta["step"] == 2 and model.param_count() == 35_808
+
+
+# -- input checks: named errors, never a NaN or a silent wrong answer ----------
+
+_V, _P = 32, 32  # the small model's vocabulary and positions
+
+
+@pytest.fixture(scope="module")
+def small():
+  """A one-block model over 32 tokens, its optimizer and a jitted step."""
+  model = transformer_lib.TransformerLM.create(
+      transformer_lib.TransformerConfig(vocab_size=_V, d_model=16,
+                                        num_layers=1, num_heads=2,
+                                        max_positions=_P), 0)
+  mesh = parallel.make_mesh()
+  optimizer, _ = optim.make_optimizer(
+      train_configs.get_config("tiny").optim, 10)
+  step = trainer.make_train_step(model.graphdef, optimizer, mesh=mesh)
+  return model, optimizer, mesh, step
+
+
+def _windows(shape, seed=0):
+  return np.random.default_rng(seed).integers(0, _V, shape).astype(np.int32)
+
+
+def _with(tokens, at, value):
+  tokens = tokens.copy()
+  tokens[at] = value
+  return tokens
+
+
+_BAD_BATCHES = [
+    # An id past the table embeds and scores as NaN; a negative one wraps.
+    (lambda: {"tokens": _with(_windows((2, 9)), (0, 3), _V)},
+     ValueError, r"batch\['tokens'\]\[0, 3\] = 32 is outside"),
+    (lambda: {"tokens": _with(_windows((2, 9)), (1, 8), -1)},
+     ValueError, r"batch\['tokens'\]\[1, 8\] = -1 is outside"),
+    (lambda: {"tokens": _windows((2, 9)).astype(np.float32)},
+     TypeError, r"batch\['tokens'\] must be an integer array"),
+    (lambda: {"tokens": _windows((9,))},
+     ValueError, r"batch\['tokens'\] must have rank 2"),
+    # One token per row: no target, a loss of 0 that still updates.
+    (lambda: {"tokens": _windows((2, 1))},
+     ValueError, r"batch\['tokens'\] has shape \(2, 1\).*T \+ 1 >= 2"),
+    # Positions past the table would be clamped and trained on silently.
+    (lambda: {"tokens": _windows((2, _P + 2))},
+     ValueError, r"batch\['tokens'\] has shape \(2, 34\).*max_positions=32"),
+    (lambda: _windows((2, 9)), TypeError, r"batch must be a dict"),
+]
+
+
+@pytest.mark.parametrize("make_batch, error, match", _BAD_BATCHES,
+                         ids=["id-past-vocab", "negative-id", "float", "rank-1",
+                              "no-target", "past-max-positions", "not-a-dict"])
+def test_checks_train_step_refuses_a_bad_batch(small, make_batch, error,
+                                               match):
+  model, optimizer, mesh, step = small
+  state = trainer.init_state(model, optimizer, mesh)
+  with pytest.raises(error, match=match):
+    step(state, make_batch(), jax.random.key(0), None)
+  # Refused before running: the state was not donated, and stays usable.
+  state, metrics = step(state, {"tokens": _windows((2, 9))},
+                        jax.random.key(0), None)
+  assert np.isfinite(float(metrics["loss"]))
+  with pytest.raises(TypeError, match="rng must be a JAX PRNG key"):
+    step(state, {"tokens": _windows((2, 9))}, 0, None)
+
+
+@pytest.mark.parametrize("make_batch, error, match", _BAD_BATCHES[:-1],
+                         ids=["id-past-vocab", "negative-id", "float", "rank-1",
+                              "no-target", "past-max-positions"])
+def test_checks_losses_refuse_a_bad_batch(small, make_batch, error, match):
+  model = small[0]
+  batch = {k: jnp.asarray(v) for k, v in make_batch().items()}
+  with pytest.raises(error, match=match):
+    losses.next_token_loss(model.module(), batch, None)
+  with pytest.raises(error, match=match):
+    distill.distillation_loss("tv")(model.module(), batch, None, model)
+
+
+def test_checks_static_batch_facts_are_checked_under_jit(small):
+  teacher = small[0]
+  short = transformer_lib.TransformerLM.create(
+      dataclasses.replace(teacher.config, max_positions=8), 0)
+  distilled = lambda m, b, r: distill.distillation_loss("tv")(m, b, r,
+                                                              teacher)
+  for loss_fn in (losses.next_token_loss, distilled):
+    for shape, match in (((2, 1), r"T \+ 1 >= 2"),
+                         ((2, 10), "max_positions=8")):
+      with pytest.raises(ValueError, match=match):
+        jax.jit(lambda lm, t: loss_fn(lm.module(), {"tokens": t}, None))(
+            short, jnp.asarray(_windows(shape)))
+
+
+def test_checks_pad_is_masked_only_in_the_byte_vocabulary():
+  model = transformer_lib.TransformerLM.create(
+      transformer_lib.TransformerConfig(vocab_size=300, d_model=16,
+                                        num_layers=1, num_heads=2,
+                                        max_positions=8), 0)
+  # In a 300-token vocabulary, id 258 (the byte PAD) is a real token.
+  tokens = jnp.array([[5, data.PAD_ID, 7]], jnp.int32)
+  loss, _ = losses.next_token_loss(model.module(), {"tokens": tokens}, None)
+  logp = jax.nn.log_softmax(model.module()(tokens[:, :-1]))
+  want = -(logp[0, 0, data.PAD_ID] + logp[0, 1, 7]) / 2
+  np.testing.assert_allclose(loss, want, rtol=1e-6)
+
+
+def test_checks_mean_tv_refuses_bad_input(small):
+  model = small[0]
+  windows = _windows((1, 2, 8))
+  for temperature, error, match in (
+      (0.0, ValueError, "temperature must be > 0"),
+      (-1.0, ValueError, "temperature must be > 0"),
+      (float("nan"), ValueError, "temperature must be finite"),
+      ("2", TypeError, "temperature must be a real number")):
+    with pytest.raises(error, match=match):
+      distill.mean_tv(model, model, windows, temperature=temperature)
+  with pytest.raises(ValueError,
+                     match=r"windows must hold at least one.*N >= 1"):
+    distill.mean_tv(model, model, windows[:0])
+  for value in (_V, -1):
+    with pytest.raises(ValueError, match=rf"windows\[0, 0, 1\] = {value} is "
+                       "outside"):
+      distill.mean_tv(model, model, _with(windows, (0, 0, 1), value))
+
+
+def test_checks_make_train_step_refuses_bad_arguments(small):
+  model, optimizer, mesh, _ = small
+  for kwargs, match in (
+      (dict(loss_fn="tv"), "loss_fn must be a losses.LossFn"),
+      (dict(optimizer=None), "optimizer must be an optax"),
+      (dict(graphdef=model), "graphdef must be an nnx GraphDef"),
+      (dict(mesh=None), "mesh must be a jax.sharding.Mesh")):
+    args = dict(graphdef=model.graphdef, optimizer=optimizer,
+                loss_fn=losses.next_token_loss, mesh=mesh)
+    args.update(kwargs)
+    with pytest.raises(TypeError, match=match):
+      trainer.make_train_step(**args)
+
+
+def test_checks_checkpointer_refuses_bad_arguments(small, tmp_path):
+  model, optimizer, mesh, _ = small
+  state = trainer.init_state(model, optimizer, mesh)
+  meta = checkpoint.make_metadata(model_config=model.config)
+  for keep, error in ((0, ValueError), (-1, ValueError), ("3", TypeError)):
+    with pytest.raises(error, match="max_to_keep must be"):
+      checkpoint.Checkpointer(tmp_path / f"k{keep}", max_to_keep=keep,
+                              create=True)
+  (tmp_path / "afile").write_text("x")
+  with pytest.raises(NotADirectoryError, match="afile.* is a file"):
+    checkpoint.Checkpointer(tmp_path / "afile", create=True)
+  with checkpoint.Checkpointer(tmp_path / "ck", create=True) as ckpt:
+    for step, error in ((-1, ValueError), (2.7, TypeError), (True, TypeError),
+                        ("5", TypeError)):
+      with pytest.raises(error, match="step must be"):
+        ckpt.save(step, state, meta)
+    with pytest.raises(TypeError, match="metadata must be a dict"):
+      ckpt.save(4, state, None)
+    with pytest.raises(TypeError, match="metadata must be JSON-serialisable"):
+      ckpt.save(4, state, dict(meta, extra={"a": np.arange(3)}))
+    ckpt.save(5, state, meta)
+    # Orbax would drop these saves silently (restore returning step 5's).
+    for step in (5, 3):
+      with pytest.raises(ValueError, match=rf"Cannot save step {step} .* "
+                         "already holds step 5"):
+        ckpt.save(step, state, meta)
+    assert ckpt.steps() == [5]
+    for step in (5.0, True, "5"):
+      with pytest.raises(TypeError, match="step must be a Python int"):
+        ckpt.restore(state, step=step)
+    with pytest.raises(TypeError, match="template must be a dict holding"):
+      ckpt.restore(None)
+
+
+def _small_run_config(corpus_dir, **overrides):
+  return _config(corpus_dir, **{"seq_len": 16, "batch_size": 2,
+                                "num_steps": 3, "optim.warmup_steps": 1,
+                                "log_every": 1, "eval_every": 0,
+                                "checkpoint_every": 0, **overrides})
+
+
+def test_checks_train_refuses_a_vocabulary_smaller_than_the_corpus(
+    corpus_dir, tmp_path):
+  config = _small_run_config(corpus_dir, **{"model.vocab_size": 32})
+  with pytest.raises(ValueError, match=r"config.model.vocab_size=32 is "
+                     r"smaller than the corpus tokenizer's vocabulary of 259"):
+    trainer.train(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("num_steps, log_every, checkpoint_every",
+                         [(3, 1, 0), (4, 4, 3)],
+                         ids=["at-flush", "before-save"])
+def test_checks_train_stops_at_a_diverged_loss(corpus_dir, tmp_path, num_steps,
+                                               log_every, checkpoint_every):
+  # lr=1e30: losses [5.56, 5.52, nan, ...]. The second case saves at step 3
+  # before its losses are logged: the check must come before the save.
+  config = _small_run_config(corpus_dir, **{
+      "optim.lr": 1e30, "num_steps": num_steps, "log_every": log_every,
+      "checkpoint_every": checkpoint_every})
+  with pytest.raises(FloatingPointError, match=r"loss of step 2 is nan.*"
+                     r"lower config.optim.lr"):
+    trainer.train(config, str(tmp_path / "w"))
+  assert not os.listdir(tmp_path / "w" / "checkpoints")  # nothing NaN saved
+
+
+def test_checks_train_config_fields_are_named(corpus_dir, tmp_path):
+  from ml_collections import config_dict
+  config = _small_run_config(corpus_dir, heldout_fraction=1.5)
+  with pytest.raises(ValueError, match=r"config\.heldout_fraction must be in"):
+    trainer.train(config, str(tmp_path / "w"))
+  untyped = config_dict.ConfigDict(
+      dict(_small_run_config(corpus_dir).to_dict(), progress="False"))
+  with pytest.raises(TypeError, match="config.progress must be a bool"):
+    trainer.train(untyped, str(tmp_path / "w"))
+  with pytest.raises(TypeError, match="corpus must be a specjax.data.Corpus"):
+    trainer.train(_small_run_config(corpus_dir), str(tmp_path / "w"),
+                  corpus=str(corpus_dir))
+
+
+def test_checks_teacher_corpus_names_its_arguments(corpus_dir, tmp_path):
+  teacher = transformer_lib.TransformerLM.create(
+      transformer_lib.TransformerConfig(vocab_size=data.BYTE_VOCAB_SIZE,
+                                        d_model=16, num_layers=1, num_heads=2,
+                                        max_positions=16), 0)
+  corpus = data.text_corpus(str(corpus_dir), heldout_fraction=0.3)
+  args = dict(num_sequences=2, prompt_len=4, new_tokens=4, batch_size=2)
+  with pytest.raises(TypeError, match="corpus must be a specjax.data.Corpus"):
+    distill.teacher_corpus(teacher, str(corpus_dir), str(tmp_path / "t"),
+                           **args)
+  with pytest.raises(ValueError, match=r"prompt_len=12 and new_tokens=8 need "
+                     r".* 19 positions.*max_positions=16"):
+    distill.teacher_corpus(teacher, corpus, str(tmp_path / "t"),
+                           **dict(args, prompt_len=12, new_tokens=8))
+
+
+def test_checks_make_optimizer_names_missing_fields():
+  from specjax.train import optim  # pylint: disable=g-import-not-at-top
+  with pytest.raises(TypeError, match=r"lacks \['lr'"):
+    optim.make_optimizer({"lr": 1e-3}, 10)

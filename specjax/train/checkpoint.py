@@ -44,6 +44,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from specjax import _checks
 from specjax.models import transformer as transformer_lib
 
 FORMAT = "specjax.train/1"
@@ -135,12 +136,28 @@ class Checkpointer:
 
   def __init__(self, directory: str, *, max_to_keep: int | None = None,
                create: bool = False):
+    if not isinstance(directory, (str, os.PathLike)) or not os.fspath(
+        directory):
+      raise TypeError("directory must be a non-empty path (str or "
+                      f"os.PathLike), got {directory!r}.")
     directory = os.path.abspath(os.fspath(directory))
+    if os.path.exists(directory) and not os.path.isdir(directory):
+      raise NotADirectoryError(
+          f"Checkpoint directory {directory!r} is a file. Pass the --workdir "
+          "of a training run (or its checkpoints/ subdirectory), or a new "
+          "path to create.")
     if not create and not os.path.isdir(directory):
       raise FileNotFoundError(
           f"Checkpoint directory {directory!r} does not exist. Pass the "
           "--workdir of a training run (or its checkpoints/ subdirectory), or "
           "train one first with `python -m experiments.train`.")
+    if create and not _checks.dir_or_creatable(directory):
+      raise NotADirectoryError(
+          f"Cannot create the checkpoint directory {directory!r}: a parent of "
+          "it is a file or not writable. Pass another path.")
+    if max_to_keep is not None:
+      # 0 would make orbax delete every checkpoint it writes.
+      max_to_keep = _checks.check_int("max_to_keep", max_to_keep, low=1)
     self.directory = directory
     self._manager = ocp.CheckpointManager(
         directory, item_names=ITEMS,
@@ -168,17 +185,59 @@ class Checkpointer:
 
     Returns once the arrays are copied off the devices (the files are
     written in the background; `wait()` or `close()` blocks until they are
-    on disk). `metadata` comes from `make_metadata`; the step and the item
-    checksums are added here.
+    on disk). `metadata` comes from `make_metadata` (a JSON-serialisable
+    dict); the step and the item checksums are added here.
+
+    Checkpoints only move forward: `step` must be an int >= 0 above every
+    step already saved here (raises ValueError otherwise; orbax would
+    silently drop the save). A resumed run saves only steps past the one it
+    restored; to redo a step, delete its directory first.
     """
-    metadata = dict(metadata, step=int(step),
+    step = _checks.check_int("step", step, low=0)
+    if not isinstance(state, dict) or any(k not in state
+                                          for k in ARRAY_ITEMS):
+      raise TypeError(f"state must be a dict holding {list(ARRAY_ITEMS)} (a "
+                      "train state from trainer.init_state), got "
+                      f"{type(state).__name__}"
+                      + (f" with keys {sorted(state)}"
+                         if isinstance(state, dict) else "") + ".")
+    empty = [k for k in ARRAY_ITEMS if not jax.tree.leaves(state[k])]
+    if empty:  # orbax refuses an empty item deep inside its save
+      raise ValueError(f"state[{empty[0]!r}] holds no arrays; orbax cannot "
+                       "save an empty item. Save a train state from "
+                       "trainer.init_state.")
+    if not isinstance(metadata, dict):
+      raise TypeError("metadata must be a dict (from make_metadata), got "
+                      f"{type(metadata).__name__}.")
+    try:  # here, not in orbax's writer thread, where it would only be logged
+      json.dumps(metadata)
+    except (TypeError, ValueError) as e:
+      raise TypeError(f"metadata must be JSON-serialisable (plain dicts, "
+                      f"lists, str, numbers, bools, None): {e}. Convert "
+                      "arrays with .tolist().") from e
+    # A save in flight is not on disk yet; orbax's save waits for it anyway.
+    self._manager.wait_until_finished()
+    latest = self.latest_step()
+    if latest is not None and step <= latest:
+      raise ValueError(
+          f"Cannot save step {step} in {self.directory!r}: it already holds "
+          f"step {latest}, and checkpoints only move forward (orbax would "
+          f"drop this save). Fix: save a step > {latest}, delete "
+          f"{self.step_dir(latest)!r} (and any later step) first, or use a "
+          "fresh --workdir.")
+    metadata = dict(metadata, step=step,
                     saved_at=datetime.datetime.now(
                         datetime.timezone.utc).isoformat(timespec="seconds"),
                     checksums={k: tree_checksum(state[k]) for k in ARRAY_ITEMS})
-    self._manager.save(int(step), args=ocp.args.Composite(
+    saved = self._manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(state["params"]),
         opt_state=ocp.args.StandardSave(state["opt_state"]),
         metadata=ocp.args.JsonSave(metadata)))
+    if not saved:  # orbax declines silently; never lose a save unnoticed
+      raise CheckpointError(
+          f"orbax declined to save step {step} in {self.directory!r} (steps "
+          f"there: {self.steps()}). Save a later step or use a fresh "
+          "--workdir.")
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
@@ -196,6 +255,8 @@ class Checkpointer:
   # -- restoring -------------------------------------------------------------
 
   def _resolve_step(self, step: int | None) -> int:
+    if step is not None:  # a float or bool would match a step by equality
+      step = _checks.check_int("step", step, low=0)
     steps = self.steps()
     if step is None:
       if not steps:
@@ -289,6 +350,15 @@ class Checkpointer:
       `(state, metadata)`: `state` has the template's array items restored
       bitwise plus `step` (int32 scalar); `metadata` is the stored JSON.
     """
+    if not isinstance(template, dict) or "params" not in template:
+      raise TypeError(
+          "template must be a dict holding 'params' (and optionally "
+          "'opt_state'): arrays or jax.ShapeDtypeStructs of the target "
+          "structure, e.g. trainer.init_state(model, optimizer, mesh) or "
+          "{'params': model.state}; got "
+          f"{type(template).__name__}"
+          + (f" with keys {sorted(template)}" if isinstance(template, dict)
+             else "") + ".")
     step = self._resolve_step(step)
     metadata = self.read_metadata(step)
     if model_config is not None:

@@ -85,7 +85,9 @@ def distillation_loss(divergence: str = "tv", *,
 
   The loss is the mean of `divergence` over non-PAD target positions; the
   metrics add `tv` (always) so runs with different divergences compare on
-  the quantity that sets acceptance.
+  the quantity that sets acceptance. The batch is checked as
+  `losses.check_tokens` says (ids only on an eager call), against the
+  student's max_positions and the teacher's vocabulary.
   """
   check_divergence(divergence)
   temperature = _checks.check_float("temperature", temperature)
@@ -96,13 +98,31 @@ def distillation_loss(divergence: str = "tv", *,
 
   def loss_fn(module, batch, rng, teacher):
     del rng
-    inputs_BxT, targets_BxT = losses.split_inputs_targets(batch["tokens"])
+    if not callable(getattr(teacher, "logits", None)):
+      raise TypeError("aux must be the frozen teacher (a TransformerLM, with "
+                      f"a .logits method), got {type(teacher).__name__}.")
+    tokens_BxT1 = losses.batch_tokens(batch)
+    read_ids = _checks.is_concrete(tokens_BxT1)  # see `losses.check_tokens`
+    # The student's max_positions where it records it (a bare logits
+    # function, e.g. a SelfDraft's, checks its own); the teacher's
+    # vocabulary, which the student must share.
+    max_positions = losses.module_limits(module)[1]
+    vocab_size = losses.module_limits(teacher)[0]
+    tokens_BxT1 = losses.check_tokens(tokens_BxT1, max_positions=max_positions,
+                                      whose="the student's ")
+    losses.check_tokens(tokens_BxT1, vocab_size=vocab_size, read_ids=read_ids,
+                        whose="the teacher's ")
+    inputs_BxT, targets_BxT = losses.split_inputs_targets(tokens_BxT1)
     teacher_BxTxV = jax.lax.stop_gradient(
         teacher.logits(inputs_BxT)) / temperature
     student_BxTxV = module(inputs_BxT) / temperature
     # Static shapes: raised while the step is first traced, before any run.
     check_vocabularies(teacher_BxTxV.shape[-1], student_BxTxV.shape[-1])
-    mask_BxT = losses.target_mask(targets_BxT)
+    if vocab_size is None:  # a teacher that does not record it
+      vocab_size = teacher_BxTxV.shape[-1]
+      losses.check_tokens(tokens_BxT1, vocab_size=vocab_size,
+                          read_ids=read_ids, whose="the teacher's ")
+    mask_BxT = losses.target_mask(targets_BxT, losses.pad_id_for(vocab_size))
     count = jnp.maximum(mask_BxT.sum(), 1.0)
     mean = lambda x_BxT: (x_BxT * mask_BxT).sum() / count
     loss = mean(divergence_BxT(divergence, teacher_BxTxV, student_BxTxV))
@@ -148,6 +168,27 @@ def teacher_corpus(teacher, corpus: data.Corpus, directory: str, *,
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
   seed = _checks.check_int("seed", seed, low=0)
   temperature = _checks.check_float("temperature", temperature)
+  if not isinstance(corpus, data.Corpus):
+    raise TypeError("corpus must be a specjax.data.Corpus (e.g. "
+                    f"data.text_corpus(path)), got {type(corpus).__name__}.")
+  if not _checks.dir_or_creatable(directory):
+    raise NotADirectoryError(
+        f"directory={directory!r} is not a directory and cannot be created "
+        "there (it, or a parent, is a file or not writable).")
+  vocab_size = getattr(teacher, "vocab_size", None)
+  if isinstance(vocab_size, int) and vocab_size < data.BYTE_VOCAB_SIZE:
+    raise ValueError(f"the teacher's vocab_size is {vocab_size}, smaller than "
+                     f"the corpus' byte vocabulary ({data.BYTE_VOCAB_SIZE}): "
+                     "its prompts would hold ids the teacher cannot read.")
+  max_positions = getattr(teacher, "max_positions", None)
+  # Sampling the last new token reads position prompt_len + new_tokens - 2.
+  if (isinstance(max_positions, int)
+      and prompt_len + new_tokens - 1 > max_positions):
+    raise ValueError(
+        f"prompt_len={prompt_len} and new_tokens={new_tokens} need "
+        f"prompt_len + new_tokens - 1 = {prompt_len + new_tokens - 1} "
+        f"positions, more than the teacher's max_positions={max_positions}: "
+        "lower prompt_len or new_tokens.")
   fingerprint = corpus.fingerprint()
   manifest = {
       "format": TEACHER_CORPUS_FORMAT,
@@ -208,11 +249,23 @@ def mean_tv(teacher, student, windows_NxBxT: np.ndarray, *,
   """Mean TV(p, q) over every position of `windows` (int `[N, B, T]`).
 
   The per-position 1 - TV is the acceptance probability of a draft token
-  there, so this is the number distillation should lower.
+  there, so this is the number distillation should lower. Raises, naming
+  the argument, unless temperature > 0, N >= 1 and every id lies in the
+  (shared) vocabulary.
   """
-  windows_NxBxT = _checks.check_array("windows", windows_NxBxT, rank=3,
-                                      kind="i")
+  temperature = _checks.check_float("temperature", temperature)
+  if temperature <= 0:
+    raise ValueError("temperature must be > 0 (it divides the logits), got "
+                     f"{temperature}.")
+  windows_NxBxT = np.asarray(_checks.check_array("windows", windows_NxBxT,
+                                                 rank=3, kind="i"))
+  if windows_NxBxT.shape[0] < 1:
+    raise ValueError("windows must hold at least one window batch (int "
+                     f"[N, B, T] with N >= 1), got shape "
+                     f"{windows_NxBxT.shape}.")
   check_vocabularies(teacher.vocab_size, student.vocab_size)
+  _checks.check_token_range("windows", windows_NxBxT, teacher.vocab_size,
+                            whose="the teacher's ")
 
   @jax.jit
   def batch_tv(tokens_BxT):

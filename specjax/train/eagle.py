@@ -113,7 +113,8 @@ def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
                                 embeds_BxTxD, positions_BxT, None)
     # Gradients reach the head through the (frozen) LM head.
     student_BxTxV = frozen.head(predicted_BxTxD)
-    mask_BxT = losses.target_mask(targets_BxT)
+    mask_BxT = losses.target_mask(targets_BxT,
+                                  losses.pad_id_for(teacher_BxTxV.shape[-1]))
     count = jnp.maximum(mask_BxT.sum(), 1.0)
     mean = lambda x_BxT: (x_BxT * mask_BxT).sum() / count
     feature = mean(jnp.mean(_smooth_l1(

@@ -82,6 +82,11 @@ def make_optimizer(optim_config: Any, num_steps: int
     `(optimizer, schedule)`: an optax transformation whose state holds the
     update count the schedule reads, and the schedule itself (for logging).
   """
+  missing = [f for f in OPTIM_FIELDS if not hasattr(optim_config, f)]
+  if missing:  # a dict or a partial ConfigDict: attribute reads below
+    raise TypeError(f"optim_config must be the config.optim block with fields "
+                    f"{OPTIM_FIELDS}; {type(optim_config).__name__} lacks "
+                    f"{missing}.")
   schedule = make_schedule(optim_config, num_steps)
   for name in ("weight_decay", "b1", "b2", "eps", "clip_norm"):
     _checks.check_float(f"config.optim.{name}", getattr(optim_config, name))

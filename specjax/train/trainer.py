@@ -87,6 +87,25 @@ def check_config(config: Any) -> None:
                     ("eval_batch_size", 1), ("checkpoint_every", 0),
                     ("max_to_keep", 1)):
     _checks.check_int(f"config.{name}", config[name], low=low)
+  # A string such as "False" would be truthy (progress bars on).
+  _checks.check_bool("config.progress", config.progress)
+  fraction = _checks.check_float("config.heldout_fraction",
+                                 config.heldout_fraction)
+  if not 0.0 <= fraction < 1.0:
+    raise ValueError("config.heldout_fraction must be in [0, 1), got "
+                     f"{fraction}; 0.05 holds out about 5% of the files.")
+
+
+def check_vocab_size(vocab_size: Any, what: str, fix: str) -> None:
+  """Refuses a vocabulary smaller than the corpus tokenizer's: corpus batches
+  hold byte-tokenizer ids (up to EOS = 257), and an id past a model's table
+  embeds and scores as NaN, which would train (and checkpoint) NaN params."""
+  if isinstance(vocab_size, int) and vocab_size < data.BYTE_VOCAB_SIZE:
+    raise ValueError(
+        f"{what}={vocab_size} is smaller than the corpus tokenizer's "
+        f"vocabulary of {data.BYTE_VOCAB_SIZE} ids (256 bytes, BOS, EOS, "
+        f"PAD): the corpus' ids past it would train on NaN losses. Fix: "
+        f"{fix}")
 
 
 def model_config_from(config: Any) -> transformer_lib.TransformerConfig:
@@ -210,12 +229,38 @@ def make_train_step(graphdef: nnx.GraphDef,
       `sharding.shard_model`); None replicates it.
 
   Returns:
-    A jitted function. `state` is donated (its buffers are reused for the
-    new state; do not use it after the call). The loss of the step uses the
-    parameters before the update and the key `fold_in(rng, state["step"])`.
-    `metrics` holds float32 scalars: `loss`, `grad_norm` (before clipping),
-    `lr` when a schedule is given, and whatever `loss_fn` returns.
+    A function that checks its inputs, then runs the jitted update. `state`
+    is donated (its buffers are reused for the new state; do not use it
+    after the call). The loss of the step uses the parameters before the
+    update and the key `fold_in(rng, state["step"])`. `metrics` holds
+    float32 scalars: `loss`, `grad_norm` (before clipping), `lr` when a
+    schedule is given, and whatever `loss_fn` returns.
+
+  Before anything runs, `batch` must be a dict whose `tokens` pass
+  `losses.check_tokens` against the trained module's (and a model `aux`'s)
+  vocab_size and max_positions, and `rng` a PRNG key: an id outside the
+  vocabulary would give a NaN loss and NaN parameters (or train on another
+  token), a window past max_positions would train on clamped positions.
+  Dtype and shape are checked always; the ids only when `tokens` is a numpy
+  array (already on the host, a cheap scan), never by fetching a device
+  array (a sync per step). `train` checks its corpus' ids once instead.
   """
+  if not isinstance(graphdef, nnx.GraphDef):
+    raise TypeError(f"graphdef must be an nnx GraphDef (model.graphdef), got "
+                    f"{type(graphdef).__name__}.")
+  if not all(callable(getattr(optimizer, f, None)) for f in ("init", "update")):
+    raise TypeError("optimizer must be an optax GradientTransformation (from "
+                    f"optim.make_optimizer), got {type(optimizer).__name__}.")
+  if not callable(loss_fn):
+    raise TypeError("loss_fn must be a losses.LossFn, a function (module, "
+                    f"batch, rng, aux) -> (loss, metrics), got {loss_fn!r}. "
+                    "For distillation use distill.distillation_loss(...).")
+  if not isinstance(mesh, jax.sharding.Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh (parallel.make_mesh()),"
+                    f" got {type(mesh).__name__}.")
+  if schedule is not None and not callable(schedule):
+    raise TypeError("schedule must be None or a function of the update "
+                    f"count, got {type(schedule).__name__}.")
 
   def step_fn(state, batch, rng, aux):
     step_rng = jax.random.fold_in(rng, state["step"])
@@ -237,8 +282,28 @@ def make_train_step(graphdef: nnx.GraphDef,
   rep, sharded = parallel.replicated(mesh), parallel.batch_sharded(mesh)
   state_sh = rep if shardings is None else shardings
   aux_sh = rep if aux_shardings is None else aux_shardings
-  return jax.jit(step_fn, in_shardings=(state_sh, sharded, rep, aux_sh),
-                 out_shardings=(state_sh, rep), donate_argnums=0)
+  jitted = jax.jit(step_fn, in_shardings=(state_sh, sharded, rep, aux_sh),
+                   out_shardings=(state_sh, rep), donate_argnums=0)
+  limits = []  # the trained module's (vocab_size, max_positions), found once
+
+  def step(state, batch, rng, aux):
+    if not limits:  # read off the module's config; merging reads no values
+      limits.append(losses.module_limits(nnx.merge(graphdef,
+                                                   state["params"])))
+    tokens = losses.batch_tokens(batch)
+    on_host = isinstance(tokens, np.ndarray)
+    for (vocab_size, max_positions), whose in (
+        (limits[0], "the trained model's "),
+        (losses.module_limits(aux), "aux's ")):
+      tokens = losses.check_tokens(tokens, vocab_size=vocab_size,
+                                   max_positions=max_positions,
+                                   read_ids=on_host, whose=whose)
+    _checks.as_key("rng", rng)  # validated only: the step folds it as given
+    # The checked array (numpy where `tokens` was a list), as the jit expects.
+    batch = dict(batch, tokens=tokens)
+    return jitted(state, batch, rng, aux)
+
+  return step
 
 
 def make_eval_step(graphdef: nnx.GraphDef, *, mesh: jax.sharding.Mesh,
@@ -343,6 +408,12 @@ def train(config: Any, workdir: str, *,
       tokens_per_s: training throughput of this call, excluding the first
                     (compiling) step, evaluation and checkpointing;
       start_step, final_step, param_count, resumed (bool).
+
+  Raises before any work on a bad config (naming the field), e.g. a model
+  vocab_size below the corpus tokenizer's 259 ids; and FloatingPointError,
+  naming the step, at the first non-finite training loss (seen when losses
+  are logged, and before every checkpoint, which is never written with
+  non-finite parameters).
   """
   check_config(config)
   if model is None:
@@ -361,6 +432,16 @@ def train(config: Any, workdir: str, *,
           f"{type(model).__name__} is trained through its loss only. Set "
           "config.eval_every=0.")
   check_seq_len(config.seq_len, model_config)
+  check_vocab_size(
+      getattr(model_config, "vocab_size", None),
+      "config.model.vocab_size" if model is None else "model.config.vocab_size",
+      f"set --config.model.vocab_size={data.BYTE_VOCAB_SIZE}.")
+  check_vocab_size(losses.module_limits(aux)[0], "aux's vocab_size",
+                   "give aux (e.g. the teacher or target) the byte vocabulary.")
+  if corpus is not None and not isinstance(corpus, data.Corpus):
+    raise TypeError("corpus must be a specjax.data.Corpus (e.g. "
+                    "data.text_corpus(path)) or None for config.corpus, got "
+                    f"{type(corpus).__name__}.")
   if mesh is None:
     spec = config.get("mesh")
     mesh = parallel.make_mesh() if spec is None else sharding.make_mesh(spec)
@@ -463,10 +544,25 @@ def _loop(config, workdir, ckpt, state, template, model_config, metadata,
       train_time += now - clock[0]
     clock[0] = now
 
+  all_finite = jax.jit(lambda params: jnp.all(jnp.stack(
+      [jnp.isfinite(x).all() for x in jax.tree.leaves(params)])))
+
+  def diverged(what: str) -> FloatingPointError:
+    return FloatingPointError(
+        f"{what}: the run diverged, so it stops before saving non-finite "
+        f"parameters. Fix: lower config.optim.lr (now {config.optim.lr}) or "
+        "raise config.optim.warmup_steps, then resume from the last "
+        "checkpoint or use a fresh --workdir.")
+
+  def check_finite(step: int, loss: float) -> None:
+    if not np.isfinite(loss):
+      raise diverged(f"The training loss of step {step} is {loss}")
+
   def flush(done: int, bar) -> None:
     nonlocal timed_steps
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched):
+      check_finite(s, float(m["loss"]))
       steps.append(s)
       step_losses.append(float(m["loss"]))
     last = fetched[-1]
@@ -508,6 +604,13 @@ def _loop(config, workdir, ckpt, state, template, model_config, metadata,
       if ((config.checkpoint_every and done % config.checkpoint_every == 0)
           or done == config.num_steps):
         sync(count=True)
+        # The losses not yet flushed, and the parameters themselves (the
+        # last update may diverge after a finite loss): one fetch per save.
+        for (s, _), loss in zip(pending, jax.device_get(
+            [m["loss"] for _, m in pending])):
+          check_finite(s, float(loss))
+        if not bool(all_finite(state["params"])):
+          raise diverged(f"The parameters after {done} updates are not finite")
         ckpt.save(done, state, metadata)
         sync(count=False)
   finally:
