@@ -516,15 +516,8 @@ def _check_draft_specs(drafts, where: str = "config.drafts") -> None:
   sequence of ConfigDicts with `_DRAFT_FIELDS`, unique names, kinds in
   `DRAFT_KINDS` that agree with what the name loads (a zoo name's kind, or
   `self:k` for "self"; prompt lookup's name is free)."""
-  if isinstance(drafts, (str, bytes, Mapping)) or not isinstance(
-      drafts, Iterable):
-    raise TypeError(f"{where} must be a list of draft ConfigDicts (as in "
-                    f"configs/reproduce.py), got {drafts!r}.")
-  drafts = list(drafts)
-  if not drafts:
-    raise ValueError(f"{where} is empty: give at least one draft (as in "
-                     "configs/reproduce.py), e.g. name 'bigram', kind "
-                     "'bigram'.")
+  drafts = _axis(where, drafts, "the draft ConfigDicts of "
+                 "configs/reproduce.py (name 'bigram', kind 'bigram', ...)")
   for i, spec in enumerate(drafts):
     here = f"{where}[{i}]"
     if not isinstance(spec, config_dict.ConfigDict) or any(
