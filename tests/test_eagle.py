@@ -157,6 +157,13 @@ def test_loss_masks_the_byte_pad_only_in_the_byte_vocabulary():
   loss, _ = eagle_train.eagle_loss()(draft.head.module(), {"tokens": tokens},
                                      jax.random.key(0), target)
   assert float(loss) > 0.1
+  # An id off the vocabulary embeds as NaN; one past max_positions clamps.
+  for bad, match in (([[5, 300, 2]], "outside the target.s vocabulary"),
+                     (np.zeros((1, 99), np.int32), "max_positions")):
+    with pytest.raises(ValueError, match=match):
+      eagle_train.eagle_loss()(draft.head.module(),
+                               {"tokens": jnp.asarray(bad, jnp.int32)},
+                               jax.random.key(0), target)
 
 
 @pytest.mark.parametrize("flavour, gamma, eos", [
