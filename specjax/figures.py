@@ -1204,6 +1204,10 @@ def plot_adaptive_gamma(rows: Sequence[dict], path_stem: str,
         ax.set_xticks(g)
       for r in auto:
         a, se = _num(r["speedup"]), _num(r.get("speedup_se"))
+        if not math.isfinite(a):  # not measured: say so, draw no line
+          ax.annotate("auto: no measured speedup", (0.02, 0.04),
+                      xycoords="axes fraction", fontsize=7, color="tab:red")
+          continue
         ax.axhline(a, color="tab:red", linewidth=1.4)
         if math.isfinite(se):
           ax.axhspan(a - Z95 * se, a + Z95 * se, color="tab:red", alpha=0.12)

@@ -545,3 +545,20 @@ def test_block_vs_token_unmeasured_cell_is_na(axes_made, tokens):
   assert line.endswith("n/a (tokens per call not measured)"), line
   assert ("2 of 2 cells (1 more without tokens per call); +5% where alpha "
           "<= 0.9 and gamma > 1: 0 pass, 1 fail") in report
+
+
+def test_adaptive_figure_says_when_auto_was_not_measured(axes_made,
+                                                          monkeypatch):
+  """A null auto speedup drew a line labelled "auto nan×"."""
+  figs = []
+  monkeypatch.setattr(figures, "_finish",
+                      lambda fig, *a, **k: figs.append(fig) or [])
+  rows = figures.load_results(axes_made[0])[0]
+  for r in rows:
+    if r["gamma_mode"] == "auto":
+      r["speedup"] = None
+  figures.plot_adaptive_gamma(rows, "unused")
+  texts = [t.get_text() for ax in figs[0].axes for t in ax.texts]
+  figures.plt.close(figs[0])
+  assert texts and all(t == "auto: no measured speedup" for t in texts
+                       if t.startswith("auto")), texts
