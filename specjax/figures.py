@@ -1156,9 +1156,10 @@ def _lossy(rows: Sequence[dict], verifier: str) -> bool:
 
 def adaptive_rows(rows: Sequence[dict]) -> list[dict]:
   """Exact-verifier rows of the (draft, T, batch, verifier) groups that ran
-  gamma = auto beside fixed gammas."""
+  gamma = auto beside fixed gammas. (The sweep runs auto only with exact
+  verifiers; a lossy group elsewhere would mix speed with distortion.)"""
   auto = {(r["draft"], r["temperature"], r["batch_size"], r["verifier"])
-          for r in rows if r["gamma_mode"] == "auto"}
+          for r in rows if r["gamma_mode"] == "auto" and r["exact"]}
   return [r for r in rows if (r["draft"], r["temperature"], r["batch_size"],
                               r["verifier"]) in auto]
 

@@ -562,3 +562,11 @@ def test_adaptive_figure_says_when_auto_was_not_measured(axes_made,
   figures.plt.close(figs[0])
   assert texts and all(t == "auto: no measured speedup" for t in texts
                        if t.startswith("auto")), texts
+
+
+def test_adaptive_rows_keep_exact_verifiers_only(axes_made):
+  rows = figures.load_results(axes_made[0])[0]
+  lossy = [dict(r, verifier="lenient:0.5", exact=False, lossy=True)
+           for r in rows if r["gamma_mode"] == "auto"]
+  kept = figures.adaptive_rows(rows + lossy)
+  assert kept and all(r["exact"] for r in kept)
