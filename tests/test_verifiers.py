@@ -306,3 +306,28 @@ def test_real_loop_trees_on_the_lab_are_exact(lab_loop, spec):
 def test_real_loop_rejects_the_tree_control(lab_loop):
   result, _ = _run_loop(lab_loop, "tree-skip-residual:2,1", 2, EOS)
   assert not result.passed, str(result)
+
+
+@pytest.mark.parametrize("spec", ["token", "block"])
+def test_expected_accepted_refuses_a_round_whose_arrays_disagree(spec):
+  """Broadcasting priced a p without its bonus row (block: 1.0 for 2.0), a
+  p with an extra row (block: 3 of 2 drafts kept), and one row's p for the
+  whole batch; an id past V gathered NaN and -1 wrapped to V - 1."""
+  v = vf.get_verifier(spec)
+  p, q = jnp.array([.5, .3, .2]), jnp.array([.2, .3, .5])
+  p_2x3x3, q_2x2x3 = jnp.tile(p, (2, 3, 1)), jnp.tile(q, (2, 2, 1))
+  drafts = jnp.array([[0, 1], [2, 0]], jnp.int32)
+  good = v.expected_accepted(p_2x3x3, q_2x2x3, drafts)
+  assert ((0 <= good) & (good <= 2)).all()
+  for p_bad in (p_2x3x3[:, :2], jnp.tile(p, (2, 4, 1)), p_2x3x3[:1]):
+    with pytest.raises(ValueError, match="disagree"):
+      v.expected_accepted(p_bad, q_2x2x3, drafts)
+  with pytest.raises(ValueError, match="disagree"):
+    v.expected_accepted(p_2x3x3, q_2x2x3, drafts[:, :1])
+  for bad_id in (7, -1):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+      v.expected_accepted(p_2x3x3, q_2x2x3, drafts.at[0, 0].set(bad_id))
+  with pytest.raises(TypeError, match="integer token ids"):
+    v.expected_accepted(p_2x3x3, q_2x2x3, drafts.astype(jnp.float32))
+  empty = v.expected_accepted(p_2x3x3[:, :1], q_2x2x3[:, :0], drafts[:, :0])
+  np.testing.assert_array_equal(empty, [0.0, 0.0])

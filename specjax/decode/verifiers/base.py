@@ -20,6 +20,7 @@ from typing import Callable, ClassVar
 import jax
 import jax.numpy as jnp
 
+from specjax import _checks
 from specjax import coupling
 
 # sample(u_x, probs_xV) -> int32 [...]: the loop's sampler (inverse CDF, with
@@ -87,7 +88,7 @@ class Verifier:
     """E[num_accepted | drafts, p, q], float32 `[B]`: the round's drafts kept,
     averaged over its uniforms in closed form (a Rao-Blackwellised count).
 
-    Same arguments as `verify`. Two verifiers judged on the same drafts
+    Same arguments as `verify` (checked by `check_round`). Two verifiers judged on the same drafts
     compare without the noise of the accept/reject draws
     (`specjax.expected_tokens`). Verifiers without a closed form raise
     NotImplementedError.
@@ -98,6 +99,32 @@ class Verifier:
 
   def __str__(self) -> str:
     return self.spec
+
+
+def check_round(p_BxG1xV, q_BxGxV, drafts_BxG) -> None:
+  """Refuses a round whose arrays disagree: p `[B, G+1, V]`, q `[B, G, V]`,
+  integer drafts `[B, G]` (shapes always, so also under jit), and draft ids
+  off the vocabulary when they are concrete. Broadcasting would otherwise
+  price a p without its bonus row, or one row's p for every row, and an id
+  past V gathers NaN (-1 wraps to V - 1)."""
+  shapes = tuple(getattr(x, "shape", None) for x in (p_BxG1xV, q_BxGxV,
+                                                      drafts_BxG))
+  if None in shapes or len(shapes[2]) != 2 or len(shapes[1]) != 3:
+    raise ValueError(f"p, q and drafts must be arrays [B, G+1, V], [B, G, V] "
+                     f"and [B, G]; got shapes {shapes}.")
+  (batch, gamma), vocab = shapes[2], shapes[1][-1]
+  if shapes[1] != (batch, gamma, vocab) or shapes[0] != (batch, gamma + 1,
+                                                         vocab):
+    raise ValueError(
+        f"p {shapes[0]}, q {shapes[1]} and drafts {shapes[2]} disagree: a "
+        f"round of G = {gamma} drafts over V = {vocab} tokens needs p "
+        f"{(batch, gamma + 1, vocab)} (the bonus position last) and q "
+        f"{(batch, gamma, vocab)}.")
+  if not jnp.issubdtype(drafts_BxG.dtype, jnp.integer):
+    raise TypeError(f"drafts must hold integer token ids, got dtype "
+                    f"{drafts_BxG.dtype}.")
+  if _checks.is_concrete(drafts_BxG):
+    _checks.check_token_range("drafts", drafts_BxG, vocab)
 
 
 def gather(probs_xV: jax.Array, token_x: jax.Array) -> jax.Array:

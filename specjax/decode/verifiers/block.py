@@ -103,7 +103,10 @@ class BlockVerifier(base.Verifier):
   def expected_accepted(self, p_BxG1xV, q_BxGxV, drafts_BxG):
     """sum_k P(tau >= k) = sum_k (1 - prod_{i >= k} (1 - h_i)): tau is the
     largest i whose independent eta_i falls below h_i."""
+    base.check_round(p_BxG1xV, q_BxGxV, drafts_BxG)
     gamma = drafts_BxG.shape[1]
+    if not gamma:  # no drafts, none kept
+      return jnp.zeros(drafts_BxG.shape[:1], jnp.float32)
     w_BxG = block_weights(base.gather(p_BxG1xV[:, :gamma], drafts_BxG),
                           base.gather(q_BxGxV, drafts_BxG))
     miss_BxG = 1.0 - stop_probabilities(w_BxG, p_BxG1xV, q_BxGxV)

@@ -77,6 +77,7 @@ class TokenVerifier(base.Verifier):
     p(x_i), so with probability min(1, p/q) (1 if q = 0 < p)."""
     if not self.exact:
       return super().expected_accepted(p_BxG1xV, q_BxGxV, drafts_BxG)
+    base.check_round(p_BxG1xV, q_BxGxV, drafts_BxG)
     gamma = drafts_BxG.shape[1]
     p_at_BxG = base.gather(p_BxG1xV[:, :gamma], drafts_BxG)
     q_at_BxG = base.gather(q_BxGxV, drafts_BxG)
