@@ -101,16 +101,15 @@ def distillation_loss(divergence: str = "tv", *,
     if not callable(getattr(teacher, "logits", None)):
       raise TypeError("aux must be the frozen teacher (a TransformerLM, with "
                       f"a .logits method), got {type(teacher).__name__}.")
-    tokens_BxT1 = losses.batch_tokens(batch)
-    read_ids = _checks.is_concrete(tokens_BxT1)  # see `losses.check_tokens`
     # The student's max_positions where it records it (a bare logits
     # function, e.g. a SelfDraft's, checks its own); the teacher's
     # vocabulary, which the student must share.
     max_positions = losses.module_limits(module)[1]
     vocab_size = losses.module_limits(teacher)[0]
-    tokens_BxT1 = losses.check_tokens(tokens_BxT1, max_positions=max_positions,
+    tokens_BxT1 = losses.check_tokens(losses.batch_tokens(batch),
+                                      max_positions=max_positions,
                                       whose="the student's ")
-    losses.check_tokens(tokens_BxT1, vocab_size=vocab_size, read_ids=read_ids,
+    losses.check_tokens(tokens_BxT1, vocab_size=vocab_size,
                         whose="the teacher's ")
     inputs_BxT, targets_BxT = losses.split_inputs_targets(tokens_BxT1)
     teacher_BxTxV = jax.lax.stop_gradient(
@@ -121,7 +120,7 @@ def distillation_loss(divergence: str = "tv", *,
     if vocab_size is None:  # a teacher that does not record it
       vocab_size = teacher_BxTxV.shape[-1]
       losses.check_tokens(tokens_BxT1, vocab_size=vocab_size,
-                          read_ids=read_ids, whose="the teacher's ")
+                          whose="the teacher's ")
     mask_BxT = losses.target_mask(targets_BxT, losses.pad_id_for(vocab_size))
     count = jnp.maximum(mask_BxT.sum(), 1.0)
     mean = lambda x_BxT: (x_BxT * mask_BxT).sum() / count
@@ -175,11 +174,9 @@ def teacher_corpus(teacher, corpus: data.Corpus, directory: str, *,
     raise NotADirectoryError(
         f"directory={directory!r} is not a directory and cannot be created "
         "there (it, or a parent, is a file or not writable).")
-  vocab_size = getattr(teacher, "vocab_size", None)
-  if isinstance(vocab_size, int) and vocab_size < data.BYTE_VOCAB_SIZE:
-    raise ValueError(f"the teacher's vocab_size is {vocab_size}, smaller than "
-                     f"the corpus' byte vocabulary ({data.BYTE_VOCAB_SIZE}): "
-                     "its prompts would hold ids the teacher cannot read.")
+  losses.check_vocab_size(getattr(teacher, "vocab_size", None),
+                          "the teacher's vocab_size",
+                          "distil from a teacher over the byte vocabulary.")
   max_positions = getattr(teacher, "max_positions", None)
   # Sampling the last new token reads position prompt_len + new_tokens - 2.
   if (isinstance(max_positions, int)

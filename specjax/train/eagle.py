@@ -103,12 +103,11 @@ def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
 
   def loss_fn(module, batch, rng, target):
     del rng
-    tokens_BxT1 = losses.batch_tokens(batch)
     vocab_size, max_positions = losses.module_limits(target)
     # Ids only on an eager call; the train step checks a host batch's.
     tokens_BxT1 = losses.check_tokens(
-        tokens_BxT1, vocab_size=vocab_size, max_positions=max_positions,
-        read_ids=_checks.is_concrete(tokens_BxT1), whose="the target's ")
+        losses.batch_tokens(batch), vocab_size=vocab_size,
+        max_positions=max_positions, whose="the target's ")
     inputs_BxT, targets_BxT = losses.split_inputs_targets(tokens_BxT1)
     frozen = target.module()
     positions_BxT, hidden_BxTxD, teacher_BxTxV = teacher_forcing(

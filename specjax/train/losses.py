@@ -59,6 +59,19 @@ def pad_id_for(vocab_size: int) -> int | None:
   return tokenizer.PAD_ID if vocab_size == tokenizer.BYTE_VOCAB_SIZE else None
 
 
+def check_vocab_size(vocab_size: Any, what: str, fix: str) -> None:
+  """Refuses a vocabulary smaller than the corpus tokenizer's: corpus batches
+  hold byte-tokenizer ids (up to EOS = 257), and an id past a model's table
+  embeds and scores as NaN, which would train (and checkpoint) NaN params.
+  Not an int (a model that does not record it): nothing to check."""
+  if isinstance(vocab_size, int) and vocab_size < tokenizer.BYTE_VOCAB_SIZE:
+    raise ValueError(
+        f"{what}={vocab_size} is smaller than the corpus tokenizer's "
+        f"vocabulary of {tokenizer.BYTE_VOCAB_SIZE} ids (256 bytes, BOS, EOS, "
+        f"PAD): the corpus' ids past it would embed and score as NaN. Fix: "
+        f"{fix}")
+
+
 def target_mask(targets_BxT: jax.Array,
                 pad_id: int | None = tokenizer.PAD_ID) -> jax.Array:
   """float32 `[B, T]`: 1 where the target is a real token, 0 on `pad_id`
@@ -81,7 +94,8 @@ def batch_tokens(batch: Any) -> Any:
 
 
 def check_tokens(tokens_BxT1: Any, *, vocab_size: int | None = None,
-                 max_positions: int | None = None, read_ids: bool = False,
+                 max_positions: int | None = None,
+                 read_ids: bool | None = None,
                  name: str = "batch['tokens']", whose: str = "the model's "):
   """Checks `[B, T + 1]` training windows; returns them (a numpy array if
   they were a list).
@@ -89,10 +103,14 @@ def check_tokens(tokens_BxT1: Any, *, vocab_size: int | None = None,
   Always (static facts, so also on tracers): an integer dtype, rank 2, at
   least one row, T + 1 >= 2 (a window needs a target) and T <= max_positions
   (the model clamps a position past its table and would train on it
-  silently). With `read_ids` (only for concrete arrays: the caller decides
-  whether reading them is cheap) every id must lie in [0, vocab_size): a
-  larger one embeds and scores as NaN, a negative one wraps to another token.
+  silently). With `read_ids` every id must lie in [0, vocab_size): a larger
+  one embeds and scores as NaN, a negative one wraps to another token. None
+  (the losses' default) reads them when they are concrete, an eager call (a
+  tracer holds no values); a caller that must not fetch a device array (the
+  train step, a sync per step) passes a bool.
   """
+  if read_ids is None:
+    read_ids = _checks.is_concrete(tokens_BxT1)
   tokens_BxT1 = _checks.check_array(name, tokens_BxT1, rank=2, kind="i")
   rows, width = tokens_BxT1.shape
   if rows < 1 or width < 2:
@@ -153,16 +171,14 @@ def next_token_loss(module, batch: dict, rng: jax.Array, aux: Any = None
   """
   del rng, aux
   vocab_size, max_positions = module_limits(module)
-  tokens_BxT1 = batch_tokens(batch)
   # Ids only when concrete (an eager call); under jit the step checks them.
-  read_ids = _checks.is_concrete(tokens_BxT1)
-  tokens_BxT1 = check_tokens(tokens_BxT1, vocab_size=vocab_size,
-                             max_positions=max_positions, read_ids=read_ids)
+  tokens_BxT1 = check_tokens(batch_tokens(batch), vocab_size=vocab_size,
+                             max_positions=max_positions)
   inputs_BxT, targets_BxT = split_inputs_targets(tokens_BxT1)
   logits_BxTxV = module(inputs_BxT)
   if vocab_size is None:  # a bare logits function: V is the logits' width
     vocab_size = logits_BxTxV.shape[-1]
-    check_tokens(tokens_BxT1, vocab_size=vocab_size, read_ids=read_ids)
+    check_tokens(tokens_BxT1, vocab_size=vocab_size)
   nll_BxT = token_nll(logits_BxTxV, targets_BxT)
   mask_BxT = target_mask(targets_BxT, pad_id_for(vocab_size))
   count = jnp.maximum(mask_BxT.sum(), 1.0)

@@ -96,18 +96,6 @@ def check_config(config: Any) -> None:
                      f"{fraction}; 0.05 holds out about 5% of the files.")
 
 
-def check_vocab_size(vocab_size: Any, what: str, fix: str) -> None:
-  """Refuses a vocabulary smaller than the corpus tokenizer's: corpus batches
-  hold byte-tokenizer ids (up to EOS = 257), and an id past a model's table
-  embeds and scores as NaN, which would train (and checkpoint) NaN params."""
-  if isinstance(vocab_size, int) and vocab_size < data.BYTE_VOCAB_SIZE:
-    raise ValueError(
-        f"{what}={vocab_size} is smaller than the corpus tokenizer's "
-        f"vocabulary of {data.BYTE_VOCAB_SIZE} ids (256 bytes, BOS, EOS, "
-        f"PAD): the corpus' ids past it would train on NaN losses. Fix: "
-        f"{fix}")
-
-
 def model_config_from(config: Any) -> transformer_lib.TransformerConfig:
   """The `TransformerConfig` that `config.model` describes (None = default)."""
   fields = {k: v for k, v in dict(config.model).items() if v is not None}
@@ -432,12 +420,13 @@ def train(config: Any, workdir: str, *,
           f"{type(model).__name__} is trained through its loss only. Set "
           "config.eval_every=0.")
   check_seq_len(config.seq_len, model_config)
-  check_vocab_size(
+  losses.check_vocab_size(
       getattr(model_config, "vocab_size", None),
       "config.model.vocab_size" if model is None else "model.config.vocab_size",
       f"set --config.model.vocab_size={data.BYTE_VOCAB_SIZE}.")
-  check_vocab_size(losses.module_limits(aux)[0], "aux's vocab_size",
-                   "give aux (e.g. the teacher or target) the byte vocabulary.")
+  losses.check_vocab_size(
+      losses.module_limits(aux)[0], "aux's vocab_size",
+      "give aux (e.g. the teacher or target) the byte vocabulary.")
   if corpus is not None and not isinstance(corpus, data.Corpus):
     raise TypeError("corpus must be a specjax.data.Corpus (e.g. "
                     "data.text_corpus(path)) or None for config.corpus, got "
