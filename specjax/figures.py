@@ -280,6 +280,11 @@ def _num(value) -> float:
   return out
 
 
+def _fmt_or_na(value: float, spec: str) -> str:
+  """format(value, spec), or "n/a" where nothing was measured (NaN)."""
+  return format(value, spec) if math.isfinite(value) else "n/a"
+
+
 def _settings(rows: Sequence[dict]) -> list[tuple[str, str, int]]:
   """The (verifier, gamma_mode, batch_size) combinations of `rows`; a row
   without an axis has its AXIS_DEFAULTS value, as load_results gives it."""
@@ -1309,9 +1314,9 @@ def block_vs_token_report(rows: Sequence[dict]) -> str:
             and math.isfinite(t_blk)):
       counts["unmeasured"] += 1
       counts["n/a"] += 1
-      fmt = lambda x, spec: format(x, spec) if math.isfinite(x) else "n/a"
-      lines.append(f"{cell:44s} {fmt(a, '.3f'):>6} {fmt(t_tok, '.2f'):>6} "
-                   f"{fmt(t_blk, '.2f'):>6} {'n/a':>7}  {'n/a':>7}  n/a "
+      lines.append(f"{cell:44s} {_fmt_or_na(a, '.3f'):>6} "
+                   f"{_fmt_or_na(t_tok, '.2f'):>6} "
+                   f"{_fmt_or_na(t_blk, '.2f'):>6} {'n/a':>7}  {'n/a':>7}  n/a "
                    "(tokens per call not measured)")
       continue
     se = math.sqrt(sum(_num(x.get("tokens_per_target_call_se")) ** 2
@@ -1369,7 +1374,6 @@ def adaptive_report(rows: Sequence[dict]) -> str:
   verdicts = []
   unmeasured = 0
   rate = lambda r: _num(r.get("spec_tokens_per_s"))
-  fmt = lambda x, spec: format(x, spec) if math.isfinite(x) else "n/a"
   verifiers = sorted({r["verifier"] for r in rows})
   for d, t, b in _groups(rows):
     # Auto is compared with fixed gammas of its own verifier only: another
@@ -1387,7 +1391,7 @@ def adaptive_report(rows: Sequence[dict]) -> str:
       label = f"{d} T={t:g} B={b} {v}"
       if not fixed:
         unmeasured += 1
-        lines.append(f"{label:{w}s} {fmt(rate(auto), '.0f'):>10} "
+        lines.append(f"{label:{w}s} {_fmt_or_na(rate(auto), '.0f'):>10} "
                      f"{_num(auto.get('mean_draft_length')):>6.2f} "
                      f"{'n/a':>14} {'n/a':>9} {'n/a':>13}  "
                      "n/a (no fixed gamma's tokens/s measured)")
@@ -1407,10 +1411,11 @@ def adaptive_report(rows: Sequence[dict]) -> str:
                    if ratio >= 1 - AUTO_TOLERANCE else "MISSES")
         verdicts.append(verdict)
       lines.append(
-          f"{label:{w}s} {fmt(rate(auto), '.0f'):>10} "
+          f"{label:{w}s} {_fmt_or_na(rate(auto), '.0f'):>10} "
           f"{_num(auto.get('mean_draft_length')):>6.2f} "
           f"{'g=' + str(best['gamma']) + ' ' + format(rate(best), '.0f'):>14}"
-          f" {fmt(ratio, '.3f'):>9} {fmt(by_speedup, '.3f'):>13}  {verdict}")
+          f" {_fmt_or_na(ratio, '.3f'):>9}"
+          f" {_fmt_or_na(by_speedup, '.3f'):>13}  {verdict}")
   lines.append(", ".join(f"{verdicts.count(v)} {v}" for v in
                          ("BEATS", "MATCHES", "MISSES")) + f" of "
                f"{len(verdicts)} cells"
