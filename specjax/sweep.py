@@ -741,14 +741,8 @@ def write(rows: Sequence[dict], metadata: dict, results_dir: str) -> None:
   holding `figures.REQUIRED_KEYS`; `metadata` a dict; `results_dir` a
   directory or creatable.
   """
-  if isinstance(rows, (str, bytes, Mapping)) or not isinstance(
-      rows, Iterable):
-    raise TypeError(f"rows must be a sequence of row dicts (what run "
-                    f"returns), got {type(rows).__name__}.")
-  rows = list(rows)  # a generator would be used up by the first file
-  if not rows:
-    raise ValueError("rows is empty: no cells to write (figures.load_results "
-                     "refuses an empty sweep.jsonl).")
+  # Read once: a generator would be used up by the first file.
+  rows = _axis("rows", rows, "the row dicts run returns")
   lines = []
   for i, row in enumerate(rows):
     if not isinstance(row, dict):
