@@ -228,7 +228,12 @@ def batch_speedups(alpha, gamma, num_tokens, batch_sizes, c_B, r_B, *,
   scalar for all; c_B and r_B are required, r_B > 0. batch_sizes are
   integers >= 1. Returns float64 `[len(batch_sizes)]`.
   """
-  sizes = np.asarray(batch_sizes).reshape(-1)
+  sizes = np.asarray(batch_sizes)
+  if sizes.ndim != 1:
+    # Flattening a grid would pair its cells with c_B / r_B in an order the
+    # caller never chose.
+    raise ValueError(f"batch_sizes must be a 1-D sequence of batch sizes, got "
+                     f"shape {sizes.shape}.")
   if sizes.size and (not np.issubdtype(sizes.dtype, np.integer)
                      or np.any(sizes < 1)):
     # int(2.7) would silently decode a batch of 2.
@@ -263,8 +268,9 @@ def crossover_batch(batch_sizes, speedups) -> float | None:
   >= 1 and the next one below 1. None if speculation never stops paying on
   the grid; the smallest batch if it never pays.
   """
-  b = np.asarray(batch_sizes, np.float64)
-  s = np.asarray(speedups, np.float64)
+  # _real first: float64 coercion would read "4" as 4.0 and True as 1.0.
+  b = _real("batch_sizes", batch_sizes).astype(np.float64)
+  s = _real("speedups", speedups).astype(np.float64)
   if b.ndim != 1 or b.shape != s.shape or b.size == 0:
     raise ValueError("batch_sizes and speedups must be 1-D of equal length.")
   # A NaN compares False both ways, so it would slip through the order check

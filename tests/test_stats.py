@@ -215,6 +215,11 @@ def test_crossover_batch():
   for sizes in ([1, np.nan, 4], [1, 2, np.inf]):
     with pytest.raises(ValueError, match="batch_sizes must be finite"):
       accounting.crossover_batch(sizes, [2, 2, 0.5])
+  # float64 coercion read "4" as 4.0 and True as 1.0.
+  with pytest.raises(TypeError, match="batch_sizes must be a real number"):
+    accounting.crossover_batch(["1", "2"], [2.0, 0.5])
+  with pytest.raises(TypeError, match="speedups must be a real number"):
+    accounting.crossover_batch([1, 2], [True, False])
 
 
 def test_loop_accounting_refuses_bad_inputs_by_name():
@@ -253,6 +258,9 @@ def test_batch_speedups():
     accounting.batch_speedups(0.8, 4, 100, [0, 2], 0.1, 1.0)
   with pytest.raises(ValueError, match="c_B has shape"):
     accounting.batch_speedups(0.8, 4, 100, [1, 2, 4], [0.1, 0.2], 1.0)
+  # A grid of batch sizes was flattened and paired with c_B row-major.
+  with pytest.raises(ValueError, match="batch_sizes must be a 1-D"):
+    accounting.batch_speedups(0.8, 4, 100, [[1, 2], [4, 8]], 0.1, 1.0)
   with pytest.raises(ValueError, match="overhead_B has shape"):
     accounting.batch_speedups(0.8, 4, 100, [1, 2], 0.1, 1.0,
                               overhead_B=[0.1, 0.1, 0.1])
