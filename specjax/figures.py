@@ -120,6 +120,17 @@ _DPI = 150
 # --- Loading --------------------------------------------------------------
 
 
+# The fields that name one sweep cell: no two rows of a sweep share all six.
+CELL_FIELDS = ("draft", "temperature", "gamma", "verifier", "gamma_mode",
+               "batch_size")
+
+
+def cell_key(row: dict) -> tuple:
+  """The row's `CELL_FIELDS` values, in that order; an absent optional axis
+  reads as its `AXIS_DEFAULTS` value, as `load_results` fills it."""
+  return tuple(row[k] if k in row else AXIS_DEFAULTS[k] for k in CELL_FIELDS)
+
+
 def load_results(results_dir: str) -> tuple[list[dict], dict]:
   """Reads `results_dir/sweep.jsonl` and `results_dir/metadata.json`.
 
@@ -193,8 +204,7 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
             "drafts different names.")
       # A repeated cell would make "best gamma" depend on line order; refuse
       # rather than silently pick one.
-      cell = (row["draft"], row["temperature"], row["gamma"], row["verifier"],
-              row["gamma_mode"], row["batch_size"])
+      cell = cell_key(row)
       if cell in seen:
         raise ValueError(
             f"{path}:{lineno}: cell (draft={cell[0]!r}, temperature={cell[1]}"

@@ -738,12 +738,14 @@ def write(rows: Sequence[dict], metadata: dict, results_dir: str) -> None:
   Every input is checked, and every row and the metadata serialised, before
   a file is opened, so a refused call leaves the old files as they were:
   `rows` a non-empty sequence (any iterable, read once) of dicts, each
-  holding `figures.REQUIRED_KEYS`; `metadata` a dict; `results_dir` a
+  holding `figures.REQUIRED_KEYS`, no two of one cell
+  (`figures.cell_key`); `metadata` a dict; `results_dir` a
   directory or creatable.
   """
   # Read once: a generator would be used up by the first file.
   rows = _axis("rows", rows, "the row dicts run returns")
   lines = []
+  cells = {}
   for i, row in enumerate(rows):
     if not isinstance(row, dict):
       raise TypeError(f"rows[{i}] must be a dict (a row of run), got "
@@ -752,6 +754,15 @@ def write(rows: Sequence[dict], metadata: dict, results_dir: str) -> None:
     if missing:
       raise ValueError(f"rows[{i}] lacks {missing} (figures.REQUIRED_KEYS: "
                        "the figures refuse a row without them).")
+    # figures.load_results refuses a repeated cell; refuse it before the
+    # files exist rather than write results the figures cannot read.
+    cell = figures.cell_key(row)
+    j = cells.setdefault(cell, i)
+    if j != i:
+      raise ValueError(
+          f"rows[{i}] repeats the cell of rows[{j}] ("
+          + ", ".join(f"{k}={v!r}" for k, v in zip(figures.CELL_FIELDS, cell))
+          + "): give each cell one row.")
     try:
       lines.append(json.dumps(row) + "\n")
     except (TypeError, ValueError) as e:

@@ -363,6 +363,11 @@ def test_write_reads_a_generator_of_rows_once(tmp_path):
     ([], {}, "rows is empty"),
     (_row(), {}, "rows must be a sequence"),
     ([_row()], None, "metadata must be a dict"),
+    # The figures refuse a repeated cell: it was written all the same.
+    ([_row("a"), _row("b"), _row("a")], {}, r"rows\[2\] repeats the cell "
+     r"of rows\[0\] \(draft='a'"),
+    ([_row("a"), {**_row("a"), "batch_size": 1}], {},
+     r"rows\[1\] repeats the cell of rows\[0\]"),
 ])
 def test_write_checks_before_overwriting(tmp_path, rows, metadata, match):
   """A refused write leaves the good results there as they were."""
