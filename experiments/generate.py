@@ -116,10 +116,8 @@ def main(argv):
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value)
   target, tok = textgen.load_target(_TARGET.value, dtype=_DTYPE.value)
   prompt_ids = [tok.encode(t) for t in texts]
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  draft, target, what = textgen.make_draft(
-      _DRAFT.value, target, tok, np.concatenate(prompt_ids),
-      dtype=_DTYPE.value)
+  draft, target, what = textgen.make_draft(_DRAFT.value, target, tok,
+                                           prompt_ids, dtype=_DTYPE.value)
   print(f"target: {_TARGET.value} ({target.vocab_size} ids); draft: {what}")
   result = textgen.run(target, draft, tok, texts, gamma=gamma,
                        max_new_tokens=_MAX_NEW_TOKENS.value,

@@ -9,7 +9,7 @@ colab/hf_checkpoints.ipynb:
   checkpoint; vocabularies reconciled, see specjax.models.vocab), `self:N`
   (`SelfDraft`: the target's first N blocks with its embeddings and head,
   sharing its weights and KV cache), `bigram`
-  (fitted on the prompts), `prompt_lookup`.
+  (fitted on the prompts, pairs within each), `prompt_lookup`.
 * `parse_gamma(text)`: a `--gamma` flag (an int or "auto").
 * `run(target, draft, tokenizer, texts, ...)`: speculative generation (and,
   with `compare=True`, the autoregressive baseline on the same prompts),
@@ -49,9 +49,13 @@ def load_target(spec: str, *, dtype: Any = None):
   return model, tok
 
 
-def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
+def make_draft(spec: str, target, tokenizer, prompt_ids, *,
                dtype: Any = None):
   """`(draft, target, description)` for a `--draft` spec.
+
+  `prompt_ids` (read by `bigram` only): the prompts' token ids, one integer
+  array per prompt (a list, or a [B, P] array padded with -1), or one 1-D
+  array for a single prompt. The bigram counts pairs within each prompt.
 
   The target is returned too because reconciling two checkpoints with
   padded vocabularies wraps both (see `specjax.models.vocab.reconcile`).
@@ -77,7 +81,13 @@ def make_draft(spec: str, target, tokenizer, prompt_ids: np.ndarray, *,
       raise ValueError(
           f"--draft=bigram needs a [V, V] table; V = {target.vocab_size} is "
           f"above {MAX_BIGRAM_VOCAB}. Use prompt_lookup or self:N.")
-    draft = NGramLM.fit(prompt_ids[prompt_ids >= 0], target.vocab_size, 2)
+    # One sequence per prompt: no pair joins a prompt's end to the next
+    # one's start, a transition the draft never sees.
+    rows = (prompt_ids if isinstance(prompt_ids, (list, tuple))
+            or np.ndim(prompt_ids) == 2 else [prompt_ids])
+    rows = [np.asarray(row) for row in rows]
+    draft = NGramLM.fit([row[row >= 0] for row in rows],  # -1 pads a batch
+                        target.vocab_size, 2)
     return draft, target, "bigram: add-1 bigram counts of the prompts"
   if not spec.startswith("hf:") and not os.path.isdir(spec):
     raise FileNotFoundError(

@@ -27,6 +27,17 @@ def test_ngram_counts_exact():
   for a, b in [(0, 1), (1, 1), (1, 2), (2, 0), (0, 1)]:
     expected[a, b] += 1
   np.testing.assert_array_equal(ngram.ngram_counts(tokens, 4, 2), expected)
+  # Separate sequences: no pair joins the end of one to the start of the
+  # next (the flat array would count (1, 2) once more).
+  expected[1, 2] -= 1
+  np.testing.assert_array_equal(
+      ngram.ngram_counts([tokens[:3], tokens[3:]], 4, 2), expected)
+  np.testing.assert_array_equal(
+      ngram.ngram_counts([tokens[:3], tokens[3:]], 4, 1), [2, 3, 1, 0])
+  with pytest.raises(ValueError, match="no sequence of 2 tokens"):
+    ngram.ngram_counts([tokens[:1], tokens[1:2]], 4, 2)
+  with pytest.raises(ValueError, match=r"tokens\[1\] must"):
+    ngram.ngram_counts([tokens, np.ones((2, 2), np.int32)], 4, 2)
 
 
 @pytest.mark.parametrize("order", [1, 2])

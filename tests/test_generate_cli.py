@@ -58,6 +58,18 @@ def test_draft_specs_are_checked():
                        "bigram"):
       textgen.make_draft(spec, target, tok, ids)
   assert "first 1 of" in textgen.make_draft("self:01", target, tok, ids)[2]
+  # The bigram counts pairs within each prompt, never from one prompt's end
+  # to the next one's start, however the prompts come.
+  a, b = tok.encode("ab"), tok.encode("cd")
+  want = sj.NGramLM.fit([a, b], target.vocab_size, 2).log_probs
+  padded = np.full((2, max(len(a), len(b))), -1, np.int32)
+  padded[0, :len(a)], padded[1, :len(b)] = a, b
+  for prompts in ([a, b], padded):
+    got = textgen.make_draft("bigram", target, tok, prompts)[0].log_probs
+    np.testing.assert_array_equal(got, want)
+  bridge = int(a[-1]), int(b[0])
+  assert want[bridge] == sj.NGramLM.fit(a, target.vocab_size, 2).log_probs[
+      bridge]
 
 
 def test_gamma_flag_takes_an_int_or_auto():

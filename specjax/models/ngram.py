@@ -42,23 +42,34 @@ class NGramCache(struct.PyTreeNode):
 def ngram_counts(tokens_N, vocab_size: int, order: int) -> np.ndarray:
   """Exact counts: int64 `[V]` (order 1) or `[V, V]` (order 2).
 
-  For order 2, `counts[a, b]` is the number of i with `tokens[i] == a` and
-  `tokens[i + 1] == b`; pairs across document boundaries (`EOS BOS`) are
-  counted like any other, since the draft sees them too.
+  `tokens_N` is one integer `[N]` array, or a list or tuple of them
+  (separate sequences, e.g. prompts of different lengths). For order 2,
+  `counts[a, b]` is the number of i with `tokens[i] == a` and
+  `tokens[i + 1] == b` within one array: no pair joins the end of one
+  sequence to the start of the next. Inside one array, pairs across
+  document boundaries (`EOS BOS`) are counted like any other, since the
+  draft sees them too.
   """
   vocab_size = _checks.check_int("vocab_size", vocab_size, low=1)
   order = _check_order(order)
-  tokens_N = np.asarray(_checks.check_array("tokens", tokens_N, rank=1,
-                                            kind="i")).astype(np.int64)
-  if tokens_N.size < order:
-    raise ValueError(f"tokens has {tokens_N.size} tokens; an order-{order} "
-                     f"model needs at least {order}.")
-  if tokens_N.min() < 0 or tokens_N.max() >= vocab_size:
-    raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}), got "
-                     f"values in [{tokens_N.min()}, {tokens_N.max()}].")
+  if isinstance(tokens_N, (list, tuple)) and tokens_N and not np.isscalar(
+      tokens_N[0]):
+    seqs = [np.asarray(_checks.check_array(f"tokens[{i}]", t, rank=1,
+                                           kind="i")).astype(np.int64)
+            for i, t in enumerate(tokens_N)]
+  else:
+    seqs = [np.asarray(_checks.check_array("tokens", tokens_N, rank=1,
+                                           kind="i")).astype(np.int64)]
+  if max(t.size for t in seqs) < order:
+    raise ValueError(f"tokens has no sequence of {order} tokens; an "
+                     f"order-{order} model needs at least {order} in one.")
+  for t in seqs:
+    if t.size and (t.min() < 0 or t.max() >= vocab_size):
+      raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}), got "
+                       f"values in [{t.min()}, {t.max()}].")
   if order == 1:
-    return np.bincount(tokens_N, minlength=vocab_size)
-  pair_ids = tokens_N[:-1] * vocab_size + tokens_N[1:]
+    return np.bincount(np.concatenate(seqs), minlength=vocab_size)
+  pair_ids = np.concatenate([t[:-1] * vocab_size + t[1:] for t in seqs])
   return np.bincount(pair_ids, minlength=vocab_size * vocab_size).reshape(
       vocab_size, vocab_size)
 
@@ -91,7 +102,8 @@ class NGramLM(struct.PyTreeNode):
   @classmethod
   def fit(cls, tokens_N, vocab_size: int, order: int = 2, *,
           smoothing: float = 1.0) -> "NGramLM":
-    """Fits add-k smoothed counts of `tokens_N` (any integer `[N]` array).
+    """Fits add-k smoothed counts of `tokens_N`: any integer `[N]` array, or
+    a list of them, whose pairs are counted within each (`ngram_counts`).
 
     `P(b | a) = (counts[a, b] + k) / (sum_b' counts[a, b'] + k V)`, with
     `k = smoothing > 0`, so every token keeps positive mass and a context
