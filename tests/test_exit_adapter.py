@@ -109,6 +109,16 @@ def test_bad_adapter_arguments_get_clear_errors(target):
     exit_adapter_train.train_exit_adapter(
         target, 1, "/nonexistent", mlp_dim=16,
         config=recipes.exit_adapter_config(1, mlp_dim=8))
+  # The loss is built before it sees a target: everything but the bound is
+  # checked then, not at the first traced call of a training step.
+  for layers, err, match in ((-1, ValueError, ">= 0"),
+                             ("ab", TypeError, "an int k"),
+                             ((2, 1), ValueError, "strictly increasing")):
+    with pytest.raises(err, match="exit_adapter_loss layers.*" + match):
+      exit_adapter_train.exit_adapter_loss(layers)
+  with pytest.raises(ValueError, match="SelfDraft layers must be <= 3"):
+    loss = exit_adapter_train.exit_adapter_loss(99)
+    loss(sj.ExitAdapter.create(target, 1).module(), None, None, target)
 
 
 @pytest.mark.slow  # ~11 s of training; the zoo's keying is test_distill_zoo's

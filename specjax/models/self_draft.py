@@ -58,11 +58,15 @@ from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.transformer import TransformerLM
 
 
-def normalise_layers(layers: Any, num_layers: int,
+def normalise_layers(layers: Any, num_layers: int | None,
                      name: str = "SelfDraft layers") -> tuple[int, ...]:
-  """`layers` (an int k or block indices) as a strictly increasing tuple."""
+  """`layers` (an int k or block indices) as a strictly increasing tuple.
+
+  `num_layers` None (no target at hand yet) checks all but the upper bound.
+  """
   what = (f"{name} must be an int k (the first k blocks) or a sequence of "
-          f"block indices in [0, {num_layers})")
+          + ("block indices >= 0" if num_layers is None else
+             f"block indices in [0, {num_layers})"))
   if isinstance(layers, (bool, np.bool_)):
     raise TypeError(f"{what}, got {layers!r}.")
   if isinstance(layers, (int, np.integer)):
@@ -70,9 +74,10 @@ def normalise_layers(layers: Any, num_layers: int,
     return tuple(range(k))
   if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
     raise TypeError(f"{what}, got {layers!r}.")
+  top = None if num_layers is None else num_layers - 1
   try:
-    kept = [int(_checks.check_int(f"{name}[i]", i, low=0,
-                                  high=num_layers - 1)) for i in layers]
+    kept = [int(_checks.check_int(f"{name}[i]", i, low=0, high=top))
+            for i in layers]
   except TypeError as e:
     raise TypeError(f"{what}; {e}") from None
   if sorted(set(kept)) != kept:

@@ -38,7 +38,11 @@ from specjax.train import trainer
 def exit_adapter_loss(layers: Any, divergence: str = "forward_kl", *,
                       temperature: float = 1.0) -> losses.LossFn:
   """A `LossFn` for the trainer: `module` is the `ExitAdapterModule`, `aux`
-  the frozen target; the student is the adapted `SelfDraft(target, layers)`."""
+  the frozen target; the student is the adapted `SelfDraft(target, layers)`.
+
+  `layers` is checked here but for its bound, the target's depth, which the
+  first call checks (it is the first to see the target)."""
+  self_draft_lib.normalise_layers(layers, None, "exit_adapter_loss layers")
   base = distill.distillation_loss(divergence, temperature=temperature)
 
   def loss_fn(module, batch, rng, target):
