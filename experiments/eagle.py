@@ -195,6 +195,22 @@ def write(rows, results_dir, header):
   print(text)
 
 
+def _command() -> str:
+  """The flags that rerun this table: every one that shapes it, set or not
+  (a rerun under other defaults would measure something else)."""
+  parts = [f"--num_prompts={_NUM_PROMPTS.value}",
+           f"--prompt_len={_PROMPT_LEN.value}",
+           f"--max_new_tokens={_NEW.value}", f"--num_steps={_STEPS.value}",
+           f"--gammas={','.join(_GAMMAS.value)}",
+           f"--temperatures={','.join(_TEMPERATURES.value)}",
+           f"--seed={_SEED.value}"]
+  if _TARGET_STEPS.value:
+    parts.append(f"--target_steps={_TARGET_STEPS.value}")
+  if _HEAD_WORKDIR.value:
+    parts.append(f"--head_workdir=<that dir> --head_step={_HEAD_STEP.value}")
+  return " ".join(parts + [f"--results_dir={_RESULTS.value}"])
+
+
 def main(argv):
   del argv
   target, drafts = load_models(_STEPS.value, _CACHE.value,
@@ -220,13 +236,7 @@ def main(argv):
             + (f"The head is the checkpoint at step {_HEAD_STEP.value} "
                f"(latest if None) of {_HEAD_WORKDIR.value}.\n"
                if _HEAD_WORKDIR.value else "")
-            + "Command: python -m experiments.eagle "
-            f"--num_prompts={_NUM_PROMPTS.value} "
-            f"--max_new_tokens={_NEW.value} --num_steps={_STEPS.value} "
-            f"--gammas={','.join(_GAMMAS.value)}"
-            + (f" --target_steps={target_steps}" if target_steps else "")
-            + (f" --head_workdir=<that dir> --head_step={_HEAD_STEP.value}"
-               if _HEAD_WORKDIR.value else ""))
+            + "Command: python -m experiments.eagle " + _command())
   write(rows, _RESULTS.value, header)
 
 
