@@ -54,8 +54,9 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
   """`(draft, target, description)` for a `--draft` spec.
 
   `prompt_ids` (read by `bigram` only): the prompts' token ids, one integer
-  array per prompt (a list, or a [B, P] array padded with -1), or one 1-D
-  array for a single prompt. The bigram counts pairs within each prompt.
+  array per prompt (a list, or a [B, P] array padded with -1), or one
+  prompt's ids (a 1-D array or a list of ints). The bigram counts pairs
+  within each prompt.
 
   The target is returned too because reconciling two checkpoints with
   padded vocabularies wraps both (see `specjax.models.vocab.reconcile`).
@@ -83,8 +84,11 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
           f"above {MAX_BIGRAM_VOCAB}. Use prompt_lookup or self:N.")
     # One sequence per prompt: no pair joins a prompt's end to the next
     # one's start, a transition the draft never sees.
-    rows = (prompt_ids if isinstance(prompt_ids, (list, tuple))
-            or np.ndim(prompt_ids) == 2 else [prompt_ids])
+    if isinstance(prompt_ids, (list, tuple)):  # prompts, or one prompt's ids
+      one = bool(prompt_ids) and np.isscalar(prompt_ids[0])
+      rows = [prompt_ids] if one else prompt_ids
+    else:
+      rows = prompt_ids if np.ndim(prompt_ids) == 2 else [prompt_ids]
     rows = [np.asarray(row) for row in rows]
     draft = NGramLM.fit([row[row >= 0] for row in rows],  # -1 pads a batch
                         target.vocab_size, 2)

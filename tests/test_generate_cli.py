@@ -64,9 +64,13 @@ def test_draft_specs_are_checked():
   want = sj.NGramLM.fit([a, b], target.vocab_size, 2).log_probs
   padded = np.full((2, max(len(a), len(b))), -1, np.int32)
   padded[0, :len(a)], padded[1, :len(b)] = a, b
-  for prompts in ([a, b], padded):
+  for prompts in ([a, b], padded, (a, b)):
     got = textgen.make_draft("bigram", target, tok, prompts)[0].log_probs
     np.testing.assert_array_equal(got, want)
+  one = sj.NGramLM.fit(a, target.vocab_size, 2).log_probs
+  for prompt in (a, a.tolist()):  # one prompt's ids
+    got = textgen.make_draft("bigram", target, tok, prompt)[0].log_probs
+    np.testing.assert_array_equal(got, one)
   bridge = int(a[-1]), int(b[0])
   assert want[bridge] == sj.NGramLM.fit(a, target.vocab_size, 2).log_probs[
       bridge]
