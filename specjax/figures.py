@@ -399,16 +399,40 @@ def _provenance(rows: Sequence[dict], metadata: dict | None) -> str:
           f"commit {commit}")
 
 
-def _pooled_alpha(cells: Iterable[dict]) -> tuple[float, float, int]:
-  """(accepted / verified, its binomial se, verified) pooled over cells.
+def _row_counts(cells: Sequence[dict]) -> tuple[np.ndarray, np.ndarray] | None:
+  """Per-row accepted and verified summed over `cells` (row r of every cell
+  is the same prompt), or None when a cell does not record them (sweeps
+  before `row_accepted`) or the cells' rows differ in number."""
+  try:
+    acc = [np.asarray(c["row_accepted"], np.int64) for c in cells]
+    ver = [np.asarray(c["row_verified"], np.int64) for c in cells]
+  except (KeyError, TypeError, ValueError):
+    return None
+  if not acc or len({x.shape for x in acc + ver}) != 1 or acc[0].ndim != 1:
+    return None
+  return sum(acc), sum(ver)
+
+
+def _pooled_alpha(cells: Iterable[dict]) -> tuple[float, float, int, bool]:
+  """(accepted / verified, its se, verified, by_row) pooled over cells.
 
   Pooling over gamma weights each cell by how many drafts it verified, which
-  is the acceptance rate per proposed token the paper's Table 3 reports.
+  is the acceptance rate per proposed token the paper's Table 3 reports. The
+  se is over prompts (`stats.clustered_alpha` of each prompt's counts summed
+  over the cells: at T = 0 the cells of every gamma judge one greedy text)
+  when the cells record their rows (by_row True), else binomial over drafts,
+  which is too small wherever drafts are not independent.
   """
   cells = list(cells)
   ver = sum(int(c["verified"]) for c in cells)
-  a, se = stats.pooled_alpha(sum(int(c["accepted"]) for c in cells), ver)
-  return a, se, max(ver, 0)
+  acc = sum(int(c["accepted"]) for c in cells)
+  rows = _row_counts(cells)
+  if rows is not None and int(rows[0].sum()) == acc and int(
+      rows[1].sum()) == ver:
+    a, se = stats.clustered_alpha(*rows)
+    return a, se, max(ver, 0), True
+  a, se = stats.pooled_alpha(acc, ver)
+  return a, se, max(ver, 0), False
 
 
 def _predicted_tokens(row: dict) -> float:
@@ -905,7 +929,7 @@ def _alpha_cell(rows: Sequence[dict], draft: str | None) -> str:
     return "–"
   parts = []
   for t in (0.0, 1.0):
-    a, _, _ = _pooled_alpha(_cells(rows, draft, t))
+    a = _pooled_alpha(_cells(rows, draft, t))[0]
     parts.append(_format_alpha(a))
   return " / ".join(parts)
 
@@ -958,23 +982,28 @@ def table3_markdown(rows: Sequence[dict], metadata: dict | None) -> str:
   if tf:
     lines.append(f"Transformer column: our best Transformer draft by mean α "
                  f"over T, `{tf}`.")
-  lines += [
-      "",
-      "## Every draft (α̂ pooled over γ, ±95% CI)",
-      "",
-      "| Draft | Kind | Size | α T=0 | α T=1 |",
-      "| --- | --- | --- | --- | --- |",
-  ]
+  table = []
+  by_rows = set()
   for d in _drafts(rows):
     first = next(r for r in rows if r["draft"] == d)
     cols = []
     for t in (0.0, 1.0):
-      a, se, _ = _pooled_alpha(_cells(rows, d, t))
-      cols.append("–" if not math.isfinite(a)
-                  else f"{a:.3f} ± {Z95 * se:.3f}")
-    lines.append(f"| {d} | {first['draft_kind']} | "
+      a, se, _, by_row = _pooled_alpha(_cells(rows, d, t))
+      if math.isfinite(a):
+        by_rows.add(by_row)
+      cols.append("–" if not math.isfinite(a) else f"{a:.3f}" + (
+          "" if not math.isfinite(se) else f" ± {Z95 * se:.3f}"))
+    table.append(f"| {d} | {first['draft_kind']} | "
                  f"{_format_count(first['draft_params'])} | {cols[0]} | "
                  f"{cols[1]} |")
+  how = {frozenset({True}): "±95% CI over prompts",
+         frozenset({False}): "±95% binomial CI over judged drafts, as if "
+         "independent: too narrow, most at T=0 (this sweep predates per-row "
+         "counts)"}.get(frozenset(by_rows), "±95% CI over prompts where the "
+                        "cells record their rows, else binomial over drafts")
+  lines += ["", f"## Every draft (α̂ pooled over γ, {how})", "",
+            "| Draft | Kind | Size | α T=0 | α T=1 |",
+            "| --- | --- | --- | --- | --- |", *table]
   lines += ["", f"_{_provenance(rows, metadata)}_"]
   seed = _meta(metadata, "seed")
   jax_version = _meta(metadata, "jax_version", "jax")

@@ -882,6 +882,9 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
   decode_se = _mean_se(decode_ratios)
   row = {
       "alpha_hat": alpha, "alpha_se": s["alpha_se"],
+      # Per row, prompt by prompt: the figures pool cells over gamma row by
+      # row (a greedy text repeats at every gamma).
+      "row_accepted": s["row_accepted"], "row_verified": s["row_verified"],
       "one_minus_tv": s["one_minus_tv"],
       "verified": s["verified"], "accepted": s["accepted"],
       "tokens_per_target_call": s["tokens_per_target_call"],

@@ -8,12 +8,16 @@ target call" means one thing everywhere.
   or anything with `.stats` and `.lengths`): every `RowStats` field is summed
   over rows and generations (a new counter is summed and reported without
   any change here), then the derived statistics are added.
-* `pooled_alpha(accepted, verified)` and `tokens_per_round_se(hist)` are the
-  two estimators with their standard errors, for callers that pool summaries
-  themselves (the figures pool sweep cells over gamma).
+* `clustered_alpha(accepted_R, verified_R)`, `pooled_alpha(accepted,
+  verified)` and `tokens_per_round_se(hist)` are the estimators with their
+  standard errors, for callers that pool summaries themselves (the figures
+  pool sweep cells over gamma, row by row).
 
 Derived statistics (see `summarize`):
-  alpha_hat, alpha_se          accepted / verified drafts, binomial se;
+  alpha_hat, alpha_se          accepted / verified drafts; se over rows
+                               (`clustered_alpha`: a row's drafts are not
+                               independent, a greedy text's least of all);
+  row_accepted, row_verified   the per-row counts it is computed from;
   one_minus_tv                 mean over verified positions of sum min(p, q);
   tokens_per_target_call(_se)  generated tokens / target passes (block
                                efficiency), se from the per-round histogram;
@@ -76,6 +80,40 @@ def pooled_alpha(accepted: int, verified: int) -> tuple[float, float]:
     return math.nan, math.nan
   a = accepted / verified
   return a, math.sqrt(max(a * (1 - a), 0.0) / verified)
+
+
+def clustered_alpha(accepted_R: Any, verified_R: Any) -> tuple[float, float]:
+  """(sum accepted / sum verified, its standard error over the R units).
+
+  The units (rows, prompts) are independent; the drafts within one need not
+  be: a row's acceptances follow its text, and at T = 0 a text is fixed, so
+  the binomial se of `pooled_alpha`, which counts every draft as an
+  independent trial, is several times too small there. This is the ratio
+  estimator's delta-method se, sqrt(R / (R - 1) * sum_r (a_r - alpha v_r)^2)
+  / sum_r v_r. NaN se with fewer than two units (or none verified); NaNs
+  when nothing was verified.
+
+  Args:
+    accepted_R, verified_R: integer counts >= 0 per unit, 1-D, of one length,
+      accepted_R <= verified_R elementwise.
+  """
+  a_R = _counts("accepted_R", accepted_R)
+  v_R = _counts("verified_R", verified_R)
+  if a_R.ndim != 1 or a_R.shape != v_R.shape:
+    raise ValueError(f"accepted_R and verified_R must be 1-D of one length, "
+                     f"got shapes {a_R.shape} and {v_R.shape}.")
+  if np.any(a_R > v_R):
+    raise ValueError("accepted_R must be <= verified_R unit by unit: only "
+                     "verified drafts can be accepted.")
+  total = int(v_R.sum())
+  if total == 0:
+    return math.nan, math.nan
+  alpha = int(a_R.sum()) / total
+  r = a_R.size
+  if r < 2:
+    return alpha, math.nan
+  resid_R = a_R - alpha * v_R
+  return alpha, math.sqrt(r / (r - 1) * float(resid_R @ resid_R)) / total
 
 
 def tokens_per_round_se(accept_hist: Sequence[int]) -> float:
@@ -200,7 +238,11 @@ def summarize(results: Any) -> dict[str, Any]:
   gamma = len(hist) - 1
   out["gamma"] = gamma
   out["proposed"] = out["draft_calls"]
-  alpha, alpha_se = pooled_alpha(out["accepted"], out["verified"])
+  row_accepted = np.concatenate([np.asarray(st.accepted).reshape(-1)
+                                 for st in stats_list])
+  row_verified = np.concatenate([np.asarray(st.verified).reshape(-1)
+                                 for st in stats_list])
+  alpha, alpha_se = clustered_alpha(row_accepted, row_verified)
   target_calls = out["target_calls"]
   length_hist = np.asarray(out["length_hist"], np.int64)
   block_rounds = int(length_hist.sum())
@@ -225,6 +267,8 @@ def summarize(results: Any) -> dict[str, Any]:
   out.update({
       "alpha_hat": alpha,
       "alpha_se": alpha_se,
+      "row_accepted": row_accepted.tolist(),
+      "row_verified": row_verified.tolist(),
       "one_minus_tv": (out["overlap_sum"] / out["verified"]
                        if out["verified"] else math.nan),
       "tokens_per_target_call": (out["generated_tokens"] / target_calls

@@ -15,6 +15,7 @@ import pytest
 from specjax import figures
 from specjax import accounting
 from specjax import measure
+from specjax import stats
 
 # (name, kind, params, alpha at T=0, alpha at T=1, c). Acceptance counts are
 # exact multiples so the pooled alpha of every (draft, T) is known exactly.
@@ -147,6 +148,28 @@ def test_table3_missing_cells():
           and not (r["draft"] == "unigram" and r["temperature"] == 1.0)]
   text = figures.table3_markdown(rows, {})
   assert "| target-5m (5M) [ours] | .10 / – | – | .74 / .66" in text
+
+
+def test_table3_interval_is_over_prompts_when_rows_are_recorded():
+  """At T = 0 every gamma judges one greedy text per prompt: Table 3 pools
+  the cells prompt by prompt, so two gammas of the same two texts are two
+  units, not twice as many independent drafts."""
+  rows = [r for r in _write_sweep_rows() if r["draft"] == "bigram"]
+  header = "## Every draft (α̂ pooled over γ, "
+  old = figures.table3_markdown(rows, {})
+  assert header + "±95% binomial CI over judged drafts" in old
+  for r in rows:  # two prompts: one accepts every draft, one none
+    half = r["verified"] // 2
+    r["row_verified"], r["row_accepted"] = [half, r["verified"] - half], [
+        half, 0]
+    r["accepted"] = half
+  text = figures.table3_markdown(rows, {})
+  assert header + "±95% CI over prompts)" in text
+  a, se = stats.clustered_alpha(
+      *[[sum(r[k][i] for r in rows if r["temperature"] == 0.0)
+         for i in (0, 1)] for k in ("row_accepted", "row_verified")])
+  assert f"| {a:.3f} ± {figures.Z95 * se:.3f} |" in text, text
+  assert se > 0.4  # the binomial over 7,500 drafts would read .006
 
 
 def _write_sweep_rows():

@@ -279,6 +279,38 @@ def test_pooled_estimators():
       stats.pooled_alpha(30, 40))
 
 
+def test_clustered_alpha_counts_rows_not_drafts():
+  # Two rows of 10 drafts, one accepting all, one none: the binomial se
+  # reads 20 independent trials (.112); over two rows it is .5.
+  a, se = stats.clustered_alpha([10, 0], [10, 10])
+  assert a == 0.5 and se == pytest.approx(0.5)
+  assert stats.pooled_alpha(10, 20)[1] == pytest.approx(0.1118, abs=1e-4)
+  # By hand: R / (R - 1) * sum (a_r - alpha v_r)^2, over sum v.
+  acc, ver = np.array([3, 5, 9]), np.array([4, 8, 10])
+  alpha = acc.sum() / ver.sum()
+  want = np.sqrt(1.5 * np.sum((acc - alpha * ver) ** 2)) / ver.sum()
+  assert stats.clustered_alpha(acc, ver) == (alpha, pytest.approx(want))
+  # One unit: no spread to estimate from; nothing verified: no alpha.
+  a, se = stats.clustered_alpha([3], [4])
+  assert a == 0.75 and math.isnan(se)
+  assert all(math.isnan(x) for x in stats.clustered_alpha([0, 0], [0, 0]))
+  with pytest.raises(ValueError, match="one length"):
+    stats.clustered_alpha([1, 2], [3])
+  with pytest.raises(ValueError, match="unit by unit"):
+    stats.clustered_alpha([5, 1], [4, 9])
+  with pytest.raises(TypeError, match="integer counts"):
+    stats.clustered_alpha([0.5, 1], [1, 1])
+
+
+def test_summary_alpha_se_is_over_rows():
+  """Rows that disagree widen alpha_se past the binomial's: at T = 0 a
+  row's drafts follow one fixed text and are far from independent."""
+  result = _result([[1] * 10, [0] * 10], gamma=1, lengths=[20, 10])
+  s = stats.summarize(result)
+  assert s["row_accepted"] == [10, 0] and s["row_verified"] == [10, 10]
+  assert s["alpha_hat"] == 0.5 and s["alpha_se"] == pytest.approx(0.5)
+
+
 def test_bad_counts_and_rates_are_refused_by_name():
   # Each of these used to come back as a plausible number.
   with pytest.raises(ValueError, match="accepted .* must be <= verified"):
