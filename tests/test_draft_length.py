@@ -154,7 +154,11 @@ def _sample(target, draft, rule, sampling):
 # peeking"`, with JAX_DISABLE_MOST_OPTIMIZATIONS=0 (-O2) and without.
 @pytest.mark.big_batch
 @pytest.mark.parametrize("rule", [
-    draft_length.Confidence(threshold=0.6, gamma_max=3),
+    # Rows of one round stopping at different lengths (the path the peeking
+    # control breaks): this draft's max q lies in about [.13, .15], so at
+    # 0.14 some rounds stop after 1 draft, some after 2, some run to 3. At
+    # 0.6 every round stopped after its first draft: plain gamma = 1.
+    draft_length.Confidence(threshold=0.14, gamma_max=3),
     # No threshold: the planned path (whole fixed-length rounds, switched),
     # planned on the default estimate (each judged draft's sum_x min(p, q)).
     draft_length.Goodput(c=0.2, r=(1.0, 1.5, 3.0)),
@@ -171,6 +175,9 @@ def test_adaptive_generations_are_exact(toys, rule):
   assert result.passed, str(result)
   # Rows did stop early (fewer draft passes than gamma_max per round).
   assert s["draft_calls"] < rule.gamma_max * s["rounds"], s
+  if isinstance(rule, draft_length.Confidence):
+    # ... at every length: 1 and 2 (stopped) and 3 (ran through).
+    assert all(s["length_hist"][1:]), s
   if rule is _MIXED_PROBES:
     # Off rounds ran (under 2 passes a round) and so did width-2 rounds (the
     # only ones that can draft more than the target judges).
