@@ -144,6 +144,22 @@ def test_speculative_generations_are_exact(models, sampling, gamma):
   assert abs(s["alpha_hat"] - s["one_minus_tv"]) < 6 * se, s
 
 
+@pytest.mark.big_batch
+@pytest.mark.optimized
+def test_block_verification_generations_are_exact(models):
+  """verifier="block" on Transformers, whose KV caches keep the block's
+  accepted prefix: the lab's loop checks it on stateless bigrams only. The
+  controls below run the same check on the same models."""
+  target, draft = models
+  sampling = sj.SamplingConfig(temperature=1.0)
+  gamma = 3
+  k = 2 * (gamma + 1)
+  out = _run(target, draft, sampling, gamma, k, verifier="block")
+  for result in _check(target, out, sampling, k):
+    assert result.passed, str(result)
+  _assert_covers_full_accepts_and_eos(out, gamma, k)
+
+
 class LyingOneHot(flax.struct.PyTreeNode):
   """A draft that declares `one_hot_q` but returns `model`'s soft logits.
 

@@ -245,19 +245,23 @@ def test_an_elements_randomness_depends_only_on_its_key():
   assert np.any(np.asarray(tok_a[1:]) != np.asarray(tok_b[1:]))
 
 
-@pytest.mark.parametrize("per_element_keys", [False, True])
-def test_batch_elements_are_independent(per_element_keys):
+@pytest.mark.parametrize("keys", ["one", "per_element", "shared_by_pairs"])
+def test_batch_elements_are_independent(keys):
   # Pairs of neighbouring elements must be jointly distributed as p x p.
+  # "shared_by_pairs" is the control: each pair's two elements get one key,
+  # so their uniforms coincide, and the check must reject it.
   p, q = jnp.array(P_WORKED), jnp.array(Q_WORKED)
   n = 100_000
   key = jax.random.key(3)
-  if per_element_keys:
+  if keys == "per_element":
     key = jax.random.split(key, 2 * n)
+  elif keys == "shared_by_pairs":
+    key = jnp.repeat(jax.random.split(key, n), 2, axis=0)
   tok, _ = _jit_coupling(key, p, q, _draws(Q_WORKED, 2 * n, seed=8))
   pairs = np.asarray(tok).reshape(n, 2)
   joint = np.outer(P_WORKED, P_WORKED).reshape(-1)
   result = testing.check_distribution(pairs[:, 0] * 3 + pairs[:, 1], joint)
-  assert result.passed, str(result)
+  assert result.passed == (keys != "shared_by_pairs"), str(result)
 
 
 def test_jit_matches_eager():

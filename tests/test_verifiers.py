@@ -144,7 +144,24 @@ N_ROUNDS = 100_000
 def test_jax_verifier_round_matches_lab_law(spec):
   """One round with fixed drafts, 10^5 draws of the verifier's uniforms: the
   JAX verdict (tau, emitted token) must follow the lab's closed form."""
-  verifier = vf.get_verifier(spec)
+  result = _round_against_law(spec, spec)
+  assert result.passed, f"{spec}: {result}"
+
+
+@pytest.mark.parametrize("sampled, law", [
+    ("wrong_fallback", "token"), ("always_accept", "token"),
+    ("block", "token"), ("token", "block")])
+def test_round_check_rejects_another_rules_round(sampled, law):
+  """The control of the test above: the same check, on rounds of one rule
+  against the law of another, rejects."""
+  result = _round_against_law(sampled, law)
+  assert not result.passed, f"{sampled} against {law}'s law: {result}"
+
+
+def _round_against_law(sampled, law):
+  """`check_distribution` of N_ROUNDS JAX rounds of verifier `sampled`
+  against the lab's law of verifier `law` (see the test above)."""
+  verifier = vf.get_verifier(sampled)
   pair = lab.make_markov_pair(2.0, 0.4, 1)
   gamma, ctx = 3, 2
   rng = np.random.default_rng(0)
@@ -155,7 +172,8 @@ def test_jax_verifier_round_matches_lab_law(spec):
   p_G1xV = pair.target_trans_VxV[contexts]
   q_GxV = pair.draft_trans_VxV[contexts[:-1]]
   x_G = contexts[1:]
-  tau_law, corr_law = lv.verifier_law(verifier, p_G1xV, q_GxV, x_G)
+  tau_law, corr_law = lv.verifier_law(vf.get_verifier(law), p_G1xV, q_GxV,
+                                      x_G)
   expected = (tau_law[:, None] * corr_law).reshape(-1)  # id = tau * V + y
 
   keys = jax.random.split(jax.random.key(7), N_ROUNDS)
@@ -173,8 +191,7 @@ def test_jax_verifier_round_matches_lab_law(spec):
   kept = np.arange(gamma)[None] < tau[:, None]
   assert np.all(emitted[:, :gamma][kept]
                 == np.broadcast_to(x_G, (N_ROUNDS, gamma))[kept])
-  result = testing.check_distribution(tau * 8 + y, expected)
-  assert result.passed, f"{spec}: {result}"
+  return testing.check_distribution(tau * 8 + y, expected)
 
 
 def test_block_keeps_more_than_token_in_the_loop():
