@@ -9,8 +9,9 @@ target-3m at T = 1, for each draft (named as `experiments.adaptive_gamma
 --drafts` names them):
 
 1. The text. The target samples 128 bytes after each of CALLS held-out
-   64-byte prompts (the first 16 are the ones the adaptive_gamma grid
-   times); consecutive texts make calls of B rows.
+   64-byte prompts (drawn as the adaptive_gamma grid draws its 16, but
+   CALLS of them: `data.prompts` spreads its starts over the held-out text,
+   so they are not the grid's 16); consecutive texts make calls of B rows.
 2. Each position's acceptance a_i = sum_x min(p_i, q_i): both models' laws
    at byte i of that text, teacher-forced (the draft's law as a round
    builds it, `steps._draft_law`). A draft at position i is kept with

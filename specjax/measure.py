@@ -25,9 +25,11 @@ capped at the model's max_positions, batch size):
 * other and the fixed per-call cost (`null_loop_seconds`): the real
   `speculative_generate` / `generate` with both models replaced by `NullLM`,
   which computes no layers and writes no cache (so nothing a pass timing
-  already holds is counted twice), run with budgets of N and 1 token: the
-  difference over the difference in loop iterations is one round's other
-  work, and what is left of the 1-token call is the fixed cost.
+  already holds is counted twice), run by one compiled program for two
+  numbers of loop iterations (its tables make every draft kept, or every
+  draft refused): the difference over the difference in loop iterations is
+  one round's other work, and what is left of the shorter call is the fixed
+  cost.
 
 Noise: on a shared or virtualised machine, other work only ever ADDS time
 to a call, and at sub-millisecond passes it adds a lot (on the 2-core box
