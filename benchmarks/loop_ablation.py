@@ -24,7 +24,8 @@ are not needed: the passes are re-timed, the programs are cached):
   and each part, alone | in loop.
 
 Every time is the fewest seconds of `--repeats` interleaved calls (see
-`specjax.measure`, "Noise"). On the 2-core CPU box this shows where the
+`specjax.measure`, "Noise"): the three loops of a row take turns call by
+call (before 2026-12-04 each loop's calls ran as a block of their own). On the 2-core CPU box this shows where the
 quick job's efficiency goes: the target's few-token verify pass costs 0.5 ms
 in one measurement and 1.0-1.3 ms in another, by shape and by run, alone and
 in the loop alike, while the draft's passes agree.
@@ -32,6 +33,7 @@ in the loop alike, while the draft's passes agree.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -59,13 +61,19 @@ _REPEATS = flags.DEFINE_integer("repeats", 10, "Timed calls per loop.")
 _TRIALS = flags.DEFINE_integer("trials", 2, "Times the whole table is taken.")
 
 
-def _per_round(target, draft, prompts, lengths, gamma, sampling, fixed_s):
-  call = lambda: loop.speculative_generate(
-      target, draft, prompts, lengths, jax.random.key(0), gamma=gamma,
-      max_new_tokens=_MAX_NEW.value, sampling=sampling)
-  rounds = int(np.asarray(call().stats.rounds).max())
-  seconds = measure.best_times({"": call}, _REPEATS.value)[""]
-  return (seconds - fixed_s) / rounds
+def _per_round(loops, prompts, lengths, gamma, sampling):
+  """Seconds per round of each loop: {name: (target, draft, fixed_s)}, the
+  loops' calls interleaved (measure.best_times), so that a slow spell of
+  the machine falls on all of them, not on one loop's block of calls."""
+  calls = {name: functools.partial(
+      loop.speculative_generate, target, draft, prompts, lengths,
+      jax.random.key(0), gamma=gamma, max_new_tokens=_MAX_NEW.value,
+      sampling=sampling) for name, (target, draft, _) in loops.items()}
+  rounds = {name: int(np.asarray(call().stats.rounds).max())
+            for name, call in calls.items()}
+  seconds = measure.best_times(calls, _REPEATS.value)
+  return {name: (seconds[name] - loops[name][2]) / rounds[name]
+          for name in loops}
 
 
 def main(argv):
@@ -95,12 +103,14 @@ def main(argv):
           max_new_tokens=_MAX_NEW.value, gamma=gamma, sampling=sampling,
           seconds=0.05, repeats=5)
       prefills = c.target_prefill_s + c.draft_prefill_s
-      real = _per_round(target, draft.model, prompts, lengths, gamma,
-                        sampling, c.call_s + prefills)
-      verify = _per_round(target, null_d, prompts, lengths, gamma, sampling,
-                          c.call_s + c.target_prefill_s) - c.other_s
-      drafting = _per_round(null_t, draft.model, prompts, lengths, gamma,
-                            sampling, c.call_s + c.draft_prefill_s) - c.other_s
+      per_round = _per_round({
+          "real": (target, draft.model, c.call_s + prefills),
+          "verify": (target, null_d, c.call_s + c.target_prefill_s),
+          "draft": (null_t, draft.model, c.call_s + c.draft_prefill_s),
+      }, prompts, lengths, gamma, sampling)
+      real = per_round["real"]
+      verify = per_round["verify"] - c.other_s
+      drafting = per_round["draft"] - c.other_s
       print(f"{trial:5d} {gamma:5d} | {ms(real)} {ms(c.round_s)} "
             f"{ms(drafting + verify + c.other_s)} |      {ms(c.draft_s)} "
             f"{ms(drafting)} |       {ms(c.verify_s)} {ms(verify)} | "
