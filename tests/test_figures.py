@@ -8,6 +8,7 @@ Table 3 numbers and the best-gamma choice without running any model.
 import json
 import os
 
+import matplotlib.axes
 import matplotlib.image
 import numpy as np
 import pytest
@@ -170,6 +171,28 @@ def test_table3_interval_is_over_prompts_when_rows_are_recorded():
          for i in (0, 1)] for k in ("row_accepted", "row_verified")])
   assert f"| {a:.3f} ± {figures.Z95 * se:.3f} |" in text, text
   assert se > 0.4  # the binomial over 7,500 drafts would read .006
+
+
+def test_round_decomposition_draws_a_negative_split_whole(tmp_path,
+                                                           monkeypatch):
+  """A measured draft part < 0 (the null-draft loop slower than the real
+  one) was drawn at 0, stacking verify + other above the measured round."""
+  rows = [r for r in _write_sweep_rows() if r["temperature"] == 0.0]
+  cell = rows[0]
+  cell["measured_draft_s"] = -1e-4
+  cell["measured_verify_s"] = (cell["measured_round_s"] - cell["other_s"]
+                               + 1e-4)
+  bars = []
+  real_bar = matplotlib.axes.Axes.bar
+  def bar(self, x, height, *args, **kwargs):
+    bars.append((round(float(x), 2), float(height), kwargs.get("color")))
+    return real_bar(self, x, height, *args, **kwargs)
+  monkeypatch.setattr(matplotlib.axes.Axes, "bar", bar)
+  figures.plot_round_decomposition(rows, str(tmp_path / "f"))
+  measured = [b for b in bars if b[0] == 0.2]  # the first cell's right bar
+  tpr = cell["max_new_tokens"] / cell["measured_loop_rounds"]
+  assert measured == [(0.2, pytest.approx(1e3 * cell["measured_round_s"]
+                                          / tpr), figures._UNSPLIT)]
 
 
 def _write_sweep_rows():
