@@ -785,9 +785,20 @@ def _loop_rounds_each(results) -> np.ndarray:
   return np.array([int(np.asarray(r.stats.rounds).max()) for r in results])
 
 
-def _mean_se(x) -> float | None:
-  x = np.asarray(x, np.float64)
-  return float(np.std(x, ddof=1) / math.sqrt(x.size)) if x.size > 1 else None
+# Resamples of the prompts for a reported statistic's standard error.
+BOOTSTRAP_DRAWS = 2000
+
+
+def _bootstrap_se(statistic: Callable[[np.ndarray], float], n: int
+                  ) -> float | None:
+  """Standard error of `statistic(indices)` over the n prompts resampled
+  with replacement (a fixed seed: the same rows give the same se). It is
+  the spread of the number actually reported, a median of ratios or a
+  ratio of medians, which no closed form gives. None for fewer than 2."""
+  if n < 2:
+    return None
+  draws = np.random.default_rng(0).integers(0, n, size=(BOOTSTRAP_DRAWS, n))
+  return float(np.std([statistic(i) for i in draws], ddof=1))
 
 
 # Fields of `compare` that price a loop whose every round drafts costs.gamma:
@@ -816,13 +827,15 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
   Statistics come from `specjax.stats.summarize`; the prediction and its
   component-by-component check from `predict` / `decompose`.
 
-  Speedups are medians over prompts of per-prompt ratios (their se from the
-  spread of the ratios), so a burst of load on a shared machine moves one
-  ratio, not the cell:
-    speedup         end to end: whole calls, tokens/s over tokens/s;
+  Speedups are medians over prompts, so a burst of load on a shared machine
+  moves one ratio, not the cell:
+    speedup         end to end: the median of per-prompt ratios of whole
+                    calls, tokens/s over tokens/s;
     decode_speedup  prefills and the fixed per-call cost removed, per round:
                     N * ar_round / (loop_rounds * round), the median
                     per-round times of the two loops.
+  Their `_se` are bootstrap standard errors of those same statistics over
+  the prompts (None for one prompt).
   """
   _check_costs(costs)
   for name, seconds, timed in (("ar_seconds", ar_seconds, ar_results),
@@ -870,7 +883,6 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
   spec_decode_i = np.asarray(spec_seconds) - spec_fixed
   ratios = (np.asarray(ar_seconds) / ar_tokens) / (np.asarray(spec_seconds)
                                                    / tokens)
-  decode_ratios = (ar_decode_i / ar_tokens) / (spec_decode_i / tokens)
   alpha = s["alpha_hat"]
   pred = predict(costs, alpha)
   parts = decompose(
@@ -880,8 +892,15 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
       null_draft_round_s=null_draft_round_s)
   factors = parts.pop("factors")
   speedup = float(np.median(ratios))
-  speedup_se = _mean_se(ratios)
-  decode_se = _mean_se(decode_ratios)
+  n = ratios.size
+  # Each se is the bootstrap spread of the statistic reported beside it:
+  # the median of per-prompt ratios, and decompose's ratio of medians.
+  ar_step_n, spec_round_n, rounds_n = (np.broadcast_to(x, (n,)) for x in (
+      ar_decode_i / ar_rounds, spec_decode_i / rounds, rounds))
+  speedup_se = _bootstrap_se(lambda i: np.median(ratios[i]), n)
+  decode_se = _bootstrap_se(
+      lambda i: costs.max_new_tokens * np.median(ar_step_n[i]) / (
+          np.mean(rounds_n[i]) * np.median(spec_round_n[i])), n)
   row = {
       "alpha_hat": alpha, "alpha_se": s["alpha_se"],
       # Per row, prompt by prompt: the figures pool cells over gamma row by

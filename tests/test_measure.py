@@ -255,6 +255,18 @@ def test_compare_on_synthetic_results():
   factors = [v for k, v in row.items() if k.startswith("factor_")]
   assert np.prod(factors) == pytest.approx(row["decode_efficiency"])
   assert row["speedup_se"] > 0 and row["decode_speedup_se"] > 0
+  # The se is the reported median's (bootstrapped over prompts), not the
+  # standard error of the mean of the same ratios, which it used to be.
+  times = [0.010] * 4 + [0.050]
+  row5 = measure.compare(c, ar[:1] * 5, [0.0125] * 5, spec[:1] * 5, times)
+  ratios = (0.0125 / 8) / (np.array(times) / 8)
+  mean_se = np.std(ratios, ddof=1) / np.sqrt(5)
+  draws = np.random.default_rng(0).integers(0, 5, (
+      measure.BOOTSTRAP_DRAWS, 5))
+  assert row5["speedup"] == 1.25
+  assert row5["speedup_se"] == pytest.approx(
+      np.std([np.median(ratios[i]) for i in draws], ddof=1))
+  assert row5["speedup_se"] != pytest.approx(mean_se, rel=0.05)
   assert row["predicted_tokens_per_target_call"] < row[
       "formula_tokens_per_target_call"]
   # Call times that do not match the results were broadcast over them, or
