@@ -49,6 +49,11 @@ def test_estimate_matches_the_exact_expectation_on_real_decoding():
   assert 0.01 < exact  # the check has power: the verifier does distort
   assert abs(est["tv_per_token"] - exact) < 4 * est["tv_per_token_se"], (
       est, exact)
+  # The same comparison rejects another verifier's expectation.
+  other = lab_verifiers.expected_position_tv(pair, gamma, new, "lenient:0.4",
+                                             context)
+  assert abs(est["tv_per_token"] - other) > 4 * est["tv_per_token_se"], (
+      est, other)
   # The bound of the module docstring, against the lab's sequence TV.
   assert lab_verifiers.verifier_tv(pair, gamma, new, "lenient:0.5",
                                    context) <= new * exact + 1e-12

@@ -211,16 +211,24 @@ def test_every_draft_kind_is_exact(models, kind):
   out = _run(target, _draft_kinds(models)[kind], sampling, gamma, k, seed=7)
   for result in _check(target, out, sampling, k):
     assert result.passed, f"{kind}: {result}"
+  # Far enough from the target that a wrong rule would show: the bound
+  # test_speculative_generations_are_exact sets for the pair the controls
+  # are rejected on.
+  assert out.summary()["one_minus_tv"] < 0.9, kind
 
 
 # A fifth of the rows: at -O0 the cheaper compile outweighs the slower run
 # (both controls' calls: 9.1 s and 9.9 s, against 11.7 s and 10.9 s with
 # JAX_DISABLE_MOST_OPTIMIZATIONS=0; `-n0 --durations=0 -k negative_controls`).
 @pytest.mark.big_batch
-@pytest.mark.parametrize("name", controls.NAMES)
-def test_negative_controls_are_rejected(models, name):
+@pytest.mark.parametrize("name, sampling", [
+    *((name, sj.SamplingConfig(temperature=1.0)) for name in controls.NAMES),
+    # The truncated case of test_speculative_generations_are_exact, whose
+    # law the check reads through top-k / top-p.
+    ("wrong_fallback", sj.SamplingConfig(temperature=0.7, top_k=3,
+                                         top_p=0.9))])
+def test_negative_controls_are_rejected(models, name, sampling):
   target, draft = models
-  sampling = sj.SamplingConfig(temperature=1.0)
   gamma, k = 2, 6
   # A fifth of the samples: the controls are far off, and the test must
   # reject them with less data than the exact rule is checked with.
