@@ -16,6 +16,7 @@ import pytest
 
 from specjax import accounting
 from specjax import stats
+from specjax import testing
 from specjax.decode import GenerationResult
 from specjax.decode import RowStats
 
@@ -150,13 +151,24 @@ def test_rounds_distribution_matches_simulation(alpha, gamma, n):
   sims = _simulate_rounds(alpha, gamma, n, 4000, rng)
   dist = accounting.rounds_distribution(alpha, gamma, n)
   assert dist.sum() == pytest.approx(1.0)
+  # The whole law, not only its mean; and the same check rejects the law of
+  # one draft more a round, or one token more a row (its controls).
+  assert testing.check_distribution(sims, dist).passed
+  for wrong in ((alpha, gamma + 1, n), (alpha, gamma, n + 1)):
+    assert not testing.check_distribution(
+        sims, accounting.rounds_distribution(*wrong)).passed, wrong
   mean = float(np.arange(n + 1) @ dist)
   assert abs(sims.mean() - mean) < 5 * sims.std() / math.sqrt(sims.size)
-  # Batches wait for their slowest row: E[max of 4 rows].
+  # Batches wait for their slowest row: E[max of 4 rows], whose law is
+  # F^4 (F the rows' cdf); the law of the slowest of 8 is rejected.
   maxes = sims[:4000 // 4 * 4].reshape(-1, 4).max(axis=1)
   expected = accounting.expected_rounds(alpha, gamma, n, batch_size=4)
   assert expected > mean
   assert abs(maxes.mean() - expected) < 5 * maxes.std() / math.sqrt(maxes.size)
+  slowest = lambda b: np.diff(np.clip(np.cumsum(dist), 0, 1) ** b, prepend=0)
+  assert expected == pytest.approx(float(np.arange(n + 1) @ slowest(4)))
+  assert testing.check_distribution(maxes, slowest(4)).passed
+  assert not testing.check_distribution(maxes, slowest(8)).passed
 
 
 def test_rounds_distribution_past_the_budget_is_gammas_own():
