@@ -150,13 +150,28 @@ def _draft_and_verify(pair, topo, mode, ctx, key):
     ((-1, 0, 1, 2, -1, 4, -1), "wor"),
     pytest.param((4,), "wor", marks=pytest.mark.slow)])
 def test_jax_tree_round_matches_lab_law(branching_or_parents, mode):
+  result = _tree_round_against_law(branching_or_parents, mode, mode)
+  assert result.passed, f"{branching_or_parents} {mode}: {result}"
+
+
+@pytest.mark.parametrize("sampled, law", [("iid", "wor"), ("wor", "iid")])
+def test_tree_round_check_rejects_the_other_modes_rounds(sampled, law):
+  """The control of the test above on its own topology: one mode's JAX
+  rounds against the other mode's law."""
+  result = _tree_round_against_law((2, 2), sampled, law)
+  assert not result.passed, f"{sampled} against {law}'s law: {result}"
+
+
+def _tree_round_against_law(branching_or_parents, mode, law_mode):
+  """`check_distribution` of JAX tree rounds drafted and judged in `mode`
+  against the lab's law of `law_mode`."""
   pair = lab.make_markov_pair(2.0, 0.4, 1, vocab_size=4)
   if isinstance(branching_or_parents[0], int) and branching_or_parents[0] < 0:
     topo = tree_lib.TreeTopology(branching_or_parents)
   else:
     topo = tree_lib.TreeTopology.from_branching(branching_or_parents)
   ctx = 2
-  blocks, _ = lt.tree_round_law(pair, topo, mode)
+  blocks, _ = lt.tree_round_law(pair, topo, law_mode)
   vocab, depth = pair.vocab_size, topo.max_depth
   _, emitted, accepted = _draft_and_verify(pair, topo, mode, ctx,
                                            jax.random.key(3))
@@ -168,8 +183,7 @@ def test_jax_tree_round_matches_lab_law(branching_or_parents, mode):
     live = t <= accepted
     ids[live] += emitted[live, t] * vocab ** (accepted[live] - t)
   expected = np.concatenate([b[ctx].reshape(-1) for b in blocks])
-  result = testing.check_distribution(ids, expected)
-  assert result.passed, f"{topo.parents} {mode}: {result}"
+  return testing.check_distribution(ids, expected)
 
 
 def test_jax_tree_negative_control_is_rejected():
