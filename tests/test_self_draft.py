@@ -292,6 +292,10 @@ class _EarlyViewSelfDraft(SelfDraft):
     # target's cache (on the draft's own cache it is any draft's tree).
     (1, True, True, "token"),
     (1, True, False, "tree:2,1"),
+    # A skip set (SelfDraft.skipping(target, skip=[0])): blocks that are
+    # not a prefix, so the draft keeps a cache of its own. The perturbed
+    # adapter keeps it far from the target (block 1 alone has 1 - TV .96).
+    ((1,), False, True, "token"),
     pytest.param(1, False, False, "tree-wor:2,1", marks=pytest.mark.slow)])
 def test_generations_are_exact(exact_target, layers, share, adapter,
                                verifier):
