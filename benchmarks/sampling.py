@@ -8,7 +8,10 @@ definition it replaced (`old`, tests/sampling_reference.py: `jnp.sort` for
 top-p, a `lax.top_k` whose k-th value is sliced out for top-k, a residual
 and its CDF at every verified position) side by side in one run, the two
 interleaved so that a loaded machine slows them alike. Every number is the
-median of `--repeats` timed calls after compilation, in milliseconds.
+median of `--repeats` timed calls after compilation, in milliseconds, but
+for the old transform's (`--old_repeats`, interleaved with the new one's
+first calls) and `generate`'s (two alternating blocks of `--repeats` // 2
+calls per variant, as the table's header says).
 
 * table: jitted `specjax.sampling.probabilities` on logits `[1, rows, V]`
   for each sampling config x V x rows, beside one forward pass of a
@@ -147,9 +150,11 @@ def _with_old_transform(fn: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def generate() -> None:
+  per_block = max(1, _REPEATS.value // 2)
   print("\n## `generate` at GPT-2-124M shapes (V = 50257), batch 1, "
         f"{_NEW_TOKENS.value} new tokens, prompt 16 (median of "
-        f"{_REPEATS.value})\n")
+        f"{2 * per_block}: two blocks of {per_block} per variant, "
+        "alternating)\n")
   model = _model(50257)
   prompts = jnp.arange(16, dtype=jnp.int32)[None] * 97 % 50257
   lengths = jnp.array([16])
@@ -175,7 +180,7 @@ def generate() -> None:
   for _ in range(2):
     for name, (config, old) in variants.items():
       call = run(config, old)
-      for _ in range(max(1, _REPEATS.value // 2)):
+      for _ in range(per_block):
         start = time.perf_counter()
         jax.block_until_ready(call())
         times[name].append(time.perf_counter() - start)
