@@ -275,7 +275,9 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   row = {"c": auto.c, "r": list(auto.r), "c_first": auto.c_first,
          "overhead": auto.overhead,
          "r_alone": list(variants["auto alone"].r), "loop_round_steps": [
-             cost / step for cost in auto.round_costs()[-auto.gamma_max:]]}
+             cost / step for cost in auto.round_costs()[-auto.gamma_max:]],
+         # The widths auto timed; the others' prices are interpolated.
+         "priced_widths": [w for w in auto.planned_widths if w]}
   # One unit is a prompt in one repeat, where every variant was timed in
   # one spell: seconds_UxN and, from the timed calls' own results (each
   # call's last `repeats` runs were the timed ones, after its warm-up), the
@@ -340,7 +342,9 @@ def report(row, gammas) -> str:
     mark = " <- best fixed" if name == f"gamma={row['best_fixed']}" else ""
     priced = ""
     if name.startswith("gamma="):
-      priced = f"{row['loop_round_steps'][int(name[6:]) - 1]:8.2f}"
+      g = int(name[6:])
+      timed = g in row.get("priced_widths", [g])
+      priced = f"{row['loop_round_steps'][g - 1]:7.2f}{' ' if timed else '*'}"
     lines.append(f"  {name:>11} {v['speedup']:8.3f} {v['vs_best_fixed']:6.3f}"
                  f" {v['alpha']:6.3f} {v['draft_passes_per_round']:12.2f}"
                  f" {v['tokens_per_round']:12.2f} {v['steps_per_round']:11.2f}"
@@ -355,6 +359,9 @@ def report(row, gammas) -> str:
                "MISSES the target (< 0.98 x best fixed)")
     lines.append(f"  {name} / best fixed = {ratio:.3f} (95% "
                  f"{low:.3f}..{high:.3f}): {verdict}")
+  if any(int(g) not in row.get("priced_widths", gammas) for g in gammas):
+    lines.append("  * (priced): interpolated between the widths auto timed "
+                 f"({', '.join(map(str, row['priced_widths']))}), not timed")
   return "\n".join(lines)
 
 
