@@ -309,14 +309,17 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   best = gammas[int(np.argmax(speedup_N[fixed]))]
   row["best_fixed"] = best
   row["autos"] = [name for name in variants if name.startswith("auto")]
-  # The verdict's noise: a call's time moves between identical calls on a
-  # shared CPU box (the repeats), and at T > 0 each call samples its own
-  # text. Resampling the units, with the best fixed gamma picked again in
-  # each resample (its pick is as noisy as the rest), gives a 95% interval
-  # of each ratio.
+  # The verdict's noise: the prompts (each its own texts and acceptance:
+  # at T = 0 a prompt's repeats are one text, at T > 0 samples after one
+  # prompt) and the time a call takes, which moves between identical calls
+  # on a shared CPU box. Resampling the prompts, each with all its repeats,
+  # with the best fixed gamma picked again in each resample (its pick is as
+  # noisy as the rest), gives a 95% interval of each ratio. (Resampling
+  # (prompt, repeat) units counted a greedy text once per repeat.)
+  seconds_PxN = seconds_UxN.reshape(repeats, len(keys), -1).sum(0)
   rng = np.random.default_rng(0)
-  draws_KxU = rng.integers(0, len(units), (2000, len(units)))
-  totals_KxN = seconds_UxN[draws_KxU].sum(1)
+  draws_KxP = rng.integers(0, len(keys), (2000, len(keys)))
+  totals_KxN = seconds_PxN[draws_KxP].sum(1)
   speedup_KxN = totals_KxN[:, :1] / totals_KxN
   best_K = speedup_KxN[:, fixed].max(1)
   for n, name in enumerate(names[1:], 1):
