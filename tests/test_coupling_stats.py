@@ -92,7 +92,11 @@ def test_coupling_sample_is_exact_in_float64():
     p64, q64 = jnp.asarray(p, jnp.float64), jnp.asarray(q, jnp.float64)
     result = testing.check_coupling(specjax.coupling_sample, p64, q64,
                                     key=jax.random.key(64), n=N)
+    # The control, in float64 too.
+    control = testing.check_coupling(_wrong_fallback, p64, q64,
+                                     key=jax.random.key(64), n=N)
   assert result.passed, str(result)
+  assert not control.passed, str(control)
 
 
 @pytest.mark.parametrize("dtype, tiny", [(jnp.bfloat16, 2.0**-8),
@@ -149,6 +153,11 @@ def test_coupling_sample_never_emits_masked_tokens_at_scale():
   result = testing.check_coupling(_coupling, p, q, key=jax.random.key(5), n=N)
   assert result.output.num_impossible == 0, str(result)
   assert result.passed, str(result)
+  # The control: keeping every draft emits the masked tokens q proposes.
+  control = testing.check_coupling(_always_accept, p, q,
+                                   key=jax.random.key(5), n=N)
+  assert control.output.num_impossible > 0 and not control.passed, str(
+      control)
 
 
 def _control_law(control, p, q):
