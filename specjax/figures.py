@@ -720,7 +720,9 @@ def plot_round_decomposition(rows: Sequence[dict], path_stem: str,
   cut), right the measurement (the real loop's round split by the same loop
   with a null draft, its measured tokens per round). The black tick is the
   autoregressive step (measured): a bar below it is a speedup. Above each
-  pair: the decode efficiency and, where it misses, the component off.
+  pair: the decode efficiency and, where it misses, the component off. A
+  round whose split came out with a part < 0 (the null-draft loop timed
+  slower than the real one) is drawn whole, in one colour.
   """
   _require_one_setting(rows, "plot_round_decomposition")
   temps = _temperatures(rows)
