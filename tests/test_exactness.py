@@ -28,6 +28,7 @@ from specjax.lab import controls
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
+from specjax.models.vocab import ReducedVocabLM
 
 V, N, EOS, PAD = 4, 100_000, 3, 4
 # Ragged: row 2i gets PROMPTS[0], row 2i + 1 gets PROMPTS[1].
@@ -193,6 +194,9 @@ def _draft_kinds(models):
       # Declares one_hot_q, returns soft logits: verified against
       # one_hot(proposal) all the same.
       "lying_one_hot": LyingOneHot(models[1]),
+      # A head scoring 3 of the 4 ids: q is exactly 0 at id 2, which only
+      # the residual can emit.
+      "reduced_vocab": ReducedVocabLM.create(models[1], [0, 1, 3]),
       # Feature-level (EAGLE): drafts from the target's hidden states, which
       # the verify pass returns; an untrained head, since exactness must not
       # depend on training.
@@ -206,7 +210,7 @@ def _draft_kinds(models):
     "bigram",
     # The one-hot path without a fallback; by default it runs with one.
     pytest.param("prompt_lookup", marks=pytest.mark.slow),
-    "prompt_lookup+unigram", "lying_one_hot", "eagle"])
+    "prompt_lookup+unigram", "lying_one_hot", "reduced_vocab", "eagle"])
 def test_every_draft_kind_is_exact(models, kind):
   target, _ = models
   sampling = sj.SamplingConfig(temperature=1.0)
