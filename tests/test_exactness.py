@@ -11,6 +11,7 @@ compiled loop with a negative control (`specjax.lab.controls`) as its
 coupling rule must fail it.
 """
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -29,6 +30,7 @@ from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.vocab import ReducedVocabLM
+from specjax.decode.verifiers.block import BlockVerifier
 
 V, N, EOS, PAD = 4, 100_000, 3, 4
 # Ragged: row 2i gets PROMPTS[0], row 2i + 1 gets PROMPTS[1].
@@ -162,6 +164,29 @@ def test_block_verification_generations_are_exact(models):
   for result in _check(target, out, sampling, k):
     assert result.passed, str(result)
   _assert_covers_full_accepts_and_eos(out, gamma, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlockWrongQ(BlockVerifier):
+  """Negative control: block verification that judges the drafts against
+  a q halfway to p, not the law they were drawn from (weights, stop
+  probabilities and residual all read it)."""
+  name = "block-wrong-q"
+
+  def verify(self, u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG, sample):
+    wrong_BxGxV = 0.5 * (q_BxGxV + p_BxG1xV[:, :-1])
+    return super().verify(u_BxN, p_BxG1xV, wrong_BxGxV, drafts_BxG, sample)
+
+
+@pytest.mark.big_batch
+def test_block_control_is_rejected(models):
+  """The block test's own control: its rule judging against the wrong q,
+  on the same models, gamma and check, with a fifth of the samples."""
+  target, draft = models
+  sampling = sj.SamplingConfig(temperature=1.0)
+  out = _run(target, draft, sampling, 3, 8, n=N // 5, verifier=_BlockWrongQ())
+  results = _check(target, out, sampling, 8)
+  assert not any(r.passed for r in results), "\n".join(map(str, results))
 
 
 class LyingOneHot(flax.struct.PyTreeNode):
