@@ -340,13 +340,15 @@ def report(row, gammas) -> str:
            f"  {'variant':>11} {'speedup':>8} {'/best':>6} {'alpha':>6} "
            f"{'drafts/round':>12} {'tokens/round':>12} {'steps/round':>11}"
            f" {'(priced)':>8}"]
+  # Rows written before the key: every width was timed.
+  priced_widths = row.get("priced_widths", gammas)
   for name in [f"gamma={g}" for g in gammas] + row["autos"]:
     v = row[name]
     mark = " <- best fixed" if name == f"gamma={row['best_fixed']}" else ""
     priced = ""
     if name.startswith("gamma="):
       g = int(name[6:])
-      timed = g in row.get("priced_widths", [g])
+      timed = g in priced_widths
       priced = f"{row['loop_round_steps'][g - 1]:7.2f}{' ' if timed else '*'}"
     lines.append(f"  {name:>11} {v['speedup']:8.3f} {v['vs_best_fixed']:6.3f}"
                  f" {v['alpha']:6.3f} {v['draft_passes_per_round']:12.2f}"
@@ -362,9 +364,9 @@ def report(row, gammas) -> str:
                "MISSES the target (< 0.98 x best fixed)")
     lines.append(f"  {name} / best fixed = {ratio:.3f} (95% "
                  f"{low:.3f}..{high:.3f}): {verdict}")
-  if any(int(g) not in row.get("priced_widths", gammas) for g in gammas):
+  if any(int(g) not in priced_widths for g in gammas):
     lines.append("  * (priced): interpolated between the widths auto timed "
-                 f"({', '.join(map(str, row['priced_widths']))}), not timed")
+                 f"({', '.join(map(str, priced_widths))}), not timed")
   return "\n".join(lines)
 
 

@@ -413,8 +413,8 @@ def _row_counts(cells: Sequence[dict]) -> tuple[np.ndarray, np.ndarray] | None:
   return sum(acc), sum(ver)
 
 
-def _pooled_alpha(cells: Iterable[dict]) -> tuple[float, float, int, bool]:
-  """(accepted / verified, its se, verified, by_row) pooled over cells.
+def _pooled_alpha(cells: Iterable[dict]) -> tuple[float, float, bool]:
+  """(accepted / verified, its se, by_row) pooled over cells.
 
   Pooling over gamma weights each cell by how many drafts it verified, which
   is the acceptance rate per proposed token the paper's Table 3 reports. The
@@ -429,10 +429,8 @@ def _pooled_alpha(cells: Iterable[dict]) -> tuple[float, float, int, bool]:
   rows = _row_counts(cells)
   if rows is not None and int(rows[0].sum()) == acc and int(
       rows[1].sum()) == ver:
-    a, se = stats.clustered_alpha(*rows)
-    return a, se, max(ver, 0), True
-  a, se = stats.pooled_alpha(acc, ver)
-  return a, se, max(ver, 0), False
+    return (*stats.clustered_alpha(*rows), True)
+  return (*stats.pooled_alpha(acc, ver), False)
 
 
 def _predicted_tokens(row: dict) -> float:
@@ -1003,7 +1001,7 @@ def table3_markdown(rows: Sequence[dict], metadata: dict | None) -> str:
     first = next(r for r in rows if r["draft"] == d)
     cols = []
     for t in (0.0, 1.0):
-      a, se, _, by_row = _pooled_alpha(_cells(rows, d, t))
+      a, se, by_row = _pooled_alpha(_cells(rows, d, t))
       if math.isfinite(a):
         by_rows.add(by_row)
       cols.append("–" if not math.isfinite(a) else f"{a:.3f}" + (
