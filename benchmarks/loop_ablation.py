@@ -25,10 +25,11 @@ are not needed: the passes are re-timed, the programs are cached):
 
 Every time is the fewest seconds of `--repeats` interleaved calls (see
 `specjax.measure`, "Noise"): the three loops of a row take turns call by
-call (before 2026-12-04 each loop's calls ran as a block of their own). On the 2-core CPU box this shows where the
-quick job's efficiency goes: the target's few-token verify pass costs 0.5 ms
-in one measurement and 1.0-1.3 ms in another, by shape and by run, alone and
-in the loop alike, while the draft's passes agree.
+call (before 2026-12-04 each loop's calls ran as a block of their own). On
+the 2-core CPU box this shows where the quick job's efficiency goes: the
+target's few-token verify pass costs 0.5 ms in one measurement and 1.0-1.3
+ms in another, by shape and by run, alone and in the loop alike, while the
+draft's passes agree.
 """
 
 from __future__ import annotations

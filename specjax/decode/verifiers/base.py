@@ -88,9 +88,9 @@ class Verifier:
     """E[num_accepted | drafts, p, q], float32 `[B]`: the round's drafts kept,
     averaged over its uniforms in closed form (a Rao-Blackwellised count).
 
-    Same arguments as `verify` (checked by `check_round`). Two verifiers judged on the same drafts
-    compare without the noise of the accept/reject draws
-    (`specjax.expected_tokens`). Verifiers without a closed form raise
+    Same arguments as `verify` (checked by `check_round`). Two verifiers
+    judged on the same drafts compare without the noise of the accept/reject
+    draws (`specjax.expected_tokens`). Verifiers without a closed form raise
     NotImplementedError.
     """
     raise NotImplementedError(
