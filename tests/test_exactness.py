@@ -29,7 +29,7 @@ from specjax.lab import controls
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
-from specjax.models.vocab import ReducedVocabLM
+from specjax.models.vocab import PaddedVocabLM, ReducedVocabLM
 from specjax.decode.verifiers.block import BlockVerifier
 
 V, N, EOS, PAD = 4, 100_000, 3, 4
@@ -229,18 +229,33 @@ def _draft_kinds(models):
   }
 
 
+# Both heads padded from V to V + 2 ids, as `reconcile` pads Qwen2.5's (ids
+# past the tokenizer's masked): the law must be the unpadded target's, and
+# no padding id may be emitted.
+PADDED_VOCAB = V + 2
+
+
 @pytest.mark.big_batch
 @pytest.mark.optimized
 @pytest.mark.parametrize("kind", [
     "bigram",
     # The one-hot path without a fallback; by default it runs with one.
     pytest.param("prompt_lookup", marks=pytest.mark.slow),
-    "prompt_lookup+unigram", "lying_one_hot", "reduced_vocab", "eagle"])
+    "prompt_lookup+unigram", "lying_one_hot", "reduced_vocab", "eagle",
+    "padded_vocab"])
 def test_every_draft_kind_is_exact(models, kind):
   target, _ = models
   sampling = sj.SamplingConfig(temperature=1.0)
   gamma, k = 2, 6
-  out = _run(target, _draft_kinds(models)[kind], sampling, gamma, k, seed=7)
+  if kind == "padded_vocab":
+    run_target, draft = (PaddedVocabLM(m, PADDED_VOCAB, V) for m in models)
+  else:
+    run_target, draft = target, _draft_kinds(models)[kind]
+  out = _run(run_target, draft, sampling, gamma, k, seed=7)
+  tokens = np.asarray(out.tokens)
+  # Only real ids, then PAD after EOS: the outcome ids below would alias a
+  # padding id (radix V + 1) onto a real sequence.
+  assert ((tokens < V) | (tokens == PAD)).all(), kind
   for result in _check(target, out, sampling, k):
     assert result.passed, f"{kind}: {result}"
   # Far enough from the target that a wrong rule would show: the bound
