@@ -296,6 +296,9 @@ class _EarlyViewSelfDraft(SelfDraft):
     # not a prefix, so the draft keeps a cache of its own. The perturbed
     # adapter keeps it far from the target (block 1 alone has 1 - TV .96).
     ((1,), False, True, "token"),
+    # No blocks at all: embedding, final norm and head (a bigram of the
+    # target's own weights), on a shared cache of no layers.
+    (0, True, False, "token"),
     pytest.param(1, False, False, "tree-wor:2,1", marks=pytest.mark.slow)])
 def test_generations_are_exact(exact_target, layers, share, adapter,
                                verifier):
