@@ -517,14 +517,3 @@ def load(path: str | os.PathLike, *, dtype: Any = None,
   if tokenizer and (directory / "tokenizer.json").is_file():
     tok = HFTokenizer.from_dir(directory)
   return model, tok
-
-
-def eos_ids_of(directory: str | os.PathLike) -> tuple[int, ...]:
-  """EOS id(s) of a checkpoint: generation_config.json, else config.json."""
-  directory = pathlib.Path(directory)
-  for name in ("generation_config.json", "config.json"):
-    cfg = read_json(directory, name) or {}
-    eos = cfg.get("eos_token_id")
-    if eos is not None:
-      return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
-  return ()
