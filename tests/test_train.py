@@ -559,9 +559,14 @@ def test_checks_mean_tv_refuses_bad_input(small):
       (0.0, ValueError, "temperature must be > 0"),
       (-1.0, ValueError, "temperature must be > 0"),
       (float("nan"), ValueError, "temperature must be finite"),
-      ("2", TypeError, "temperature must be a real number")):
+      ("2", TypeError, "temperature must be a real number"),
+      # Below 1e-4 float32 logits / temperature overflow (a TV of inf).
+      (1e-12, ValueError, "temperature 1e-12 is below 0.0001"),
+      (1e31, ValueError, "temperature 1e\\+31 is above")):
     with pytest.raises(error, match=match):
       distill.mean_tv(model, model, windows, temperature=temperature)
+    with pytest.raises(error, match=match):
+      distill.distillation_loss("tv", temperature=temperature)
   with pytest.raises(ValueError,
                      match=r"windows must hold at least one.*N >= 1"):
     distill.mean_tv(model, model, windows[:0])

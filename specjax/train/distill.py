@@ -79,6 +79,17 @@ def check_vocabularies(teacher_vocab: int, student_vocab: int) -> None:
         "give the student the teacher's vocabulary.")
 
 
+def _positive_temperature(temperature, why: str) -> float:
+  """`temperature` as a float in [MIN_TEMPERATURE, MAX_TEMPERATURE]: the
+  logits are divided by it, and outside that range float32 logits overflow
+  (a TV of inf, a loss of NaN) just as they would in decoding."""
+  temperature = _checks.check_float("temperature", temperature)
+  if temperature <= 0:
+    raise ValueError(f"temperature must be > 0 {why}, got {temperature}.")
+  sampling_lib.SamplingConfig(temperature=temperature)  # raises, naming it
+  return temperature
+
+
 def distillation_loss(divergence: str = "tv", *,
                       temperature: float = 1.0) -> losses.LossFn:
   """A `LossFn` whose `aux` is the frozen teacher `TransformerLM`.
@@ -90,11 +101,9 @@ def distillation_loss(divergence: str = "tv", *,
   student's max_positions and the teacher's vocabulary.
   """
   check_divergence(divergence)
-  temperature = _checks.check_float("temperature", temperature)
-  if temperature <= 0:
-    raise ValueError("temperature must be > 0 for distillation (greedy "
-                     f"decoding is served well by temperature 1), got "
-                     f"{temperature}.")
+  temperature = _positive_temperature(
+      temperature, "for distillation (greedy decoding is served well by "
+      "temperature 1)")
 
   def loss_fn(module, batch, rng, teacher):
     del rng
@@ -166,7 +175,8 @@ def teacher_corpus(teacher, corpus: data.Corpus, directory: str, *,
   new_tokens = _checks.check_int("new_tokens", new_tokens, low=1)
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
   seed = _checks.check_int("seed", seed, low=0)
-  temperature = _checks.check_float("temperature", temperature)
+  # Up front, not where the sampling starts: raises naming temperature.
+  temperature = sampling_lib.SamplingConfig(temperature=temperature).temperature
   if not isinstance(corpus, data.Corpus):
     raise TypeError("corpus must be a specjax.data.Corpus (e.g. "
                     f"data.text_corpus(path)), got {type(corpus).__name__}.")
@@ -250,10 +260,7 @@ def mean_tv(teacher, student, windows_NxBxT: np.ndarray, *,
   the argument, unless temperature > 0, N >= 1 and every id lies in the
   (shared) vocabulary.
   """
-  temperature = _checks.check_float("temperature", temperature)
-  if temperature <= 0:
-    raise ValueError("temperature must be > 0 (it divides the logits), got "
-                     f"{temperature}.")
+  temperature = _positive_temperature(temperature, "(it divides the logits)")
   windows_NxBxT = np.asarray(_checks.check_array("windows", windows_NxBxT,
                                                  rank=3, kind="i"))
   if windows_NxBxT.shape[0] < 1:
