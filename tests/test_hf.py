@@ -412,6 +412,22 @@ def test_padded_vocabularies_are_reconciled_with_zero_mass():
                                 gamma=4, **kwargs)
   np.testing.assert_array_equal(got.tokens, want.tokens)
   assert (np.asarray(want.tokens) < 300).all()
+  # Ids 300-319 are no token: refused in a prompt (id 310 is past the
+  # draft's 304-row embedding: NaN logits) and as EOS (never emitted).
+  bad = np.array([[5, 6, 310]], np.int32)
+  for args, match in (
+      (dict(prompts=bad), r"prompts\[0, 2\] = 310 is outside the tokenizer's "
+       r"\(PaddedVocabLM.num_real\) vocabulary \[0, 300\)"),
+      (dict(eos_id=302), r"eos_id must be .*299")):
+    kwargs = dict(prompts=prompts, max_new_tokens=4, gamma=2) | args
+    kwargs.setdefault("prompt_lengths",
+                      [3] if "prompts" in args else lengths)
+    with pytest.raises(ValueError, match=match):
+      sj.speculative_generate(t, d, key=jax.random.key(0), **kwargs)
+  with pytest.raises(ValueError, match="num_real must be <= 304"):
+    vocab.PaddedVocabLM(draft, 320, 310)
+  with pytest.raises(TypeError, match="must be a CausalLM"):
+    vocab.PaddedVocabLM(None, 320, 300)
 
 
 def test_different_tokenizers_are_refused_naming_the_token():
@@ -453,6 +469,14 @@ def test_vocabulary_helpers_keep_their_promises():
       vocab.frequent_tokens(ids, 30, 2, include=include)
   with pytest.raises(TypeError, match="include must be an integer"):
     vocab.frequent_tokens(ids, 30, 2, include=[1.5])
+  # Padding (-1) is skipped; an id of another vocabulary is refused, not
+  # dropped (the most frequent id would vanish), and so is nothing to count.
+  np.testing.assert_array_equal(
+      vocab.frequent_tokens(np.append(ids, [-1] * 9), 30, 2), [1, 5])
+  for token_ids, match in (([20, 20, 20, 5], "holds id 20, outside"),
+                           ([], "no id >= 0"), ([-1, -1], "no id >= 0")):
+    with pytest.raises(ValueError, match=match):
+      vocab.frequent_tokens(np.array(token_ids, np.int32), 16, 1)
   model, _ = hf.load(DATA / "gpt2")
   with pytest.raises(TypeError, match="token_ids_K must be an integer"):
     vocab.ReducedVocabLM.create(model, np.array([True, False]))

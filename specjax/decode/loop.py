@@ -525,6 +525,14 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
   max_new_tokens = _checks.check_int("max_new_tokens", max_new_tokens, low=1)
   vocab = target.vocab_size
   validation.check_sampling(sampling, vocab)
+  # Ids a prompt or EOS may hold: a head padded past the tokenizer
+  # (`PaddedVocabLM`) scores ids that are no token, which a model may not
+  # even embed (NaN).
+  real, whose = vocab, "the "
+  for _, model in models:
+    num_real = getattr(model, "num_real", None)
+    if num_real is not None and num_real < real:
+      real, whose = num_real, "the tokenizer's (PaddedVocabLM.num_real) "
   if eos_id is not None:
     # One id or several (Llama 3 stops on any of a few); held as a sorted
     # tuple so it stays a hashable static argument of the compiled loop.
@@ -533,11 +541,11 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
       raise ValueError("eos_id must be an id, a non-empty sequence of ids, or "
                        "None.")
     eos_id = tuple(sorted({
-        _checks.check_int("eos_id", i, low=0, high=vocab - 1) for i in ids}))
+        _checks.check_int("eos_id", i, low=0, high=real - 1) for i in ids}))
   # The output is int32: a wider pad_id would fail inside the compiled call.
   pad_id = _checks.check_int("pad_id", pad_id, low=-2**31, high=2**31 - 1)
-  _checks.check_token_range("prompts", prompts_np, vocab,
-                            lengths_B=lengths_np)
+  _checks.check_token_range("prompts", prompts_np, real,
+                            lengths_B=lengths_np, whose=whose)
   longest = int(lengths_np.max())
   # The last scored position is (longest - 1) + (max_new_tokens - 1) + lookahead.
   needed = longest + max_new_tokens + lookahead - 1

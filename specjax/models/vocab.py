@@ -42,10 +42,15 @@ class PaddedVocabLM(struct.PyTreeNode):
   num_real: int = struct.field(pytree_node=False)
 
   def __post_init__(self):
+    if not all(hasattr(self.model, a) for a in ("vocab_size", "init_cache")):
+      raise TypeError("PaddedVocabLM model must be a CausalLM (vocab_size, "
+                      "init_cache, __call__), got "
+                      f"{type(self.model).__name__}.")
     vocab = _checks.check_int("PaddedVocabLM vocab_size", self.vocab_size,
                               low=1)
+    # Every real id must be one the model scores (and embeds).
     _checks.check_int("PaddedVocabLM num_real", self.num_real, low=1,
-                      high=vocab)
+                      high=min(vocab, self.model.vocab_size))
 
   @property
   def one_hot_q(self) -> bool:
@@ -136,12 +141,25 @@ def reconcile(target, draft, target_tokenizer, draft_tokenizer):
 def frequent_tokens(token_ids: Any, vocab_size: int, k: int, *,
                     include: Sequence[int] = ()) -> np.ndarray:
   """The `k` most frequent ids of `token_ids` (ties: lower id first), with
-  `include` (e.g. EOS ids) always among them. Returns sorted int32 `[k]`."""
+  `include` (e.g. EOS ids) always among them. Returns sorted int32 `[k]`.
+
+  Negative ids (padding such as -1) are skipped. An id >= vocab_size is
+  refused, not skipped: it means the ids come from another vocabulary. So
+  is a `token_ids` with no id to count.
+  """
   vocab_size = _checks.check_int("vocab_size", vocab_size, low=1)
   k = _checks.check_int("k", k, low=1, high=vocab_size)
   ids = np.asarray(_checks.check_array("token_ids", token_ids,
                                        kind="i")).reshape(-1)
-  ids = ids[(ids >= 0) & (ids < vocab_size)]
+  if (ids >= vocab_size).any():
+    bad = ids[ids >= vocab_size][0]
+    raise ValueError(f"token_ids holds id {bad}, outside the vocabulary's "
+                     f"[0, {vocab_size}): pass ids of the model's vocabulary "
+                     "(drop padding ids >= vocab_size first).")
+  ids = ids[ids >= 0]
+  if ids.size == 0:
+    raise ValueError("token_ids holds no id >= 0: there is nothing to count. "
+                     "Pass the token ids whose frequencies pick the head.")
   include = np.unique(np.asarray(_checks.check_array(
       "include", list(include), kind="i") if len(include) else [], np.int64))
   if include.size and (include.min() < 0 or include.max() >= vocab_size):
