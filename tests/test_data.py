@@ -222,6 +222,15 @@ def test_batching_errors():
     batching.prompts(np.zeros(100, np.float32), 2, 10, 0)
   with pytest.raises(ValueError, match="tokens must have rank 1"):
     batching.prompts(np.zeros((2, 100), np.int32), 2, 10, 0)
+  # Ids the int32 batches would wrap (2**40 -> 0, 2**32 - 1 -> -1), or no
+  # token at all: refused, naming the first.
+  for tokens in (np.full(10, 2**40, np.int64), np.full(10, 2**32 - 1,
+                                                        np.uint32),
+                 -np.arange(1, 11)):
+    with pytest.raises(ValueError, match=r"tokens\[\d\] = -?\d+ is not a token"):
+      batching.batch_at(tokens, 1, 4, 0, 0)
+    with pytest.raises(ValueError, match="must lie in"):
+      batching.prompts(tokens, 2, 4, 0)
 
 
 def test_max_bytes_subset_keeps_the_heldout_fraction():

@@ -96,5 +96,13 @@ def _windows(tokens_N, count, width, rng):
 
 
 def _gather(tokens_N, starts_B, width):
-  return tokens_N[starts_B[:, None] + np.arange(width)[None, :]].astype(
-      np.int32)
+  at_BxW = starts_B[:, None] + np.arange(width)[None, :]
+  windows_BxW = tokens_N[at_BxW]
+  # Checked per window, not per corpus (a step would rescan every token):
+  # the int32 cast would wrap a wider id, and a negative id is no token.
+  bad = (windows_BxW < 0) | (windows_BxW > np.iinfo(np.int32).max)
+  if bad.any():
+    i = int(at_BxW[bad][0])
+    raise ValueError(f"tokens[{i}] = {tokens_N[i]} is not a token id: ids "
+                     "must lie in [0, 2**31) (the batches are int32).")
+  return windows_BxW.astype(np.int32)
