@@ -201,6 +201,31 @@ def totals(stats_list: Sequence[Any]) -> dict[str, Any]:
   return out
 
 
+def _check_rows(stats, lengths_B, i: int) -> None:
+  """Refuses counters no generation can produce (stats built or edited by
+  hand), naming the result and field: every statistic would be wrong."""
+  where = f"results[{i}]"
+  rows = int(np.asarray(stats.rounds).shape[0])
+  if lengths_B.reshape(-1).size != rows:
+    raise ValueError(f"{where}.lengths has {lengths_B.size} rows but its "
+                     f"stats have {rows}: pass each generation's own lengths.")
+  for name in _row_fields(stats):
+    a = np.asarray(getattr(stats, name))
+    if not (np.isfinite(a).all() and (a >= 0).all()):
+      raise ValueError(f"{where}: RowStats.{name} holds "
+                       f"{a[~(np.isfinite(a) & (a >= 0))].flat[0]}; counters "
+                       "are finite and >= 0.")
+  rounds_B = np.asarray(stats.rounds)
+  if (np.asarray(stats.accept_hist).sum(-1) != rounds_B).any():
+    raise ValueError(f"{where}: RowStats.accept_hist counts other rounds than "
+                     "rounds does; each round adds 1 at the drafts it kept.")
+  verified_B = np.asarray(stats.verified, np.float64)
+  # A sum of float32 values <= 1 each: within rounding of verified.
+  if (np.asarray(stats.overlap_sum) > verified_B * (1 + 1e-4) + 1e-3).any():
+    raise ValueError(f"{where}: RowStats.overlap_sum exceeds verified; each "
+                     "judged draft adds sum_x min(p, q) <= 1.")
+
+
 def summarize(results: Any) -> dict[str, Any]:
   """One summary of one generation or of several pooled (same gamma).
 
@@ -223,8 +248,15 @@ def summarize(results: Any) -> dict[str, Any]:
   results = list(results)
   if not results:
     raise ValueError("summarize needs at least one result.")
+  for i, r in enumerate(results):
+    if not (hasattr(r, "stats") and hasattr(r, "lengths")):
+      raise TypeError(f"results[{i}] is a {type(r).__name__}; summarize takes "
+                      "a GenerationResult (or anything with .stats and "
+                      ".lengths), or a sequence of them.")
   host = [(jax.tree.map(np.asarray, r.stats), np.asarray(r.lengths))
           for r in results]
+  for i, (row_stats, lengths_B) in enumerate(host):
+    _check_rows(row_stats, lengths_B, i)
   stats_list = [s for s, _ in host]
   row_tokens = np.concatenate([lengths.reshape(-1) for _, lengths in host])
   out: dict[str, Any] = {

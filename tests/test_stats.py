@@ -69,6 +69,27 @@ def test_summary_pools_results_and_refuses_mixed_gamma():
     stats.summarize([a, _result([[1]], gamma=3, lengths=[2])])
 
 
+def test_summary_refuses_counters_no_generation_produces():
+  base = _result([[2, 0], [1]], gamma=2, lengths=[5, 2])
+  fake = lambda **kw: types.SimpleNamespace(
+      stats=base.stats.replace(**{k: jnp.asarray(v) for k, v in kw.items()
+                                  if k != "lengths"}),
+      lengths=jnp.asarray(kw.get("lengths", base.lengths)))
+  for kwargs, match in (
+      (dict(lengths=[5, 2, 1]), r"results\[0\].lengths has 3 rows but its "
+       "stats have 2"),
+      (dict(rounds=[-2, 1], length_hist=[[0, 0, -2], [0, 0, 1]]),
+       "RowStats.rounds holds -2"),
+      (dict(overlap_sum=[np.nan, 1.0]), "RowStats.overlap_sum holds nan"),
+      (dict(overlap_sum=[30.0, 1.0]), "overlap_sum exceeds verified"),
+      (dict(accept_hist=[[50, 0, 50], [0, 1, 0]]), "accept_hist counts other "
+       "rounds")):
+    with pytest.raises(ValueError, match=match):
+      stats.summarize(fake(**kwargs))
+  with pytest.raises(TypeError, match=r"results\[0\] is a str"):
+    stats.summarize("abc")
+
+
 def test_new_rowstats_fields_are_summed_without_changes():
   """A counter another change adds to RowStats reaches the summary as is."""
 
