@@ -69,6 +69,7 @@ from specjax.train import distill
 from specjax.train import exit_adapter as exit_adapter_lib
 from specjax.train import eagle as eagle_train
 from specjax.train import losses
+from specjax.train import optim
 from specjax.train import recipes
 from specjax.train import trainer
 
@@ -138,7 +139,7 @@ def parse_name(name: str) -> tuple[str, str, str | None]:
   if name.startswith(_EXIT_ADAPTER) and "@" in name:
     k, teacher = name[len(_EXIT_ADAPTER):].split("@", 1)
     # One spelling per k ("01" would be a second cache entry of the same).
-    if (k.isdigit() and k == str(int(k)) and teacher in recipes.SIZES
+    if (k.isdecimal() and k == str(int(k)) and teacher in recipes.SIZES
         and 0 < int(k) < recipes.SIZES[teacher]["num_layers"]):
       return "exit_adapter", k, teacher
   raise ValueError(f"Unknown zoo model {name!r}. Known names: "
@@ -147,6 +148,15 @@ def parse_name(name: str) -> tuple[str, str, str | None]:
 
 def _teacher_overrides(overrides, teacher_overrides):
   return overrides if teacher_overrides is None else teacher_overrides
+
+
+def _check_overrides(overrides, teacher_overrides) -> None:
+  for arg, value in (("overrides", overrides),
+                     ("teacher_overrides", teacher_overrides)):
+    if value is not None and not hasattr(value, "items"):  # a mapping
+      raise TypeError(f"{arg} must be a dict of training-config fields (e.g. "
+                      f"{{'num_steps': 300}}) or None, got "
+                      f"{type(value).__name__}.")
 
 
 def _config(size: str, overrides: dict[str, Any] | None,
@@ -169,13 +179,17 @@ def _config(size: str, overrides: dict[str, Any] | None,
     config = recipes.train_config(size)
   config.progress = True
   for key, value in (overrides or {}).items():
+    if not isinstance(key, str):
+      raise TypeError(f"overrides: keys are dotted field names such as "
+                      f"'optim.lr', got {key!r}.")
     *parents, leaf = key.split(".")
     node = config
     for part in parents:
-      node = node.get(part)
+      # A leaf on the way ("optim.lr.x") ends the walk, like a missing part.
+      node = node.get(part) if hasattr(node, "get") else None
       if node is None:
         break
-    if node is None or leaf not in node:
+    if not hasattr(node, "get") or leaf not in node:
       raise ValueError(f"overrides: {key!r} is not a field of the {size} "
                        "training config.")
     node[leaf] = value
@@ -188,9 +202,17 @@ def _config(size: str, overrides: dict[str, Any] | None,
     # while training, whatever a draft budget shared with it says (the key
     # ignores eval_every, so the entry is the same).
     config.eval_every = 0
-  # Bad values (num_steps=-5) are refused here, before a recipe key, a lock
-  # or a "training ..." line exists.
+  # Bad values (num_steps=-5, optim.lr=-1, a seq_len past the model's
+  # positions) are refused here, before a recipe key, a lock or a
+  # "training ..." line exists: `trainer.train` would refuse them later.
   trainer.check_config(config)
+  optim.make_optimizer(config.optim, config.num_steps)
+  if kind in ("transformer", "distilled"):  # config.model is a Transformer
+    model_config = trainer.model_config_from(config)
+    trainer.check_seq_len(config.seq_len, model_config)
+    losses.check_vocab_size(
+        model_config.vocab_size, "overrides: model.vocab_size",
+        f"the zoo trains on the byte corpus; use {data.BYTE_VOCAB_SIZE}.")
   return config
 
 
@@ -216,6 +238,11 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
   Reading the default corpus costs about a second (its content is hashed).
   """
   kind, size, teacher_name = parse_name(name)
+  _check_overrides(overrides, teacher_overrides)
+  if corpus is not None and not isinstance(corpus, data.Corpus):
+    raise TypeError("corpus must be a specjax.data.Corpus (e.g. "
+                    "data.text_corpus(path)) or None for the built-in one, "
+                    f"got {type(corpus).__name__}.")
   corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
   out = {"format": FORMAT, "name": name, "kind": kind,
          "objective": _OBJECTIVES[kind], "corpus": _corpus_identity(corpus)}
@@ -384,12 +411,7 @@ def load(name: str, *, cache_dir: str | None = None,
     ZooError: the entry's recorded recipe differs from the request.
   """
   kind, size, teacher_name = parse_name(name)
-  for arg, value in (("overrides", overrides),
-                     ("teacher_overrides", teacher_overrides)):
-    if value is not None and not hasattr(value, "items"):  # a mapping
-      raise TypeError(f"{arg} must be a dict of training-config fields (e.g. "
-                      f"{{'num_steps': 300}}) or None, got "
-                      f"{type(value).__name__}.")
+  _check_overrides(overrides, teacher_overrides)
   cache_dir_ = resolve_cache_dir(cache_dir)
   corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
   recipe_ = recipe(name, overrides=overrides,

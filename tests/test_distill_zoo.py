@@ -164,6 +164,21 @@ def test_zoo_bad_names_and_overrides(cache, capsys):
     zoo.load("exit-adapter-01@tiny", cache_dir=cache)
   with pytest.raises(TypeError, match="overrides must be a dict"):
     zoo.load("tiny", cache_dir=cache, overrides=[("num_steps", 3)])
+  # What `train` would refuse after the lock, refused with the recipe.
+  for overrides, error, match in (
+      ({"optim.lr": -1.0}, ValueError, "config.optim.lr must be > 0"),
+      ({"seq_len": 10**6}, ValueError, "config.seq_len=1000000 is longer"),
+      ({"model.vocab_size": 100}, ValueError, "model.vocab_size=100 is "
+       "smaller than the corpus tokenizer's"),
+      ({"optim.lr.x": 1}, ValueError, "'optim.lr.x' is not a field"),
+      ({1: 1}, TypeError, "keys are dotted field names")):
+    with pytest.raises(error, match=match):
+      zoo.load("tiny", cache_dir=cache, overrides=overrides)
+  with pytest.raises(TypeError, match="corpus must be a specjax.data.Corpus"):
+    zoo.entry_dir("tiny", cache_dir=cache, corpus="/some/path")
+  # str.isdigit takes "²", which int() does not.
+  with pytest.raises(ValueError, match="Unknown zoo model"):
+    zoo.load("exit-adapter-²@tiny", cache_dir=cache)
   with pytest.raises(TypeError, match="cache_dir must be a path"):
     zoo.load("tiny", cache_dir=123)
   assert "training" not in capsys.readouterr().out
