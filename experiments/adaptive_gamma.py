@@ -146,7 +146,7 @@ def _check_drafts(names):
   for name in names:
     if name.startswith("self:"):
       k, _, extra = name[5:].partition("+")
-      if not k.isdigit() or not 1 <= int(k) <= layers:
+      if not k.isdecimal() or not 1 <= int(k) <= layers:
         raise ValueError(f"--drafts {name!r}: self:K needs 1 <= K <= "
                          f"{layers} (the target's blocks).")
       if extra and (extra != "adapter" or _TARGET.value != "quick"):

@@ -9,7 +9,7 @@ from specjax import _checks
 def positive_ints(values) -> bool:
   """A DEFINE_list's strings are all ints >= 1 (empty passes: check that
   apart where an empty list means something)."""
-  return all(v.strip().isdigit() and int(v) >= 1 for v in values)
+  return all(v.strip().isdecimal() and int(v) >= 1 for v in values)
 
 
 def require_results_dir(name: str = "results_dir") -> None:

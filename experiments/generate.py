@@ -59,7 +59,7 @@ flags.mark_flag_as_required("target")
 def _check_draft(spec):
   kind, _, arg = spec.partition(":")
   if (spec in ("bigram", "prompt_lookup")
-      or (kind == "self" and arg.isdigit() and int(arg) >= 1)
+      or (kind == "self" and arg.isdecimal() and int(arg) >= 1)
       or (kind == "hf" and arg)
       or os.path.isfile(os.path.join(spec, "config.json"))):
     return True

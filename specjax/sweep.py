@@ -494,7 +494,7 @@ def device_description() -> str:
 def _self_layers(name: str) -> int:
   """k of a self-draft's name `self:k`; raises for any other name."""
   head, _, k = name.partition(":")
-  if head != "self" or not k.isdigit() or int(k) < 1:
+  if head != "self" or not k.isdecimal() or int(k) < 1:
     raise ValueError(f"a self-draft is named 'self:k' (the target's first k "
                      f"blocks, k >= 1), got {name!r}.")
   return int(k)

@@ -64,7 +64,7 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
   kind, _, arg = spec.partition(":")
   if kind == "self":
     num_layers = target.config.num_layers
-    if not arg.isdigit() or not 1 <= int(arg) <= num_layers:
+    if not arg.isdecimal() or not 1 <= int(arg) <= num_layers:
       raise ValueError(f"--draft={spec}: use self:N with N the number of the "
                        f"target's blocks to keep, 1 <= N <= num_layers "
                        f"({num_layers}), e.g. self:{max(num_layers // 4, 1)}.")
@@ -109,6 +109,9 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
 
 def parse_gamma(text: str) -> int | str:
   """A `--gamma` value as `speculative_generate` takes it: int >= 1 or "auto"."""
+  if not isinstance(text, str):
+    raise TypeError(f"parse_gamma reads a flag's text (e.g. '4' or 'auto'), "
+                    f"got {type(text).__name__}.")
   if text.strip() == "auto":
     return "auto"
   try:

@@ -78,9 +78,11 @@ def test_draft_specs_are_checked():
 def test_gamma_flag_takes_an_int_or_auto():
   assert textgen.parse_gamma("3") == 3
   assert textgen.parse_gamma("auto") == "auto"
-  for bad in ("0", "-2", "2.5", "Auto", ""):
+  for bad in ("0", "-2", "2.5", "Auto", "", "²"):
     with pytest.raises(ValueError, match="int >= 1"):
       textgen.parse_gamma(bad)
+  with pytest.raises(TypeError, match="reads a flag's text"):
+    textgen.parse_gamma(3)
 
 
 def test_texts_leave_out_the_eos_that_ended_a_row():
