@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 from absl import logging
+from jax.sharding import AbstractMesh
 from jax.sharding import AxisType
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -47,6 +48,10 @@ from specjax import _checks
 
 DATA = "data"
 MODEL = "model"
+
+# The mesh axes `make_mesh` builds: the only ones the rules map to. Another
+# name (a typo such as "dta") would shard nothing.
+MESH_AXES = (DATA, MODEL)
 
 # Logical dimension names used across specjax.
 LOGICAL_AXES = ("batch", "length", "embed", "vocab", "heads", "kv_heads",
@@ -103,6 +108,39 @@ def parse_mesh_spec(spec: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
   return tuple(names), tuple(sizes)
 
 
+def _check_devices(devices: Any) -> list:
+  """`devices` as a list of distinct `jax.Device`s (None: all devices)."""
+  if devices is None:
+    return list(jax.devices())
+  if isinstance(devices, str):
+    # A string is a sequence too: 'cpu' would make a mesh of 'c', 'p', 'u'.
+    raise TypeError(f"devices must be a list of jax.Device, got the string "
+                    f"{devices!r}; for a platform's devices pass "
+                    f"jax.devices({devices!r}).")
+  if isinstance(devices, np.ndarray):
+    devices = devices.ravel().tolist()  # e.g. mesh.devices, row-major
+  if not isinstance(devices, Sequence):
+    # A set has no mesh order.
+    raise TypeError(f"devices must be a list of jax.Device (e.g. "
+                    f"jax.devices()[:4]), got {type(devices).__name__}.")
+  devices = list(devices)
+  if not devices:
+    raise ValueError("devices is empty; make_mesh needs at least one device "
+                     "(pass None for all of them).")
+  seen: dict = {}
+  for i, device in enumerate(devices):
+    if not isinstance(device, jax.Device):
+      raise TypeError(f"devices[{i}] must be a jax.Device (from jax.devices())"
+                      f", got {device!r} ({type(device).__name__}).")
+    # The mesh would build, then device_put fails with a bare AssertionError.
+    if device in seen:
+      raise ValueError(f"devices[{i}] is {device}, already devices"
+                       f"[{seen[device]}]; a mesh uses each device once: pass "
+                       "distinct devices, e.g. jax.devices()[:n].")
+    seen[device] = i
+  return devices
+
+
 def make_mesh(spec: str | Mapping[str, int] | None = None,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A `Mesh` over `devices` (default: all devices of all processes).
@@ -113,16 +151,19 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
       sizes must equal the device count; one size may be -1 (the rest).
       Axes `data` and `model` are always present (size 1 if not named), so
       the rules apply to any spec. A product smaller than the device count
-      uses the first devices.
-    devices: the devices to use, in mesh order.
+      uses the first devices. Other axis names are refused: no rule maps to
+      them (for rules of your own, build a `jax.sharding.Mesh` and pass it
+      where a mesh is taken).
+    devices: the devices to use, in mesh order: a non-empty list (or tuple,
+      or array, read row-major) of distinct `jax.Device`s, e.g.
+      `jax.devices()[:4]`. A string ('cpu'), a repeated device or a
+      non-device is refused.
 
   Returns:
     A mesh with Auto axes (GSPMD propagates shardings; `spec_for` supplies
     them where it matters).
   """
-  devices = list(jax.devices() if devices is None else devices)
-  if not devices:
-    raise ValueError("make_mesh needs at least one device.")
+  devices = _check_devices(devices)
   if spec is None:
     spec = {DATA: -1}
   if isinstance(spec, Mapping):
@@ -132,7 +173,12 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
     parse_mesh_spec(",".join(f"{n}:{s}" for n, s in zip(names, sizes)))
   else:
     names, sizes = parse_mesh_spec(spec)
-  for axis in (DATA, MODEL):
+  for name in names:
+    if name not in MESH_AXES:
+      raise ValueError(f"mesh spec {spec!r}: unknown mesh axis {name!r}; use "
+                       "'data' and/or 'model' (the axes the sharding rules "
+                       "map to), e.g. 'data:2,model:4'.")
+  for axis in MESH_AXES:
     if axis not in names:
       names, sizes = names + (axis,), sizes + (1,)
   n = len(devices)
@@ -211,6 +257,27 @@ def _note_replicated(reasons: list[str]) -> None:
                     "axis).", "; ".join(key))
 
 
+def _check_mesh(mesh: Any) -> None:
+  if not isinstance(mesh, (Mesh, AbstractMesh)):
+    hint = (f"; for a spec string pass make_mesh({mesh!r})"
+            if isinstance(mesh, str) else "")
+    raise TypeError(f"mesh must be a jax.sharding.Mesh or AbstractMesh (e.g. "
+                    f"make_mesh('data:2,model:4')), got "
+                    f"{type(mesh).__name__}{hint}.")
+
+
+def _check_rules(rules: Any) -> None:
+  if not isinstance(rules, Mapping):
+    raise TypeError(f"rules must be a mapping from logical axis names to a "
+                    f"mesh axis or None (e.g. sharding.RULES or FSDP_RULES; "
+                    f"{{}} replicates everything), got {type(rules).__name__}.")
+  for name, axis in rules.items():
+    if not isinstance(name, str) or not (axis is None or isinstance(axis, str)):
+      raise TypeError(f"rules[{name!r}] = {axis!r}: rules map a logical axis "
+                      "name (str) to a mesh axis name (str) or None "
+                      "(replicated).")
+
+
 def spec_for(shape: Sequence[int], names: Sequence[str | None], mesh, *,
              rules: Mapping[str, str | None] = RULES,
              units: Units | None = None,
@@ -221,7 +288,48 @@ def spec_for(shape: Sequence[int], names: Sequence[str | None], mesh, *,
   has more than one device, is not already used by an earlier dimension,
   and divides the dimension (in `units[name]` for fused axes such as
   `heads`). Otherwise it is replicated; the reason is appended to `reasons`.
+  A name of None, or one of `LOGICAL_AXES` that `rules` leaves out, is
+  replicated.
+
+  Refused: a `shape` that is not a sequence of ints >= 0; `names` that is
+  not a sequence of str or None, one per dimension, or that holds a name in
+  neither `LOGICAL_AXES` nor `rules` (a typo such as "embd" would silently
+  replicate); a `mesh` that is not a `Mesh` or `AbstractMesh` (a spec
+  string goes through `make_mesh` first); `rules` that is not a mapping of
+  str to str or None; `units` counts that are not ints >= 1.
   """
+  if isinstance(shape, str) or not isinstance(shape, (Sequence, np.ndarray)):
+    raise TypeError(f"shape must be a tuple of ints (e.g. x.shape), got "
+                    f"{shape!r} ({type(shape).__name__}).")
+  # A float dimension or a negative one is no array's shape.
+  shape = tuple(_checks.check_int(f"shape[{i}]", d, low=0)
+                for i, d in enumerate(shape))
+  if isinstance(names, str) or not isinstance(names, Sequence):
+    raise TypeError(f"names must be a tuple of logical axis names (str or "
+                    f"None), one per dimension, e.g. ('embed', 'vocab'); got "
+                    f"{names!r} ({type(names).__name__}).")
+  _check_mesh(mesh)
+  _check_rules(rules)
+  for i, name in enumerate(names):
+    if name is None:
+      continue
+    if not isinstance(name, str):
+      raise TypeError(f"names[{i}] must be a logical axis name (str) or None "
+                      f"(replicated), got {name!r} ({type(name).__name__}).")
+    if name not in LOGICAL_AXES and name not in rules:
+      raise ValueError(f"names[{i}] = {name!r} is not a logical axis name; "
+                       f"use one of {LOGICAL_AXES} (or a key of rules), or "
+                       "None to replicate.")
+  if units is not None:
+    if not isinstance(units, Mapping):
+      raise TypeError(f"units must be a mapping from logical axis names to "
+                      f"counts (e.g. {{'heads': 8}}) or None, got "
+                      f"{type(units).__name__}.")
+    for name, count in units.items():
+      _checks.check_int(f"units[{name!r}]", count, low=1)
+  if reasons is not None and not isinstance(reasons, list):
+    raise TypeError(f"reasons must be a list (appended to) or None, got "
+                    f"{type(reasons).__name__}.")
   if len(names) != len(shape):
     raise ValueError(f"logical names {tuple(names)} do not match an array of "
                      f"shape {tuple(shape)}.")
@@ -251,7 +359,11 @@ def tree_specs(tree: Any, names_tree: Any, mesh, *,
 
   `names_tree` has the structure of `tree` with a tuple of names (or None:
   replicated) at each leaf. Logs once if some dimension is replicated.
+  `mesh`, `rules` and each leaf's names are checked as in `spec_for`.
   """
+  # Checked here too, so an empty tree does not hide a wrong mesh or rules.
+  _check_mesh(mesh)
+  _check_rules(rules)
   reasons: list[str] = []
   flat, treedef = jax.tree.flatten(tree)
   try:
@@ -413,11 +525,26 @@ def using(mesh: Mesh | None):
 
 
 def per_device_bytes(tree: Any) -> dict[Any, int]:
-  """Bytes each device holds of `tree`'s arrays (from `addressable_shards`)."""
+  """Bytes each device holds of `tree`'s arrays (from `addressable_shards`).
+
+  Every leaf must be a concrete `jax.Array` (e.g. `shard_model(...).state`).
+  Refused: a tree with no array (None, {}), and any other leaf (a string, a
+  numpy array: host values, on no device; a tracer inside jit), which would
+  otherwise be left out of the count without a word.
+  """
+  leaves = jax.tree_util.tree_leaves_with_path(tree)
+  if not leaves:
+    raise ValueError(f"tree holds no jax.Array (got {type(tree).__name__}); "
+                     "pass arrays placed on devices, e.g. "
+                     "shard_model(model, mesh).state.")
+  for path, x in leaves:
+    if not isinstance(x, jax.Array) or not _checks.is_concrete(x):
+      raise TypeError(f"tree{jax.tree_util.keystr(path)} is a "
+                      f"{type(x).__name__}, not a jax.Array on devices; "
+                      "place it first (jax.device_put or sharding.place), "
+                      "outside jit.")
   out: dict[Any, int] = {}
-  for x in jax.tree.leaves(tree):
-    if not isinstance(x, jax.Array):
-      continue
+  for _, x in leaves:
     for shard in x.addressable_shards:
       out[shard.device] = out.get(shard.device, 0) + shard.data.nbytes
   return out

@@ -74,6 +74,40 @@ def test_make_mesh_on_one_device_and_size_errors():
       sharding.make_mesh({"data": size})
 
 
+def test_make_mesh_refuses_devices_that_are_not_distinct_jax_devices():
+  # 'cpu' made a mesh of 'c', 'p', 'u'; a repeated device failed later with a
+  # bare AssertionError inside jax.device_put.
+  cases = (("cpu", TypeError, "devices must be a list of jax.Device.*"
+            r"jax.devices\('cpu'\)"),
+           (jax.devices() * 2, ValueError, r"devices\[1\] is .* already "
+            r"devices\[0\]"),
+           ([None], TypeError, r"devices\[0\] must be a jax.Device"),
+           ([], ValueError, "devices is empty"),
+           (set(jax.devices()), TypeError, "devices must be a list"))
+  for devices, error, match in cases:
+    with pytest.raises(error, match=match):
+      sharding.make_mesh("data:-1", devices=devices)
+  # A tuple, or a mesh's device array (row-major), is a list of devices.
+  for devices in (tuple(jax.devices()), np.array(jax.devices())):
+    mesh = sharding.make_mesh("data:-1", devices=devices)
+    assert list(mesh.devices.flat) == jax.devices()
+
+
+def test_make_mesh_refuses_axis_names_no_rule_uses():
+  # With 4 devices "foo:2" made foo:2,data:1,model:1: 2 devices, nothing
+  # sharded. The name is checked before the device count.
+  for spec, name in (("foo:2", "foo"), ("data:1,modle:1", "modle"),
+                     ({"dta": 1}, "dta")):
+    with pytest.raises(ValueError, match=f"mesh spec .* unknown mesh axis "
+                       f"'{name}'; use 'data' and/or 'model'"):
+      sharding.make_mesh(spec)
+  with pytest.raises(ValueError, match="unknown mesh axis 'foo'"):
+    sharding.as_mesh("foo:1")
+  # Every spec form the repository uses still builds.
+  for spec in ("data:-1,model:1", "model:1", {"data": 1, "model": 1}, None):
+    assert dict(sharding.make_mesh(spec).shape) == {"data": 1, "model": 1}
+
+
 def test_rules_shard_heads_mlp_vocab_and_replicate_what_does_not_divide():
   spec = lambda shape, names, **kw: sharding.spec_for(shape, names, MESH_2X4,
                                                       **kw)
@@ -97,6 +131,49 @@ def test_rules_shard_heads_mlp_vocab_and_replicate_what_does_not_divide():
     spec((2, 2), ("batch",))
 
 
+def test_spec_for_refuses_bad_shape_names_mesh_and_rules():
+  spec = sharding.spec_for
+  # "embd" was replicated without a word; (-4, 8) was sharded; "ab" failed
+  # with "not all arguments converted"; None meshes and rules with an
+  # AttributeError.
+  cases = (((64, 8), ("embd", "vocab"), {}, ValueError,
+            r"names\[0\] = 'embd' is not a logical axis name"),
+           ((64, 8), ("embed", 3), {}, TypeError, r"names\[1\] must be"),
+           ((64, 8), "ev", {}, TypeError, "names must be a tuple"),
+           ((-4, 8), ("batch", "vocab"), {}, ValueError,
+            r"shape\[0\] must be >= 0"),
+           ((4.0, 8), ("batch", "vocab"), {}, TypeError,
+            r"shape\[0\] must be a Python int"),
+           ("ab", ("batch", "vocab"), {}, TypeError, "shape must be a tuple"),
+           ((4, 8), ("batch", "vocab"), {"mesh": None}, TypeError,
+            "mesh must be a jax.sharding.Mesh or AbstractMesh"),
+           ((4, 8), ("batch", "vocab"), {"mesh": "data:1"}, TypeError,
+            r"mesh must be .* make_mesh\('data:1'\)"),
+           ((4, 8), ("batch", "vocab"), {"rules": None}, TypeError,
+            "rules must be a mapping"),
+           ((4, 8), ("batch", "vocab"), {"rules": {"batch": 1}}, TypeError,
+            r"rules\['batch'\] = 1"),
+           ((4, 8), ("batch", "heads"), {"units": {"heads": 0}}, ValueError,
+            r"units\['heads'\] must be >= 1"),
+           ((4, 8), ("batch", "vocab"), {"reasons": ()}, TypeError,
+            "reasons must be a list"))
+  for shape, names, kw, error, match in cases:
+    kw = {"mesh": MESH_2X4, **kw}
+    with pytest.raises(error, match=match):
+      spec(shape, names, kw.pop("mesh"), **kw)
+  with pytest.raises(TypeError, match="mesh must be"):
+    sharding.tree_specs({}, {}, None)  # checked even for an empty tree
+  # None replicates; a name of custom rules, and a logical name the rules
+  # leave out (replicated), are accepted; so are numpy ints and real meshes.
+  assert spec((4, 8), (None, "vocab"), MESH_2X4) == P(None, "model")
+  assert spec((4, 8), ("batch", "expert"), MESH_2X4,
+              rules={"batch": "data", "expert": "model"}) == P("data", "model")
+  assert spec((4, 8), ("batch", "vocab"), MESH_2X4,
+              rules={"batch": "data"}) == P("data")
+  assert spec(np.array([4, 8]), ("batch", "vocab"),
+              sharding.make_mesh()) == P()
+
+
 def test_replication_is_logged_once(caplog):
   sharding._logged.clear()  # pylint: disable=protected-access
   names = {"a": ("embed", "vocab"), "b": ("embed", "vocab")}
@@ -106,6 +183,21 @@ def test_replication_is_logged_once(caplog):
     sharding.tree_specs(tree, names, MESH_2X4)
   lines = [r for r in caplog.records if "replicating" in r.getMessage()]
   assert len(lines) == 1 and "vocab=259 over model:4" in lines[0].getMessage()
+
+
+def test_per_device_bytes_refuses_what_it_cannot_measure():
+  # Each of these returned {} (numpy leaves were left out of the count).
+  for tree, error, match in ((None, ValueError, "tree holds no jax.Array"),
+                             ({}, ValueError, "tree holds no jax.Array"),
+                             ("abc", TypeError, "tree is a str"),
+                             ({"a": np.zeros(3)}, TypeError,
+                              r"tree\['a'\] is a ndarray, not a jax.Array")):
+    with pytest.raises(error, match=match):
+      sharding.per_device_bytes(tree)
+  with pytest.raises(TypeError, match="tree is a .*Tracer"):
+    jax.jit(sharding.per_device_bytes)(jax.numpy.zeros(3))
+  tree = {"a": jax.numpy.zeros(3, np.float32), "b": None}
+  assert sharding.per_device_bytes(tree) == {jax.devices()[0]: 12}
 
 
 def test_every_transformer_parameter_has_logical_names():
