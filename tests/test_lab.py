@@ -8,6 +8,8 @@ from scipy import stats
 from specjax import coupling
 from specjax import lab
 from specjax.lab import exact as lab_exact
+from specjax.lab import stopping
+from specjax.lab import verifiers as lab_verifiers
 
 TOL = 1e-12
 
@@ -199,6 +201,113 @@ def test_chain_blocks_of_uniform_rounds_is_uniform():
 def test_invalid_inputs_name_the_argument(call, match):
   with pytest.raises((TypeError, ValueError), match=match):
     call()
+
+
+def _pair4():
+  return lab.make_markov_pair(vocab_size=4)
+
+
+def _stop4():
+  return stopping.confidence_rule(_pair4(), 0.5)
+
+
+def _signed_blocks():
+  """Rows of -1 and 2: each context still totals 1, but it is no law."""
+  block = np.full((3, 2), 0.5)
+  block[0] = (-1.0, 2.0)
+  return [block]
+
+
+_NEVER = lambda i, context, drafts: False
+
+
+@pytest.mark.parametrize("call,match", [
+    # gamma_max past exact.round_distribution's cap enumerated 4**20 blocks
+    # (a hang); 0, -1, True and 2.0 were read as a length or failed raw.
+    (lambda: stopping.expected_draft_length(_pair4(), 20, _stop4(), 0),
+     "gamma_max=20 is too large"),
+    (lambda: stopping.round_distribution(_pair4(), 20, _NEVER), "gamma_max"),
+    (lambda: stopping.expected_draft_length(_pair4(), 0, _stop4(), 0),
+     "gamma_max"),
+    (lambda: stopping.expected_draft_length(_pair4(), -1, _stop4(), 0),
+     "gamma_max"),
+    (lambda: stopping.expected_draft_length(_pair4(), True, _stop4(), 0),
+     "gamma_max"),
+    (lambda: stopping.expected_draft_length(_pair4(), 2.0, _stop4(), 0),
+     "gamma_max"),
+    # -1 read the BOS row; 5 (V = 4) and 1.5 raised a raw IndexError.
+    (lambda: stopping.expected_draft_length(_pair4(), 2, _stop4(), -1),
+     "context"),
+    (lambda: stopping.expected_draft_length(_pair4(), 2, _stop4(), 5),
+     "context"),
+    (lambda: stopping.expected_draft_length(_pair4(), 2, _stop4(), 1.5),
+     "context"),
+    # AttributeError on None.
+    (lambda: stopping.exact_tv(None, 2, _NEVER, 3), "pair"),
+    (lambda: stopping.confidence_rule(None, 0.5), "pair"),
+    (lambda: stopping.peeking_rule(None, 0.5), "pair"),
+    (lambda: stopping.expected_draft_length(None, 2, _NEVER, 0), "pair"),
+    # ahead = -3 raised IndexError mid-enumeration, 1.5 a raw TypeError.
+    (lambda: stopping.peeking_rule(_pair4(), 0.3, ahead=-3), "ahead"),
+    (lambda: stopping.peeking_rule(_pair4(), 0.3, ahead=1.5), "ahead"),
+    # A bad threshold failed only when the rule first ran.
+    (lambda: stopping.confidence_rule(_pair4(), "0.5"), "threshold"),
+    (lambda: stopping.confidence_rule(_pair4(), True), "threshold"),
+    (lambda: stopping.confidence_rule(_pair4(), float("nan")), "threshold"),
+    (lambda: stopping.confidence_rule(_pair4(), 50), "threshold"),
+    (lambda: stopping.peeking_rule(_pair4(), -0.1), "threshold"),
+    (lambda: stopping.exact_tv(_pair4(), 2, "stop", 3), "stop"),
+    (lambda: stopping.expected_draft_length(_pair4(), 2, None, 0), "stop"),
+    (lambda: stopping.exact_tv(_pair4(), 2, _NEVER, 3, probe=True), "probe"),
+    # Totals alone passed these, and the chained "law" had a minimum of -2.
+    (lambda: lab_exact.chain_blocks(_signed_blocks(), 2, 2), "blocks.0."),
+    (lambda: lab_exact.chain_blocks([np.full((3, 2), np.nan)], 2, 2),
+     "blocks.0. holds NaN"),
+    (lambda: lab_exact.chain_blocks(np.full((3, 2), 0.5), 2, 2),
+     "blocks must be a list"),
+    # process_law ran the gamma = 3 law while claiming gamma = 1.
+    (lambda: lab.process_law(_pair4(), 1, 2,
+                             blocks=lab.round_law(_pair4(), 3)[0]),
+     "blocks do not match gamma=1"),
+    (lambda: lab.process_law(_pair4(), 1, 2,
+                             blocks=lab.round_law(lab.make_markov_pair(
+                                 vocab_size=3), 1)[0]),
+     "blocks do not match gamma=1 over V=4"),
+    (lambda: lab.process_law(_pair4(), 1, 2, blocks=lab.round_law(_pair4(),
+                                                                  1)),
+     "blocks must be the first item"),
+    # target_law read -1 as the BOS row and truncated 2.7 to 2.
+    (lambda: lab_verifiers.target_law(_pair4(), 1, context=-1), "context"),
+    (lambda: lab_verifiers.target_law(_pair4(), 1, context=4), "context"),
+    (lambda: lab_verifiers.target_law(_pair4(), 1, context=2.7), "context"),
+    (lambda: lab_verifiers.target_law(None, 1), "pair"),
+    (lambda: lab.process_law(_pair4(), 1, 2, context=-1), "context"),
+    # An empty vocabulary gave an empty table with alpha = 0.
+    (lambda: lab.coupling_table(np.zeros(0), np.zeros(0)), "vocabulary"),
+])
+def test_lab_bad_inputs_are_refused(call, match):
+  with pytest.raises((TypeError, ValueError), match=match):
+    call()
+
+
+def test_lab_edge_inputs_still_work():
+  """The bounds the checks keep: context V (BOS), ahead = 0 (reads x_i),
+  reused blocks of the same gamma, float64 rounding below zero."""
+  pair = _pair4()
+  stop = stopping.confidence_rule(pair, 0.5)
+  assert 0 < stopping.expected_draft_length(pair, 2, stop, pair.bos) <= 2
+  assert stopping.exact_tv(pair, 2, stopping.peeking_rule(pair, 0.3, 0),
+                           3) <= TOL
+  blocks, _ = lab.round_law(pair, 2)
+  np.testing.assert_allclose(lab.process_law(pair, 2, 3, blocks=blocks),
+                             lab.process_law(pair, 2, 3), atol=TOL, rtol=0)
+  np.testing.assert_allclose(
+      lab_verifiers.target_law(pair, 2, np.int64(3)),
+      lab_verifiers.target_law(pair, 2, 3), atol=0, rtol=0)
+  rounding = _blocks()
+  rounding[0][2] = (-1e-17, 1.0 + 1e-17)  # the BOS row
+  np.testing.assert_array_equal(lab_exact.chain_blocks(rounding, 2, 1),
+                                rounding[0][2])
 
 
 def test_audit_passes():

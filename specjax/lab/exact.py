@@ -53,6 +53,9 @@ RULES = ("exact",) + controls.NAMES
 # 2 ** 24 (128 MiB) so a typo in gamma fails fast instead of swapping.
 _MAX_TABLE = 2 ** 24
 _MAX_SEQUENCES = 2 ** 22
+# A block entry below -_NEGATIVE_TOL is not float64 rounding of a 1 - x
+# (~1e-16) but a wrong law.
+_NEGATIVE_TOL = 1e-12
 
 
 def _check_rule(rule: str) -> str:
@@ -68,14 +71,16 @@ def _check_pair(pair) -> markov.MarkovPair:
   return pair
 
 
-def _check_gamma(gamma, vocab: int) -> int:
-  gamma = _checks.check_int("gamma", gamma, low=1)
+def _check_gamma(gamma, vocab: int, name: str = "gamma") -> int:
+  """`gamma` as an int >= 1 whose round table fits `_MAX_TABLE`; `name` is
+  the caller's argument (`specjax.lab.stopping` says gamma_max)."""
+  gamma = _checks.check_int(name, gamma, low=1)
   if (vocab + 1) * vocab ** (gamma + 1) > _MAX_TABLE:
     max_gamma = 1
     while (vocab + 1) * vocab ** (max_gamma + 2) <= _MAX_TABLE:
       max_gamma += 1
-    raise ValueError(f"gamma={gamma} is too large to enumerate exactly over "
-                     f"{vocab} tokens; use gamma <= {max_gamma}.")
+    raise ValueError(f"{name}={gamma} is too large to enumerate exactly over "
+                     f"{vocab} tokens; use {name} <= {max_gamma}.")
   return gamma
 
 
@@ -136,9 +141,9 @@ def coupling_table(p_xV, q_xV, rule: str = "exact") -> CouplingTable:
   """Exact output distribution of one coupling step, for checking samplers.
 
   Args:
-    p_xV: target probabilities `[..., V]` (any float dtype; computed in
-      float64).
-    q_xV: draft probabilities, broadcastable against p.
+    p_xV: target probabilities `[..., V]`, V >= 1 (any float dtype;
+      computed in float64); every row a law (finite, >= 0, sums to 1).
+    q_xV: draft probabilities, broadcastable against p, the same V.
     rule: one of `RULES`.
 
   Returns:
@@ -154,6 +159,11 @@ def coupling_table(p_xV, q_xV, rule: str = "exact") -> CouplingTable:
   if p_xV.shape[-1] != q_xV.shape[-1]:
     raise ValueError(f"p and q must share the vocabulary axis: p has "
                      f"{p_xV.shape[-1]} tokens, q has {q_xV.shape[-1]}.")
+  # An empty last axis has no law on it; the row-sum check below would pass
+  # it (no rows) and the table would claim alpha = 0.
+  if p_xV.shape[-1] == 0:
+    raise ValueError("p and q need a vocabulary of at least one token (their "
+                     f"last axis), got p {p_xV.shape} and q {q_xV.shape}.")
   for name, probs in (("p", p_xV), ("q", q_xV)):
     # An unnormalised row gives an "output" that is not a law at all.
     sampling.check_law_values(name, probs, normalised=True)
@@ -245,19 +255,47 @@ def chain_blocks(blocks, vocab: int, seq_len: int,
 
   Returns:
     float64 `[V] * seq_len`, the probability of every N-token sequence.
+
+  Raises:
+    TypeError / ValueError naming the argument: blocks not a list or tuple
+    of float arrays, empty, of the wrong shapes, with a NaN, inf or negative
+    entry (beyond float64 rounding), or whose rows do not each total 1;
+    vocab or seq_len not an int >= 1; context not an int in [0, V - 1].
   """
   vocab = _checks.check_int("vocab", vocab, low=1)
   seq_len = _checks.check_int("seq_len", seq_len, low=1)
   start = (vocab if context is None
            else _checks.check_int("context", context, low=0, high=vocab - 1))
-  blocks = [np.asarray(b, np.float64) for b in blocks]
+  if not isinstance(blocks, (list, tuple)):
+    raise TypeError("blocks must be a list of arrays, blocks[k - 1] for the "
+                    "rounds of k tokens (e.g. round_distribution(pair, "
+                    f"gamma)), got {type(blocks).__name__}.")
   if not blocks:
     raise ValueError("blocks is empty: a round emits at least one token.")
+  arrays = []
   for k, block in enumerate(blocks, start=1):
+    try:
+      block = np.asarray(block, np.float64)
+    except (TypeError, ValueError):
+      raise TypeError(f"blocks[{k - 1}] must be a float array of shape "
+                      f"{(vocab + 1,) + (vocab,) * k}, got "
+                      f"{type(block).__name__}.") from None
     if block.shape != (vocab + 1,) + (vocab,) * k:
       raise ValueError(f"blocks[{k - 1}] has shape {block.shape}; a round of "
                        f"{k} tokens over V={vocab} needs "
                        f"{(vocab + 1,) + (vocab,) * k}.")
+    # Row totals alone let a -1 and a 2 pass as a law (and chain into a
+    # "law" with negative mass): every entry is a probability.
+    if not np.all(np.isfinite(block)):
+      raise ValueError(f"blocks[{k - 1}] holds NaN or inf; every entry is a "
+                       "probability.")
+    if block.min() < -_NEGATIVE_TOL:
+      at = tuple(int(i) for i in np.unravel_index(block.argmin(),
+                                                  block.shape))
+      raise ValueError(f"blocks[{k - 1}]{list(at)} = {block[at]:g} is "
+                       "negative; every entry is a probability (>= 0).")
+    arrays.append(block)
+  blocks = arrays
   # Each context's rounds, over every length, are one law.
   mass_C = sum(b.reshape(vocab + 1, -1).sum(-1) for b in blocks)
   if not np.all(np.isfinite(mass_C)) or np.max(np.abs(mass_C - 1)) > 1e-6:

@@ -23,6 +23,13 @@ A probe round (the Goodput rule's width 0) is the stop at g = 0: x_1 alone is
 judged and the coupled output at position 1 is the round's one token. A
 `probe(context) -> bool`, decided before drafting, marks the rounds that
 probe.
+
+Every function checks its arguments before enumerating, raising TypeError /
+ValueError naming the argument: pair must be a `MarkovPair`; gamma_max an int
+in [1, the cap of `exact.round_distribution`] (the enumeration is
+(V + 1) * V ** gamma_max blocks: past the cap it would run for hours);
+context a token in [0, V - 1] or V (BOS); stop and probe callables;
+threshold a probability in [0, 1]; ahead an int >= 0.
 """
 
 from __future__ import annotations
@@ -32,15 +39,67 @@ from typing import Callable
 
 import numpy as np
 
+from specjax import _checks
 from specjax.lab import exact
 from specjax.lab import markov
 
 StopFn = Callable[[int, int, tuple[int, ...]], bool]
 ProbeFn = Callable[[int], bool]
 
+# pylint: disable=protected-access
+_check_pair = exact._check_pair
+
+
+def _check_gamma_max(gamma_max, vocab: int) -> int:
+  # The cap of exact.round_distribution: every function here enumerates the
+  # V ** gamma_max draft blocks, so a larger gamma_max would not finish.
+  return exact._check_gamma(gamma_max, vocab, name="gamma_max")
+
+
+def _check_context(context, vocab: int) -> int:
+  # Context V is BOS (module doc); -1 would index the BOS row silently and
+  # V + 1 or 1.5 nothing at all.
+  if isinstance(context, (bool, np.bool_)) or not isinstance(
+      context, (int, np.integer)):
+    raise TypeError(f"context must be an int: a token in [0, {vocab - 1}] or "
+                    f"{vocab} (pair.bos) for the start of a sequence, got "
+                    f"{context!r} ({type(context).__name__}).")
+  if not 0 <= context <= vocab:
+    raise ValueError(f"context must be a token in [0, {vocab - 1}] or {vocab} "
+                     f"(pair.bos) for the start of a sequence, got {context}.")
+  return int(context)
+
+
+def _check_stop(stop, probe=None) -> None:
+  # Neither is called until deep in the enumeration, where a non-callable
+  # would fail as "object is not callable", far from the argument.
+  if not callable(stop):
+    raise TypeError("stop must be a callable stop(i, context, drafts) -> bool"
+                    " (e.g. confidence_rule(pair, 0.5)), got "
+                    f"{type(stop).__name__}.")
+  if probe is not None and not callable(probe):
+    raise TypeError("probe must be None or a callable probe(context) -> bool,"
+                    f" got {type(probe).__name__}.")
+
+
+def _check_threshold(threshold) -> float:
+  # Checked here, not when the rule first runs deep in an enumeration. It is
+  # compared with probabilities: outside [0, 1] it means "never" or "always"
+  # stop, which 0 and 1 already say (as specjax.decode.draft_length).
+  threshold = _checks.check_float("threshold", threshold)
+  if not 0.0 <= threshold <= 1.0:
+    raise ValueError(f"threshold is a probability in [0, 1], got {threshold}.")
+  return threshold
+
 
 def confidence_rule(pair: markov.MarkovPair, threshold: float) -> StopFn:
-  """Stop after x_i when max q(. | x_{i-1}) < threshold (the loop's rule)."""
+  """Stop after x_i when max q(. | x_{i-1}) < threshold (the loop's rule).
+
+  Refuses a pair that is not a `MarkovPair` and a threshold that is not a
+  real number in [0, 1] (a bool, a string, NaN).
+  """
+  pair = _check_pair(pair)
+  threshold = _check_threshold(threshold)
   q_CxV = pair.draft_rows_CxV
 
   def stop(i, context, drafts):
@@ -60,7 +119,15 @@ def peeking_rule(pair: markov.MarkovPair, threshold: float,
   control: the rows that continue past x_{i+1} judge an x_{i+2} selected by
   the rule (no longer distributed as the q it is judged against), and the
   output is no longer distributed as p.
+
+  ahead = 0 reads x_i itself, drafts[:i] only: exact. A negative ahead is
+  refused (at i = 1 it would index drafts from the end), as are a non-int
+  ahead, a threshold outside [0, 1] and a pair that is not a `MarkovPair`.
+  An x_{i+ahead} past the block never stops the row.
   """
+  pair = _check_pair(pair)
+  threshold = _check_threshold(threshold)
+  ahead = _checks.check_int("ahead", ahead, low=0)
   q_CxV = pair.draft_rows_CxV
 
   def stop(i, context, drafts):
@@ -82,12 +149,16 @@ def round_distribution(pair: markov.MarkovPair, gamma_max: int,
   Returns gamma_max + 1 arrays in the layout of `exact.round_distribution`:
   `blocks[k - 1]` has shape `[C] + [V] * k` and holds P(the round emits
   exactly y_1..y_k | context).
+
+  Refuses (module doc) a bad pair, gamma_max, stop, rule or probe.
   """
+  pair = _check_pair(pair)
   vocab = pair.vocab_size
-  gamma_max = exact._check_gamma(gamma_max, vocab)  # pylint: disable=protected-access
+  gamma_max = _check_gamma_max(gamma_max, vocab)
+  _check_stop(stop, probe)
   p_CxV, q_CxV = pair.target_rows_CxV, pair.draft_rows_CxV
   exact.coupling_table(p_CxV, q_CxV, rule)  # validates p, q and the rule
-  accept_CxV, fallback_CxV = exact._rule_tables(p_CxV, q_CxV, rule)  # pylint: disable=protected-access
+  accept_CxV, fallback_CxV = exact._rule_tables(p_CxV, q_CxV, rule)
   blocks = [np.zeros((vocab + 1,) + (vocab,) * k)
             for k in range(1, gamma_max + 2)]
   for context in range(vocab + 1):
@@ -121,9 +192,11 @@ def speculative_distribution(pair: markov.MarkovPair, gamma_max: int,
                              rule: str = "exact",
                              probe: ProbeFn | None = None) -> np.ndarray:
   """Exact law of the first `seq_len` tokens with the stopping rule (and
-  probe rounds where `probe(context)`)."""
+  probe rounds where `probe(context)`); refuses what `round_distribution`
+  does, and a seq_len the lab cannot enumerate."""
+  pair = _check_pair(pair)
   vocab = pair.vocab_size
-  seq_len = exact._check_seq_len(seq_len, vocab)  # pylint: disable=protected-access
+  seq_len = exact._check_seq_len(seq_len, vocab)
   blocks = round_distribution(pair, gamma_max, stop, rule, probe)
   return exact.chain_blocks(blocks, vocab, seq_len)
 
@@ -139,7 +212,16 @@ def exact_tv(pair: markov.MarkovPair, gamma_max: int, stop: StopFn,
 
 def expected_draft_length(pair: markov.MarkovPair, gamma_max: int,
                           stop: StopFn, context: int) -> float:
-  """E[g] in one round from `context`: how much the rule shortens drafts."""
+  """E[g] in one round from `context`: how much the rule shortens drafts.
+
+  context: the round's context token, in [0, V - 1], or V (`pair.bos`) for
+  the start of a sequence. Refuses (module doc) a bad pair, gamma_max, stop
+  or context.
+  """
+  pair = _check_pair(pair)
+  gamma_max = _check_gamma_max(gamma_max, pair.vocab_size)
+  _check_stop(stop)
+  context = _check_context(context, pair.vocab_size)
   q_CxV = pair.draft_rows_CxV
   total = 0.0
   for drafts in itertools.product(range(pair.vocab_size), repeat=gamma_max):

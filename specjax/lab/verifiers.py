@@ -147,14 +147,56 @@ def verifier_law(verifier, p_xG1xV, q_xGxV, drafts_xG):
 
 
 def _check(pair, gamma):
-  if not isinstance(pair, markov.MarkovPair):
-    raise TypeError("pair must be a specjax.lab.MarkovPair, got "
-                    f"{type(pair).__name__}.")
+  pair = exact._check_pair(pair)  # pylint: disable=protected-access
   gamma = _checks.check_int("gamma", gamma, low=1)
   if pair.vocab_size ** gamma > _MAX_BLOCKS:
     raise ValueError(f"gamma={gamma} gives {pair.vocab_size}**{gamma} draft "
                      f"blocks, more than the {_MAX_BLOCKS} the lab enumerates.")
   return pair, gamma
+
+
+def _check_context(context, vocab: int) -> int:
+  """The row of `target_rows_CxV` a text after `context` starts from: V (BOS)
+  for None, else the token itself, an int in [0, V - 1]. A -1 would index
+  the BOS row and a 2.7 truncate to 2, each silently another law."""
+  if context is None:
+    return vocab
+  if isinstance(context, (bool, np.bool_)) or not isinstance(
+      context, (int, np.integer)):
+    raise TypeError(f"context must be a token id (an int in [0, {vocab - 1}])"
+                    f" or None for the start of a sequence, got {context!r} "
+                    f"({type(context).__name__}).")
+  if not 0 <= context < vocab:
+    raise ValueError(f"context must be a token id in [0, {vocab - 1}] (the "
+                     "last token of the text so far), or None for the start "
+                     f"of a sequence, got {context}.")
+  return int(context)
+
+
+def _check_blocks(blocks, gamma: int, vocab: int) -> None:
+  """Refuses `blocks` that are not one round's law at this gamma and V: the
+  chain would otherwise run the law they hold while claiming `gamma`."""
+  # round_law returns (blocks, expected_tokens_C); a block is never 1-D.
+  if (isinstance(blocks, tuple) and len(blocks) == 2
+      and isinstance(blocks[0], list) and np.ndim(blocks[1]) == 1):
+    raise TypeError("blocks must be the first item of round_law's (blocks, "
+                    "expected_tokens_C), not the pair: pass "
+                    "blocks=round_law(pair, gamma, verifier)[0].")
+  if not isinstance(blocks, (list, tuple)):
+    raise TypeError("blocks must be the list round_law(pair, gamma, "
+                    f"verifier)[0], got {type(blocks).__name__}.")
+  shapes = []
+  for block in blocks:
+    try:
+      shapes.append(tuple(np.shape(block)))
+    except ValueError:  # a ragged nest of lists has no shape
+      shapes.append(None)
+  want = [(vocab + 1,) + (vocab,) * k for k in range(1, gamma + 2)]
+  if shapes != want:
+    raise ValueError(f"blocks do not match gamma={gamma} over V={vocab}: a "
+                     f"round law has gamma + 1 = {gamma + 1} blocks of shapes "
+                     f"{want}, got {len(blocks)} of shapes {shapes}. Pass "
+                     f"round_law(pair, {gamma}, verifier)[0], or blocks=None.")
 
 
 def round_law(pair: markov.MarkovPair, gamma: int, verifier="token"):
@@ -204,6 +246,8 @@ def process_law(pair: markov.MarkovPair, gamma: int, seq_len: int,
     seq_len: N; rounds run until N tokens are committed, then truncate.
     context: the token the text so far ends with (a prompt's last token), or
       None for the start of a sequence (the BOS row).
+    blocks: None, or `round_law(pair, gamma, verifier)[0]` computed before;
+      blocks of another gamma or vocabulary are refused.
 
   Returns:
     float64 `[V] * seq_len`; equal to `target_law(pair, seq_len, context)`
@@ -212,21 +256,26 @@ def process_law(pair: markov.MarkovPair, gamma: int, seq_len: int,
   pair, gamma = _check(pair, gamma)
   vocab = pair.vocab_size
   seq_len = exact._check_seq_len(seq_len, vocab)
-  start = vocab if context is None else _checks.check_int(
-      "context", context, low=0, high=vocab - 1)
+  start = _check_context(context, vocab)
   if blocks is None:
     blocks, _ = round_law(pair, gamma, verifier)
+  else:
+    _check_blocks(blocks, gamma, vocab)
   return exact.chain_blocks(blocks, vocab, seq_len,
                             None if start == vocab else start)
 
 
 def target_law(pair: markov.MarkovPair, seq_len: int,
                context: int | None = None) -> np.ndarray:
-  """The target's own law of N tokens after `context` (None: BOS)."""
+  """The target's own law of N tokens after `context` (None: BOS).
+
+  context: a token id in [0, V - 1] or None, as `process_law`; a -1, V or
+  non-int is refused (not read as the BOS row, or truncated).
+  """
+  pair = exact._check_pair(pair)  # pylint: disable=protected-access
   vocab = pair.vocab_size
   seq_len = exact._check_seq_len(seq_len, vocab)
-  rows = pair.target_rows_CxV
-  probs = rows[vocab if context is None else int(context)]
+  probs = pair.target_rows_CxV[_check_context(context, vocab)]
   for _ in range(seq_len - 1):
     probs = (probs.reshape(-1, vocab)[:, :, None]
              * pair.target_trans_VxV[None]).reshape(-1)
@@ -264,7 +313,7 @@ def expected_position_tv(pair: markov.MarkovPair, gamma: int, seq_len: int,
   d_C = position_tv(pair, verifier)
   vocab = pair.vocab_size
   law = process_law(pair, gamma, seq_len, verifier, context)
-  total = d_C[vocab if context is None else int(context)]
+  total = d_C[_check_context(context, vocab)]
   for t in range(1, seq_len):
     marginal_V = law.sum(axis=tuple(a for a in range(seq_len) if a != t - 1))
     total += float(marginal_V @ d_C[:vocab])
