@@ -214,6 +214,18 @@ def test_damaged_files_are_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=match):
       HFTokenizer.from_dir(tmp_path)
+  (tmp_path / "config.json").write_text("{}")
+  # A special token that is no string, or an EOS nothing resolves (the
+  # generation would never stop): refused, naming the file.
+  for cfg, match in (({"bos_token": ["a"]}, "bos_token must be a token "
+                      "string"),
+                     ({"eos_token": "<nothere>"}, "eos_token '<nothere>' is "
+                      "not in tokenizer.json's vocabulary")):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+      HFTokenizer.from_dir(tmp_path)
+  with pytest.raises(TypeError, match="directory must be a checkpoint"):
+    HFTokenizer.from_dir(None)
   (tmp_path / "tokenizer.json").write_text("{}")
   with pytest.raises(ValueError, match="tokenizer.json could not be read"):
     HFTokenizer.from_dir(tmp_path)
@@ -281,6 +293,13 @@ UNSUPPORTED = [
     ("mistral", {"sliding_window": "32"}, "sliding_window"),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 32},
      "sliding_window"),
+    # Refused as a window, not advised as max_positions=-5.
+    ("mistral", {"sliding_window": -5}, "sliding_window"),
+    # Not read letter by letter as layer types.
+    ("qwen2", {"layer_types": "full_attention"}, "layer_types"),
+    ("qwen2", {"layer_types": "full_attention", "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "layer_types"),
 ]
 
 
@@ -356,6 +375,14 @@ def test_tensors_and_arguments_are_checked_by_name(tmp_path):
   (tmp_path / "index" / "model.safetensors.index.json").write_text("{}")
   with pytest.raises(ValueError, match="weight_map"):
     hf.load(tmp_path / "index")
+  (tmp_path / "index" / "model.safetensors.index.json").write_text(
+      '{"weight_map": {"a": 5}}')
+  with pytest.raises(ValueError, match=r"shard file names \(strings\)"):
+    hf.load(tmp_path / "index")
+  with pytest.raises(TypeError, match="path must be a checkpoint directory"):
+    hf.load(None)
+  with pytest.raises(TypeError, match="tokenizer must be a bool"):
+    hf.load(DATA / "gpt2", tokenizer="no")
   with pytest.raises(ValueError, match="dtype"):
     hf.load(DATA / "gpt2", dtype="foo")
   with pytest.raises(TypeError, match="max_positions"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pathlib
 from typing import Any
 
@@ -79,6 +80,9 @@ class HFTokenizer:
     """Reads tokenizer.json (+ tokenizer_config.json, generation_config.json,
     config.json for the special ids) from a checkpoint directory."""
     import tokenizers  # pylint: disable=g-import-not-at-top
+    if not isinstance(directory, (str, os.PathLike)):
+      raise TypeError("directory must be a checkpoint directory (str or "
+                      f"os.PathLike), got {type(directory).__name__}.")
     directory = pathlib.Path(directory)
     file = directory / "tokenizer.json"
     if not file.is_file():
@@ -105,10 +109,20 @@ class HFTokenizer:
       return ()
 
     def special(name):
-      token = _token_str(tok_cfg.get(f"{name}_token"))
+      raw = tok_cfg.get(f"{name}_token")
+      token = _token_str(raw)
+      if token is not None and not isinstance(token, str):
+        raise ValueError(f"{directory / 'tokenizer_config.json'}: "
+                         f"{name}_token must be a token string (or "
+                         f"{{'content': ...}}), got {raw!r}.")
       if token is not None and tok.token_to_id(token) is not None:
         return tok.token_to_id(token)
       found = ids(f"{name}_token_id")
+      if not found and token is not None and name == "eos":
+        # Generations would never stop: say so rather than run without EOS.
+        raise ValueError(f"{directory / 'tokenizer_config.json'}: eos_token "
+                         f"{token!r} is not in tokenizer.json's vocabulary "
+                         "and no config sets eos_token_id.")
       return found[0] if found else None
 
     eos_ids = ids("eos_token_id")

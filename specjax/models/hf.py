@@ -69,7 +69,12 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
   `hf:` ids download (or reuse the local cache) with
   `huggingface_hub.snapshot_download`, weights as safetensors only.
   """
+  if not isinstance(path, (str, os.PathLike)):
+    raise TypeError("path must be a checkpoint directory (str or os.PathLike) "
+                    f"or 'hf:<repo_id>', got {type(path).__name__}.")
   spec = os.fspath(path)
+  if isinstance(spec, bytes):
+    spec = os.fsdecode(spec)
   if spec.startswith("hf:"):
     repo_id = spec[3:]
     if not repo_id:
@@ -124,7 +129,7 @@ def _layer_rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
                                  "expected a JSON object.")
   if not any(isinstance(v, dict) for v in params.values()):
     return dict(params)
-  used = sorted(set(hf.get("layer_types") or ["full_attention"]))
+  used = sorted(set(_layer_types(hf) or ["full_attention"]))
   missing = [t for t in used if not isinstance(params.get(t), dict)]
   if missing:
     raise UnsupportedConfigError(
@@ -267,6 +272,17 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
                      f"{arch}: {e}") from None
 
 
+def _layer_types(hf: dict[str, Any]) -> list[str]:
+  """config.json's per-layer attention kinds ([] when absent)."""
+  layer_types = hf.get("layer_types") or []
+  # A string would be read letter by letter as layer types.
+  if not isinstance(layer_types, list) or not all(
+      isinstance(t, str) for t in layer_types):
+    raise UnsupportedConfigError("layer_types", layer_types,
+                                 "expected a list of layer type strings.")
+  return layer_types
+
+
 def _check_sliding_window(arch: str, hf: dict[str, Any], positions: int):
   """Full attention equals sliding-window attention over <= window tokens."""
   window = hf.get("sliding_window")
@@ -276,9 +292,13 @@ def _check_sliding_window(arch: str, hf: dict[str, Any], positions: int):
                              or not isinstance(window, int)):
     raise UnsupportedConfigError("sliding_window", window,
                                  "expected an integer or null.")
+  if window is not None and window < 1:
+    # Else the advice below would be to pass max_positions={window}.
+    raise UnsupportedConfigError("sliding_window", window,
+                                 "a window covers at least one position.")
   uses_window = window is not None
   if arch == "Qwen2ForCausalLM":
-    layer_types = hf.get("layer_types") or []
+    layer_types = _layer_types(hf)
     uses_window = window is not None and (
         hf.get("use_sliding_window", False)
         or "sliding_attention" in layer_types)
@@ -309,6 +329,10 @@ def read_safetensors(directory: pathlib.Path) -> dict[str, np.ndarray]:
       raise ValueError(f"{directory / 'model.safetensors.index.json'} has no "
                        "'weight_map' object (tensor name -> shard file).")
     files = sorted(set(index["weight_map"].values()))
+    if not all(isinstance(f, str) for f in files):
+      raise ValueError(f"{directory / 'model.safetensors.index.json'}: "
+                       "weight_map maps tensor names to shard file names "
+                       f"(strings), got {files}.")
   elif (directory / "model.safetensors").is_file():
     files = ["model.safetensors"]
   else:
@@ -492,6 +516,7 @@ def load(path: str | os.PathLike, *, dtype: Any = None,
     dtype = transformer_lib.float_dtype_name("dtype", dtype)
   if max_positions is not None:
     max_positions = _checks.check_int("max_positions", max_positions, low=1)
+  tokenizer = _checks.check_bool("tokenizer", tokenizer)
   directory = resolve(path)
   hf = read_json(directory, "config.json")
   tensors = read_safetensors(directory)
