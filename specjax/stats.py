@@ -159,6 +159,9 @@ def expected_tokens_per_target_call(alpha: float, gamma: int,
     raise ValueError(f"alpha must be in [0, 1] (or NaN when not measured), "
                      f"got {alpha}.")
   if not hasattr(row_tokens, "shape"):
+    if not isinstance(row_tokens, Iterable) or isinstance(row_tokens, str):
+      raise TypeError("row_tokens must be the rows' generated lengths (an "
+                      f"array or iterable of ints), got {row_tokens!r}.")
     row_tokens = list(row_tokens)  # any iterable, generators included
   lengths = _counts("row_tokens", row_tokens).reshape(-1)
   counts: dict[int, int] = {}

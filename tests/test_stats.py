@@ -216,6 +216,11 @@ def test_truncation_lowers_tokens_per_call_and_vanishes_for_long_runs():
   assert accounting.expected_rounds(1.0, 4, 12) == 3.0  # ceil(12 / 5)
   assert accounting.expected_rounds(0.0, 4, 12) == 12.0
   assert stats.expected_tokens_per_target_call(1.0, 4, [12, 5]) == 17 / 4
+  assert stats.expected_tokens_per_target_call(
+      1.0, 4, (n for n in (12, 5))) == 17 / 4
+  for bad in (10, "abc"):
+    with pytest.raises(TypeError, match="row_tokens must be the rows'"):
+      stats.expected_tokens_per_target_call(1.0, 4, bad)
 
 
 def test_loop_speedup_reduces_to_walltime_improvement():
