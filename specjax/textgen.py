@@ -31,6 +31,7 @@ from specjax import sampling as sampling_lib
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
 from specjax.models import hf
+from specjax.models import transformer as transformer_lib
 from specjax.models import vocab
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
@@ -61,6 +62,13 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
   The target is returned too because reconciling two checkpoints with
   padded vocabularies wraps both (see `specjax.models.vocab.reconcile`).
   """
+  if not isinstance(spec, str):
+    raise TypeError(f"spec must be a --draft string such as 'self:2', "
+                    f"'bigram' or a checkpoint path, got {type(spec).__name__}.")
+  if dtype is not None:
+    # Checked for every kind, though only a checkpoint draft reads it: a
+    # typo must not pass because the draft kind ignores it.
+    dtype = transformer_lib.float_dtype_name("dtype", dtype)
   kind, _, arg = spec.partition(":")
   if kind == "self":
     num_layers = target.config.num_layers

@@ -42,6 +42,12 @@ def test_draft_specs_are_checked():
     assert type(draft).__name__ == kind and what.startswith(spec)
   with pytest.raises(ValueError, match="self:N"):
     textgen.make_draft("self:two", target, tok, ids)
+  # A dtype typo is refused whichever draft kind would ignore it.
+  for spec in ("self:1", "bigram", "prompt_lookup"):
+    with pytest.raises(ValueError, match="dtype"):
+      textgen.make_draft(spec, target, tok, ids, dtype="bogus")
+  with pytest.raises(TypeError, match="spec must be a --draft string"):
+    textgen.make_draft(None, target, tok, ids)
   for spec in ("self:9", "self:0"):
     with pytest.raises(ValueError, match="num_layers"):
       textgen.make_draft(spec, target, tok, ids)
