@@ -100,7 +100,10 @@ def probabilities(logits_xV: jax.Array, config: SamplingConfig) -> jax.Array:
   differ from summing a sorted prefix is a top-p boundary whose prefix mass
   lies within float32 summation rounding of top_p (see `_top_p_threshold`).
   """
-  _checks.check_array("logits", logits_xV, min_rank=1, kind="f")
+  logits_xV = _checks.check_array("logits", logits_xV, min_rank=1, kind="f")
+  if logits_xV.shape[-1] < 1:
+    raise ValueError(f"logits has an empty vocabulary axis: shape "
+                     f"{tuple(logits_xV.shape)}.")
   if not isinstance(config, SamplingConfig):
     raise TypeError("config must be a specjax.SamplingConfig, got "
                     f"{type(config).__name__}.")
@@ -558,6 +561,10 @@ def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
   128 values, which would distort the law.
   """
   key = _checks.as_key("key", key)
+  if key.shape:
+    raise ValueError(f"key must be a single PRNG key; got a key array of "
+                     f"shape {key.shape}. sample draws every row from one "
+                     "key (for a key per row, jax.vmap over the rows).")
   probs_xV = check_probs("probs", probs_xV, normalised=False)
   u = jax.random.uniform(key, probs_xV.shape[:-1], dtype=probs_xV.dtype)
   return sample_from_probs(u, probs_xV)
@@ -615,3 +622,8 @@ def check_law_values(name: str, x: np.ndarray, *, normalised: bool,
   elif (total <= 0).any():
     raise ValueError(f"every row of {name} needs positive mass; a row is all "
                      "zeros.")
+  elif total.max() > np.finfo(np.float32).max:
+    # The float32 CDF's total would be inf, and every draw the last token.
+    raise ValueError(f"a row of {name} has total mass {total.max():g}, past "
+                     "float32's range: rescale the rows (e.g. divide each by "
+                     "its max).")

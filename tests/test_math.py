@@ -618,6 +618,22 @@ def test_probabilities_refuse_rows_without_a_distribution(config):
       sampling.probabilities(logits, config)
 
 
+def test_sample_and_probabilities_refuse_what_they_cannot_draw_from():
+  key = jax.random.key(0)
+  # A float32 CDF total of inf drew the last token every time.
+  with pytest.raises(ValueError, match="past float32's range: rescale"):
+    sampling.sample(key, jnp.array([2e38, 2e38], jnp.float32))
+  # One key for every row (a batch of keys failed inside jax.random).
+  with pytest.raises(ValueError, match="key must be a single PRNG key"):
+    sampling.sample(jax.random.split(key, 2), jnp.full((2, 2), 0.5))
+  with pytest.raises(ValueError, match="logits has an empty vocabulary"):
+    sampling.probabilities(jnp.zeros((2, 0)), sampling.GREEDY)
+  # A list is an array-like, as everywhere else.
+  np.testing.assert_allclose(
+      sampling.probabilities([0.0, 0.0], sampling.SamplingConfig()),
+      [0.5, 0.5])
+
+
 def test_coupling_rejects_bad_inputs():
   p, q = jnp.array(P_WORKED), jnp.array(Q_WORKED)
   key = jax.random.key(0)
