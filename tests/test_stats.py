@@ -80,7 +80,7 @@ def test_summary_refuses_counters_no_generation_produces():
        "stats have 2"),
       (dict(rounds=[-2, 1], length_hist=[[0, 0, -2], [0, 0, 1]]),
        "RowStats.rounds holds -2"),
-      (dict(overlap_sum=[np.nan, 1.0]), "RowStats.overlap_sum holds nan"),
+      (dict(overlap_sum=[np.inf, 1.0]), "RowStats.overlap_sum holds inf"),
       (dict(overlap_sum=[30.0, 1.0]), "overlap_sum exceeds verified"),
       (dict(accept_hist=[[50, 0, 50], [0, 1, 0]]), "accept_hist counts other "
        "rounds")):
