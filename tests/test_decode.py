@@ -227,10 +227,26 @@ def test_steps_refuse_tokens_caches_and_laws_they_would_misuse(target):
       sj.draft_step(target, cache, jnp.asarray([[1, 2]]), keys, t,
                     select_B=select)
   for match, q in (("NaN", q_1x2xV * jnp.nan), ("sum to 1", 0 * q_1x2xV),
-                   ("negative", q_1x2xV.at[0, 0, 0].set(-0.5))):
+                   ("negative", q_1x2xV.at[0, 0, 0].set(-0.5)),
+                   # Drafts q cannot propose: both were kept.
+                   (r"drafts\[0, 0\] = 2 has probability 0 under q",
+                    jnp.zeros((1, 2, V)).at[:, :, 0].set(1.0))):
     with pytest.raises(ValueError, match=match):
       sj.verify_step(target, cache, jnp.asarray([1]), jnp.asarray([[2, 3]]),
                      q, keys, t)
+  # A cache that is none (failed in jit's argument handling), of another
+  # batch, or with negative lengths (accepted, and the cache moved on).
+  for error, match, bad_cache in (
+      (TypeError, "cache must be the model's cache", "c"),
+      (ValueError, r"cache.lengths has shape \(2,\); the step feeds 1 rows",
+       target.init_cache(2, 8)),
+      (ValueError, "cache.lengths must be >= 0",
+       cache.replace(lengths=jnp.asarray([-4])))):
+    with pytest.raises(error, match=match):
+      sj.draft_step(target, bad_cache, jnp.asarray([[1, 2]]), keys, t)
+    with pytest.raises(error, match=match):
+      sj.verify_step(target, bad_cache, jnp.asarray([1]),
+                     jnp.asarray([[2, 3]]), q_1x2xV, keys, t)
 
 
 # ---- Bad input: a clear Python error before tracing, naming the argument.

@@ -315,10 +315,22 @@ def _check_step_tokens(model, cache, named_tokens, fed):
   for name, tokens in named_tokens:
     if _checks.is_concrete(tokens):
       _checks.check_token_range(name, tokens, model.vocab_size)
+  # Every cache of the protocol carries per-row lengths; anything else would
+  # fail inside jit's argument handling or the model's trace.
   lengths = getattr(cache, "lengths", None)
-  if lengths is None or not _checks.is_concrete(lengths) or not np.size(
-      lengths):
+  if not hasattr(lengths, "shape"):
+    raise TypeError("cache must be the model's cache, from "
+                    f"model.init_cache(batch, max_len), got "
+                    f"{type(cache).__name__}.")
+  batch = np.shape(named_tokens[0][1])[0]
+  if tuple(lengths.shape) != (batch,):
+    raise ValueError(f"cache.lengths has shape {tuple(lengths.shape)}; the "
+                     f"step feeds {batch} rows: one length per row.")
+  if not _checks.is_concrete(lengths) or not np.size(lengths):
     return
+  if np.min(np.asarray(lengths)) < 0:
+    raise ValueError(f"cache.lengths must be >= 0 (positions already held), "
+                     f"got {np.asarray(lengths).tolist()}.")
   limits = [("cache.max_len", getattr(cache, "max_len", None)),
             ("max_positions", getattr(model, "max_positions", None))]
   longest = int(np.max(np.asarray(lengths)))
@@ -372,7 +384,17 @@ def verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B,
   validation.check_sampling(sampling, target.vocab_size)
   _check_step_tokens(target, cache, (("last", last_B), ("drafts", drafts_BxG)),
                      drafts_BxG.shape[1] + 1)
-  sampling_lib.check_probs("q", q_BxGxV, normalised=True)
+  q_BxGxV = sampling_lib.check_probs("q", q_BxGxV, normalised=True)
+  if _checks.is_concrete(q_BxGxV) and _checks.is_concrete(drafts_BxG):
+    # A draft q cannot propose means q is not the law it was drawn from:
+    # the coupling would judge it against the wrong law (and may keep it).
+    q_at_BxG = np.take_along_axis(np.asarray(q_BxGxV),
+                                  np.asarray(drafts_BxG)[..., None], -1)[..., 0]
+    if (q_at_BxG <= 0).any():
+      at = tuple(int(i) for i in np.argwhere(q_at_BxG <= 0)[0])
+      raise ValueError(f"drafts{list(at)} = {int(np.asarray(drafts_BxG)[at])} "
+                       "has probability 0 under q; pass the q each draft was "
+                       "drawn from (draft_step returns it).")
   keys_B = validation.row_keys("keys", keys_B, b)
   return _verify_step_jit(target, cache, jnp.asarray(last_B, jnp.int32),
                           jnp.asarray(drafts_BxG, jnp.int32),
