@@ -311,3 +311,16 @@ def test_vocab_mismatch_is_an_error(target):
 def test_not_a_model_is_an_error(target):
   with pytest.raises(TypeError, match="draft"):
     _call(target, object())
+
+
+def test_positions_past_int32_are_refused_for_models_without_a_limit():
+  # An n-gram has no max_positions: jit failed parsing 2**40.
+  bigram = NGramLM.fit(np.arange(64) % V, V, order=2)
+  prompts, lengths = _prompts(2, max_len=6)
+  for call in (lambda: sj.generate(bigram, prompts, lengths,
+                                   jax.random.key(0), max_new_tokens=2**40),
+               lambda: sj.speculative_generate(
+                   bigram, bigram, prompts, lengths, jax.random.key(0),
+                   gamma=2, max_new_tokens=2**31)):
+    with pytest.raises(ValueError, match="max_new_tokens=.* past int32"):
+      call()

@@ -549,6 +549,12 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
   longest = int(lengths_np.max())
   # The last scored position is (longest - 1) + (max_new_tokens - 1) + lookahead.
   needed = longest + max_new_tokens + lookahead - 1
+  if needed >= 2**31:
+    # Positions are int32; a model without max_positions (an n-gram, prompt
+    # lookup) bounds nothing below, and jit would fail parsing the value.
+    raise ValueError(f"max_new_tokens={max_new_tokens} with a prompt of "
+                     f"{longest} tokens needs {needed} positions, past int32; "
+                     "lower max_new_tokens.")
   for name, model in models:
     limit = getattr(model, "max_positions", None)
     if limit is not None and needed > limit:
