@@ -3,6 +3,7 @@ implementation against the lab's laws, and the REAL compiled loop on the
 lab's Markov chains, with negative controls that must fail the same tests."""
 
 import collections
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,18 @@ def test_register_verifier_refuses_what_get_verifier_could_not_use():
     vf.get_verifier("returns-a-string")
   vf.register_verifier("returns-a-string", make, replace=True)
   assert vf.get_verifier("returns-a-string") == vf.TokenVerifier()
+  # A class as the factory built TokenVerifier(coupling_rule=[]).
+  with pytest.raises(TypeError, match="got the class TokenVerifier"):
+    vf.register_verifier("a-class", vf.TokenVerifier)
+  # The base class, and an unhashable verifier, failed inside the loop.
+  @dataclasses.dataclass(frozen=True)
+  class Unhashable(vf.TokenVerifier):
+    table: list = dataclasses.field(default_factory=list)
+  for verifier, match in ((vf.Verifier(), r"does not implement \['num_uniforms"
+                           r"', 'verify'\]"),
+                          (Unhashable(), "must be hashable")):
+    with pytest.raises(TypeError, match=match):
+      vf.get_verifier(verifier)
 
 
 def test_speculative_generate_validates_verifier_before_tracing():

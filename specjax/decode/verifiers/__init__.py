@@ -52,6 +52,12 @@ def register_verifier(name: str, factory: Callable[[list[str]], Verifier], *,
   if not callable(factory):
     raise TypeError(f"factory must be callable (args -> Verifier), got "
                     f"{type(factory).__name__}.")
+  if isinstance(factory, type):
+    # The class itself would be called with the argument list as its first
+    # field (TokenVerifier(coupling_rule=[])).
+    raise TypeError(f"factory must be a function args -> Verifier, got the "
+                    f"class {factory.__name__}; pass e.g. "
+                    f"lambda args: {factory.__name__}().")
   if name in _REGISTRY and not _checks.check_bool("replace", replace):
     raise ValueError(f"verifier {name!r} is already registered; pass "
                      "replace=True to replace it, or choose another name.")
@@ -104,7 +110,7 @@ def get_verifier(spec: str | Verifier) -> Verifier:
   the verifier's own error for bad arguments.
   """
   if isinstance(spec, Verifier):
-    return spec
+    return _check_verifier(spec)
   if not isinstance(spec, str):
     raise TypeError(f"verifier must be a registry string (one of "
                     f"{available_verifiers()}, e.g. 'block' or "
@@ -120,6 +126,26 @@ def get_verifier(spec: str | Verifier) -> Verifier:
   if not isinstance(verifier, Verifier):
     raise TypeError(f"the factory registered as {name!r} returned "
                     f"{type(verifier).__name__}, not a Verifier.")
+  return _check_verifier(verifier)
+
+
+def _check_verifier(verifier: Verifier) -> Verifier:
+  """Refuses what would fail inside the compiled loop: a verifier class
+  that does not implement the round, or one that is not hashable (it is a
+  static argument of the loop)."""
+  cls = type(verifier)
+  missing = [m for m in ("num_uniforms", "verify")
+             if getattr(cls, m) is getattr(Verifier, m)]
+  if missing:
+    raise TypeError(f"verifier {cls.__name__} does not implement {missing}; "
+                    "subclass TokenVerifier or implement both (see "
+                    "specjax.decode.verifiers.base.Verifier).")
+  try:
+    hash(verifier)
+  except TypeError:
+    raise TypeError(f"verifier {verifier!r} must be hashable (a frozen "
+                    "dataclass): it is a static argument of the compiled "
+                    "loop.") from None
   return verifier
 
 
