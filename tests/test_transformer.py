@@ -254,6 +254,108 @@ def test_config_presets_and_derived_fields():
   assert c == TransformerConfig(**small, mlp_dim=64)
 
 
+def test_config_refuses_none_dtypes():
+  """numpy reads None as float64: every forward then warned of truncation."""
+  small = dict(vocab_size=V, d_model=32, num_layers=1, num_heads=4)
+  for field in ("dtype", "param_dtype"):
+    with pytest.raises(TypeError, match=f"TransformerConfig.{field} must be "
+                       "a floating dtype such as 'float32'.* got None"):
+      TransformerConfig(**small, **{field: None})
+  assert TransformerConfig(**small, dtype="bfloat16").dtype == "bfloat16"
+  # astype's None still means "unchanged".
+  model = TransformerLM.create(TransformerConfig(**small), 0)
+  assert model.astype(None, None) is model
+
+
+def test_rope_values_that_overflow_float32_are_refused():
+  """RoPE turns position p (< 2**31) by p * frequency radians in float32: a
+  theta that is 0 in float32, or frequencies whose angles overflow, gave NaN
+  logits. The edges of the accepted range stay finite at every position."""
+  small = dict(vocab_size=V, d_model=32, num_layers=1, num_heads=4,
+               flavour="llama")  # head_dim 8
+  f32 = np.finfo(np.float32)
+  x_BxTxNxH = jnp.ones((1, 2, 1, 8))
+  far_BxT = jnp.array([[0, 2**31 - 1]], jnp.int32)
+  finite = lambda theta, freq_h=None: bool(np.isfinite(
+      transformer_lib._rope(x_BxTxNxH, far_BxT, theta, freq_h)).all())
+  # 1e-50 passed the > 0 check, but is 0 in float32 (1e300 is inf).
+  assert not finite(1e-50)
+  for theta in (1e-50, 1e-39, 1e300):
+    with pytest.raises(ValueError, match="rope_theta must be a normal float32"):
+      TransformerConfig(**small, rope_theta=theta)
+  # The smallest normal float32 is fine for head_dim 8 (frequencies up to
+  # tiny ** -0.75, 2.8e28), and so is the largest.
+  for theta in (float(f32.tiny), float(f32.max)):
+    config = TransformerConfig(**small, rope_theta=theta)
+    assert finite(theta)
+    logits = TransformerLM.create(config, 0).logits(_tokens(0, (1, 8)))
+    assert np.isfinite(np.asarray(logits)).all()
+  # head_dim 32: frequencies theta ** (-i / 16) reach theta ** (-15 / 16).
+  wide = dict(small, head_dim=32)
+  x_BxTxNxH = jnp.ones((1, 2, 1, 32))
+  edge = transformer_lib._MAX_ROPE_FREQUENCY ** (-16 / 15)
+  assert TransformerConfig(**wide, rope_theta=edge * (1 + 1e-9))
+  assert finite(edge)
+  # Past float32 max / 2**31 the angle at the last int32 position is inf.
+  nan_theta = (float(f32.max) / 2**31 * 1.01) ** (-16 / 15)
+  assert not finite(nan_theta)
+  for theta in (edge * (1 - 1e-6), nan_theta):
+    with pytest.raises(ValueError, match=r"rope_theta=.* frequencies up to "
+                       r".* use rope_theta >= "):
+      TransformerConfig(**wide, rope_theta=theta)
+  # A linear factor divides every frequency: 1e-300 made them inf.
+  x_BxTxNxH = jnp.ones((1, 2, 1, 8))
+  linear = lambda factor: {"rope_type": "linear", "factor": factor}
+  edge = 1 / transformer_lib._MAX_ROPE_FREQUENCY
+  config = TransformerConfig(**small, rope_scaling=linear(edge))
+  assert finite(1e4, transformer_lib.rope_frequencies(config))
+  freq_h = np.full(4, float(f32.max) / 2**31 * 1.01, np.float32)
+  assert not finite(1e4, freq_h)  # what a factor of 1 / (that) would give
+  for factor in (1e-300, edge / 2.02):
+    with pytest.raises(ValueError, match=r"rope_theta=.* with rope_scaling="
+                       ".* frequencies up to .* larger rope_theta or "
+                       "rope_scaling factor"):
+      TransformerConfig(**small, rope_scaling=linear(factor))
+  llama3 = {"rope_type": "llama3", "factor": 1e-300, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+  with pytest.raises(ValueError, match="rope_scaling=.* frequencies up to"):
+    TransformerConfig(**small, rope_scaling=llama3)
+
+
+def test_create_refuses_key_arrays_and_seeds_jax_would_wrap():
+  """A batch of keys failed inside jax.random.fold_in, a seed past int64 in
+  jax's prng; 2**32 silently drew seed 0's weights (jax keeps a seed's low
+  32 bits without x64), -1 seed 2**32 - 1's."""
+  from specjax.models import eagle  # pylint: disable=g-import-not-at-top
+  from specjax.testing import _x64  # pylint: disable=g-import-not-at-top
+  config = TransformerConfig(vocab_size=8, d_model=16, num_layers=1,
+                             num_heads=2, max_positions=32)
+  model = TransformerLM.create(config, 0)
+  keys = jax.random.split(jax.random.key(0), 2)
+  for create in (TransformerLM.create, eagle.EagleDraft.create):
+    arg = config if create == TransformerLM.create else model
+    for bad in (keys, jax.random.split(jax.random.PRNGKey(0), 2)):
+      with pytest.raises(ValueError, match=r"rngs must be a single PRNG key "
+                         r"or an int seed, got a key array of shape \(2,\)"):
+        create(arg, bad)
+    for seed in (2**70, 2**64 - 1, 2**63, 2**32, -1):
+      with pytest.raises(ValueError, match=r"rngs must be .* int seed in "
+                         r"\[0, 2\*\*32 - 1\]"):
+        create(arg, seed)
+  # A key, a raw key, a seed, numpy seeds and nnx.Rngs all still work.
+  same = [TransformerLM.create(config, r) for r in (
+      jax.random.key(3), jax.random.PRNGKey(3), 3, np.uint64(3),
+      nnx.Rngs(3))]
+  for other in same[1:]:
+    chex.assert_trees_all_equal(other.state, same[0].state)
+  TransformerLM.create(config, 2**32 - 1)
+  eagle.EagleDraft.create(model, keys[1])
+  with _x64():  # 64-bit seeds are kept whole
+    TransformerLM.create(config, 2**40)
+    with pytest.raises(ValueError, match=r"seed in \[0, 2\*\*63 - 1\]"):
+      TransformerLM.create(config, 2**63)
+
+
 @pytest.mark.parametrize("flavour", ["gpt2", "llama"])
 def test_logits_at_equals_the_call_at_those_tokens(flavour):
   """`logits_at` runs the last block's queries and MLP, the final norm and

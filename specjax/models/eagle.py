@@ -143,10 +143,13 @@ class EagleHead(wrapped.WrapsModule, struct.PyTreeNode):
   module_type: ClassVar[type] = EagleHeadModule
 
   @classmethod
-  def create(cls, config: TransformerConfig, rngs: int | jax.Array = 0, *,
+  def create(cls, config: TransformerConfig,
+             rngs: int | jax.Array | nnx.Rngs = 0, *,
              target_config: TransformerConfig | None = None) -> EagleHead:
     """Fresh weights for a head of `config` (from `head_config`), recording
-    `target_config` (the target's config, if known) as `target_config`."""
+    `target_config` (the target's config, if known) as `target_config`.
+    `rngs` is a seed, one PRNG key or `nnx.Rngs`; a key array of several
+    keys, or a seed jax would wrap, is refused (`transformer.as_rngs`)."""
     if not isinstance(config, TransformerConfig) or config.num_layers != 1:
       raise ValueError("EagleHead config must be a one-layer TransformerConfig "
                        "(use specjax.models.eagle.head_config(target.config)), "
@@ -158,10 +161,7 @@ class EagleHead(wrapped.WrapsModule, struct.PyTreeNode):
                          "(use head_config(target_config)):\n  "
                          + "\n  ".join(diff))
       target_config = architecture(target_config)
-    if isinstance(rngs, (int, np.integer)) and not isinstance(rngs, bool):
-      rngs = nnx.Rngs(int(rngs))
-    else:
-      rngs = nnx.Rngs(_checks.as_key("rngs", rngs))
+    rngs = transformer_lib.as_rngs(rngs)
     return cls.from_module(EagleHeadModule(config, rngs)).replace(
         target_config=target_config)
 
@@ -223,9 +223,11 @@ class EagleDraft(struct.PyTreeNode):
           "specjax.train.eagle.train_head):\n  " + "\n  ".join(diff))
 
   @classmethod
-  def create(cls, target: TransformerLM, rngs: int | jax.Array = 0, *,
+  def create(cls, target: TransformerLM,
+             rngs: int | jax.Array | nnx.Rngs = 0, *,
              mlp_dim: int | None = None) -> EagleDraft:
-    """An untrained head for `target` (train it with `specjax.train.eagle`)."""
+    """An untrained head for `target` (train it with `specjax.train.eagle`);
+    `rngs` as for `EagleHead.create`."""
     if not isinstance(target, TransformerLM):
       raise TypeError(f"EagleDraft target must be a specjax TransformerLM, got "
                       f"{type(target).__name__}.")

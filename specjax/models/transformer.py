@@ -60,6 +60,19 @@ _ROPE_SCALING_FIELDS = {
 # small enough in magnitude that subtracting the row max cannot overflow.
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
+# RoPE turns the features at position p (int32, so p < 2**31) by p * freq
+# radians, in float32: a frequency above float32 max / 2**31 makes that
+# angle inf and the logits NaN. Half of it leaves room for the float32
+# rounding of the frequencies. (A frequency that underflows to 0 is no
+# error: its true angle is below 2**31 * 1.2e-38 rad at every position.)
+_MAX_ROPE_FREQUENCY = float(np.finfo(np.float32).max) / 2**32
+
+# jax.random.key keeps only the low 32 bits of a seed unless jax_enable_x64
+# is set (2**32 would silently draw seed 0's weights), and refuses one past
+# int64; a negative seed is the same as a large positive one.
+_MAX_SEED = 2**32 - 1
+_MAX_SEED_X64 = 2**63 - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
@@ -78,16 +91,21 @@ class TransformerConfig:
     max_positions: longest sequence the model attends over (size of the
       learned position table for 'gpt2').
     flavour: 'gpt2' or 'llama' (see the module docstring).
-    rope_theta: RoPE base ('llama' only).
+    rope_theta: RoPE base ('llama' only); a normal float32 (the forward
+      computes the frequencies in float32) whose frequencies, rescaled by
+      `rope_scaling`, are at most float32 max / 2**32, so that no angle
+      overflows (`rope_frequencies`).
     norm_eps: epsilon of LayerNorm / RMSNorm.
     tie_embeddings: whether the LM head is the transposed token embedding;
       None means True for 'gpt2' and False for 'llama'.
     dtype: compute dtype name ('float32' default; 'bfloat16' is several
       times slower on XLA CPU). Logits are always returned as float32, and
-      attention scores and softmax run in float32.
+      attention scores and softmax run in float32. None is refused (numpy
+      would read it as float64).
     param_dtype: storage dtype of the parameters ('float32' default;
       'bfloat16' halves parameter memory and bandwidth). Training keeps
-      its optimizer moments in this dtype too.
+      its optimizer moments in this dtype too. None is refused, as for
+      dtype.
     qkv_bias: 'llama' only: biases on the query/key/value projections (as
       in Qwen2); 'gpt2' always has every bias.
     rope_scaling: 'llama' only: None, or the RoPE frequency rescaling as
@@ -164,6 +182,17 @@ class TransformerConfig:
     if self.rope_theta <= 0:
       raise ValueError(f"TransformerConfig.rope_theta must be > 0, got "
                        f"{self.rope_theta}.")
+    # The forward raises theta to powers in float32: one that is not a
+    # normal float32 becomes 0 (inf frequencies, NaN logits), inf (zero
+    # frequencies where they are not) or a subnormal (imprecise powers).
+    # (Python floats: a comparison with np.float32 would cast, and warn.)
+    tiny, top = (float(x) for x in (np.finfo(np.float32).tiny,
+                                    np.finfo(np.float32).max))
+    if not tiny <= self.rope_theta <= top:
+      raise ValueError(
+          f"TransformerConfig.rope_theta must be a normal float32, in "
+          f"[{tiny:.4g}, {top:.4g}] (RoPE computes in float32), got "
+          f"{self.rope_theta}.")
     if self.norm_eps < 0:
       raise ValueError(f"TransformerConfig.norm_eps must be >= 0, got "
                        f"{self.norm_eps}.")
@@ -209,6 +238,8 @@ class TransformerConfig:
             f"low_freq_factor (llama3 blends the band between them), got "
             f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}.")
       set_("rope_scaling", tuple(sorted(scaling.items())))
+    if self.flavour == "llama":
+      _check_rope_frequencies(self)
 
   @classmethod
   def preset(cls, name: str, **overrides) -> TransformerConfig:
@@ -225,8 +256,39 @@ def architecture(config: TransformerConfig) -> TransformerConfig:
   return dataclasses.replace(config, dtype="float32", param_dtype="float32")
 
 
+def _check_rope_frequencies(config: TransformerConfig) -> None:
+  """Raises, naming rope_theta (and rope_scaling), unless every RoPE
+  frequency of `config` is finite and at most `_MAX_ROPE_FREQUENCY`."""
+  with np.errstate(all="ignore"):  # an extreme factor overflows: refused below
+    top = float(np.max(_rope_frequencies64(config)))
+  if top <= _MAX_ROPE_FREQUENCY:  # False for NaN too
+    return
+  what = f"rope_theta={config.rope_theta}"
+  if config.rope_scaling is None:
+    # theta ** (-i / half) is largest at i = half - 1 when theta < 1 (half
+    # is > 1 here: for half = 1 the only frequency is 1).
+    half = config.head_dim // 2
+    fix = (f"use rope_theta >= "
+           f"{_MAX_ROPE_FREQUENCY ** (-half / (half - 1)):.4g}")
+  else:
+    what += f" with rope_scaling={dict(config.rope_scaling)}"
+    fix = "use a larger rope_theta or rope_scaling factor"
+  raise ValueError(
+      f"TransformerConfig.{what} gives RoPE frequencies up to {top:.4g} "
+      f"(head_dim={config.head_dim}); position * frequency, positions < "
+      f"2**31, must stay finite in float32, so they must be <= "
+      f"{_MAX_ROPE_FREQUENCY:.4g}: {fix}.")
+
+
 def float_dtype_name(name: str, value: Any) -> str:
-  """The canonical name ('float32', 'bfloat16', ...) of a floating dtype."""
+  """The canonical name ('float32', 'bfloat16', ...) of a floating dtype.
+
+  None is refused: numpy reads it as float64, which JAX then truncates to
+  float32 at every use unless x64 is on.
+  """
+  if value is None:
+    raise TypeError(f"{name} must be a floating dtype such as 'float32', "
+                    "'bfloat16' or 'float16', got None.")
   try:
     dtype = np.dtype(jnp.dtype(value)).name
   except TypeError:
@@ -285,6 +347,11 @@ def rope_frequencies(config: TransformerConfig) -> np.ndarray:
   longer than original_max_position_embeddings / low_freq_factor are divided
   by factor, shorter than .../high_freq_factor kept, and in between blended.
   """
+  return _rope_frequencies64(config).astype(np.float32)
+
+
+def _rope_frequencies64(config: TransformerConfig) -> np.ndarray:
+  """`rope_frequencies` before its cast to float32."""
   half = config.head_dim // 2
   freq_h = config.rope_theta ** (-np.arange(half, dtype=np.float64) / half)
   scaling = dict(config.rope_scaling or ())
@@ -298,7 +365,7 @@ def rope_frequencies(config: TransformerConfig) -> np.ndarray:
     blended_h = (1 - smooth_h) * freq_h / factor + smooth_h * freq_h
     freq_h = np.where(wavelen_h > old_len / low, freq_h / factor,
                       np.where(wavelen_h < old_len / high, freq_h, blended_h))
-  return freq_h.astype(np.float32)
+  return freq_h
 
 
 def _rope(x_BxTxNxH: jax.Array, positions_BxT: jax.Array,
@@ -626,6 +693,35 @@ _PARAM_AXES = {
 }
 
 
+def as_rngs(rngs: Any) -> nnx.Rngs:
+  """`rngs` (an int seed, one PRNG key or `nnx.Rngs`) as `nnx.Rngs`.
+
+  Refuses a key array of more than one key (e.g. `jax.random.split`'s) and a
+  seed outside [0, 2**32 - 1] ([0, 2**63 - 1] under jax_enable_x64): without
+  x64 jax keeps only a seed's low 32 bits, so 2**32 would silently give seed
+  0's weights, and -1 seed 2**32 - 1's.
+  """
+  if isinstance(rngs, nnx.Rngs):
+    return rngs
+  if isinstance(rngs, (int, np.integer)) and not isinstance(rngs, bool):
+    x64 = jax.config.read("jax_enable_x64")
+    high = _MAX_SEED_X64 if x64 else _MAX_SEED
+    if not 0 <= rngs <= high:
+      raise ValueError(
+          f"rngs must be a single PRNG key or an int seed in [0, 2**"
+          f"{63 if x64 else 32} - 1], got {rngs}: jax would refuse it, or "
+          "keep only its low 32 bits and repeat another seed's weights. Use "
+          "a seed in that range.")
+    return nnx.Rngs(int(rngs))
+  key = _checks.as_key("rngs", rngs)
+  if key.shape:
+    raise ValueError(
+        f"rngs must be a single PRNG key or an int seed, got a key array of "
+        f"shape {key.shape} (e.g. from jax.random.split): pass one of its "
+        "keys, such as keys[0].")
+  return nnx.Rngs(key)
+
+
 class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
   """A `Transformer` as a `CausalLM` pytree: static config + graphdef, State leaves.
 
@@ -642,16 +738,12 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
   @classmethod
   def create(cls, config: TransformerConfig,
              rngs: int | jax.Array | nnx.Rngs = 0) -> TransformerLM:
-    """Freshly initialised weights from a seed, a PRNG key or `nnx.Rngs`."""
+    """Freshly initialised weights from a seed, a PRNG key or `nnx.Rngs`
+    (`as_rngs` says which seeds and keys are refused)."""
     if not isinstance(config, TransformerConfig):
       raise TypeError(f"config must be a TransformerConfig, got "
                       f"{type(config).__name__}.")
-    if not isinstance(rngs, nnx.Rngs):
-      if isinstance(rngs, (int, np.integer)) and not isinstance(rngs, bool):
-        rngs = nnx.Rngs(int(rngs))
-      else:
-        rngs = nnx.Rngs(_checks.as_key("rngs", rngs))
-    return cls.from_module(Transformer(config, rngs))
+    return cls.from_module(Transformer(config, as_rngs(rngs)))
 
   @property
   def vocab_size(self) -> int:
