@@ -1,5 +1,7 @@
 """Tests for the non-neural drafts: NGramLM and PromptLookupDraft."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,6 +80,17 @@ def test_ngram_errors():
     ngram.NGramLM.fit(np.array([0, 1]), 2, 3)
   with pytest.raises(ValueError, match="smoothing must be > 0"):
     ngram.NGramLM.fit(np.array([0, 1]), 2, 2, smoothing=0.0)
+  # k V overflowed float64 (1e308), or an unseen token's k / (counts + k V)
+  # underflowed to 0 (5e-324): log-probabilities of -inf, not an error.
+  tokens = np.array([1, 2, 3, 1, 2, 3, 0])
+  for k in (1e308, 5e-324):
+    with pytest.raises(ValueError, match=re.escape(
+        f"smoothing={k} overflows or underflows float64")):
+      ngram.NGramLM.fit(tokens, 8, smoothing=k)
+  # Just inside: near-uniform, and an unseen token's tiny mass, both finite.
+  for k, order in ((1e300, 2), (1e-320, 1)):
+    model = ngram.NGramLM.fit(tokens, 8, order, smoothing=k)
+    assert np.isfinite(np.asarray(model.log_probs)).all()
   with pytest.raises(ValueError, match="tokens must lie in"):
     ngram.NGramLM.fit(np.array([0, 5]), 2, 2)
   with pytest.raises(TypeError, match="tokens must be an integer array"):
@@ -204,6 +217,14 @@ def test_prompt_lookup_fallback():
 def test_prompt_lookup_errors():
   with pytest.raises(ValueError, match="max_ngram must be >= 2"):
     prompt_lookup.PromptLookupDraft(vocab_size=5, min_ngram=2, max_ngram=1)
+  # Unrolled per n: max_ngram=1000 compiled for over ten minutes.
+  cap = prompt_lookup.MAX_NGRAM
+  for n in (cap + 1, 1000, 10**6):
+    with pytest.raises(ValueError, match=f"max_ngram must be <= MAX_NGRAM="
+                       f"{cap}, got {n}"):
+      prompt_lookup.PromptLookupDraft(vocab_size=5, max_ngram=n)
+  assert prompt_lookup.PromptLookupDraft(vocab_size=5,
+                                         max_ngram=cap).max_ngram == cap
   with pytest.raises(TypeError, match="fallback must be None or a CausalLM"):
     prompt_lookup.PromptLookupDraft(vocab_size=5, fallback="bigram")
   with pytest.raises(ValueError, match="fallback has vocab_size 3"):

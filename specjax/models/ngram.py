@@ -109,6 +109,10 @@ class NGramLM(struct.PyTreeNode):
     `k = smoothing > 0`, so every token keeps positive mass and a context
     never seen in training gets the uniform distribution. Computed in
     float64, stored as float32.
+
+    Refuses (ValueError naming smoothing) a k so large that k V overflows
+    float64, or so small that an unseen token's k / (counts + k V)
+    underflows to 0: either would store log-probabilities of -inf.
     """
     k = _checks.check_float("smoothing", smoothing)
     if k <= 0:
@@ -116,8 +120,18 @@ class NGramLM(struct.PyTreeNode):
                        "unseen token gets log-probability -inf and an unseen "
                        "context a 0/0 row.")
     counts = ngram_counts(tokens_N, vocab_size, order).astype(np.float64)
-    probs = (counts + k) / (counts.sum(axis=-1, keepdims=True) + k * vocab_size)
-    return cls(log_probs=jnp.asarray(np.log(probs), jnp.float32),
+    with np.errstate(over="ignore", divide="ignore"):  # refused just below
+      probs = (counts + k) / (counts.sum(axis=-1, keepdims=True)
+                              + k * vocab_size)
+      log_probs = np.log(probs)
+    # Checked on the result, so the bound is exact whatever the counts.
+    if not np.isfinite(log_probs).all():
+      raise ValueError(
+          f"smoothing={k} overflows or underflows float64 in (counts + k) / "
+          f"(total + k * vocab_size) with vocab_size={vocab_size}, giving "
+          "log-probabilities of -inf; use a moderate smoothing such as 1.0 "
+          "(add-one) or 0.01.")
+    return cls(log_probs=jnp.asarray(log_probs, jnp.float32),
                vocab_size=vocab_size, order=order)
 
   @classmethod

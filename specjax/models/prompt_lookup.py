@@ -37,6 +37,12 @@ from flax import struct
 from specjax import _checks
 
 NO_MATCH_LOGIT = -1e9
+# Longest n-gram a draft may try. The lookup is unrolled once per n, so
+# compile time grows with max_ngram (an audit on the 2-core box saw a
+# tiny generation take about a minute at 256, and not finish in ten at
+# 1000). Prompt lookup decoding itself uses 3 (Saxena, 2023) and Hugging
+# Face's `max_matching_ngram_size` defaults to 2, so 64 loses nothing.
+MAX_NGRAM = 64
 # Upper bound on the elements of one [B, chunk, max_len] comparison tensor.
 _LOOKUP_ELEMENTS = 1 << 24
 
@@ -66,7 +72,9 @@ class PromptLookupDraft(struct.PyTreeNode):
 
   Attributes:
     vocab_size: V (static).
-    max_ngram: longest n-gram tried (static, >= min_ngram).
+    max_ngram: longest n-gram tried (static, in [min_ngram, MAX_NGRAM];
+      the lookup is unrolled per n, so a larger one would take minutes to
+      compile).
     min_ngram: shortest n-gram tried (static, >= 1).
     fallback: a `CausalLM` with the same vocabulary used where no n-gram
       matches, or None to repeat the current token there (see module doc).
@@ -81,6 +89,12 @@ class PromptLookupDraft(struct.PyTreeNode):
     _checks.check_int("vocab_size", self.vocab_size, low=1)
     low = _checks.check_int("min_ngram", self.min_ngram, low=1)
     _checks.check_int("max_ngram", self.max_ngram, low=low)
+    # Unrolled per n: compile time grows with max_ngram (see MAX_NGRAM).
+    if self.max_ngram > MAX_NGRAM:
+      raise ValueError(
+          f"max_ngram must be <= MAX_NGRAM={MAX_NGRAM}, got {self.max_ngram}: "
+          "the lookup is unrolled once per n-gram size, so compiling it "
+          "would take minutes; prompt lookup decoding uses 3 to 5.")
     if self.fallback is not None and not (
         callable(self.fallback) and hasattr(self.fallback, "init_cache")
         and hasattr(self.fallback, "vocab_size")):
