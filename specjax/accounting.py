@@ -18,9 +18,30 @@ import numpy as np
 from specjax import _checks
 
 
+def _no_bools(name, value):
+  """Refuses a bool anywhere in `value`: inside a list numpy would read
+  [True, 0.5] as [1.0, 0.5] (a bare bool has dtype bool, refused anyway)."""
+  if isinstance(value, (list, tuple)) and any(
+      isinstance(x, (bool, np.bool_))
+      for x in np.asarray(value, dtype=object).reshape(-1)):
+    raise TypeError(f"{name} must hold numbers, not bools, got {value!r}.")
+
+
+def _broadcast(**named):
+  """Refuses arguments whose shapes do not broadcast, naming them (numpy's
+  own error names none)."""
+  try:
+    np.broadcast_shapes(*(np.shape(v) for v in named.values()))
+  except ValueError:
+    shapes = ", ".join(f"{k} {np.shape(v)}" for k, v in named.items())
+    raise ValueError(f"the shapes of {shapes} do not broadcast together; "
+                     "pass scalars or arrays of one shape.") from None
+
+
 def _real(name, value):
   """`value` as a numpy array after refusing what numpy would coerce into a
   number by accident (strings such as "0.5", bools, None, objects)."""
+  _no_bools(name, value)
   v = np.asarray(value)
   if v.dtype.kind not in "iuf":
     raise TypeError(f"{name} must be a real number or an array of them, got "
@@ -36,6 +57,7 @@ def _alpha(alpha):
 
 
 def _gamma(gamma):
+  _no_bools("gamma", gamma)
   g = np.asarray(gamma)
   if not np.issubdtype(g.dtype, np.integer) or np.any(g < 0):
     raise ValueError(f"gamma must be a non-negative integer (one that fits "
@@ -67,6 +89,7 @@ def expected_tokens_per_pass(alpha, gamma):
   """
   # float64 before g + 1: an integer gamma at its dtype's maximum would wrap.
   a, g = _alpha(alpha), _gamma(gamma).astype(np.float64)
+  _broadcast(alpha=a, gamma=g)
   # sum_{k=0}^{gamma} a^k = -expm1((g + 1) log a) / (1 - a). 1 - a is exact
   # for a >= 1/2, and expm1 keeps the numerator's digits as a -> 1, where
   # 1 - a^(g+1) would cancel (relative error ~sqrt(eps) near 1 - 1e-8). A
@@ -85,6 +108,7 @@ def walltime_improvement(alpha, gamma, c, r=1.0):
   c, r = _cost("c", c), _cost("r", r)
   if np.any(r <= 0):
     raise ValueError(f"r must be > 0, got {r!r}.")
+  _broadcast(alpha=np.asarray(alpha), gamma=np.asarray(gamma), c=c, r=r)
   tokens = expected_tokens_per_pass(alpha, gamma)
   return tokens / (_gamma(gamma).astype(np.float64) * c + r)
 
@@ -96,6 +120,7 @@ def operations_increase(alpha, gamma, c_hat):
   the draft's arithmetic per token relative to the target's.
   """
   c_hat = _cost("c_hat", c_hat)
+  _broadcast(alpha=np.asarray(alpha), gamma=np.asarray(gamma), c_hat=c_hat)
   tokens = expected_tokens_per_pass(alpha, gamma)
   g = _gamma(gamma).astype(np.float64)  # float64: g + 1 must not wrap
   return (g * c_hat + g + 1) / tokens
@@ -228,6 +253,7 @@ def batch_speedups(alpha, gamma, num_tokens, batch_sizes, c_B, r_B, *,
   scalar for all; c_B and r_B are required, r_B > 0. batch_sizes are
   integers >= 1. Returns float64 `[len(batch_sizes)]`.
   """
+  _no_bools("batch_sizes", batch_sizes)
   sizes = np.asarray(batch_sizes)
   if sizes.ndim != 1:
     # Flattening a grid would pair its cells with c_B / r_B in an order the

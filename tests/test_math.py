@@ -423,6 +423,21 @@ def test_accounting_rejects_bad_inputs():
     accounting.expected_tokens_per_pass(True, 2)
   with pytest.raises(TypeError, match="c must"):
     accounting.walltime_improvement(0.5, 2, "0.1")
+  # ... nor inside a list, where numpy read [True, 0.5] as [1.0, 0.5].
+  for call, name in (
+      (lambda: accounting.expected_tokens_per_pass([True, 0.5], 2), "alpha"),
+      (lambda: accounting.expected_tokens_per_pass(0.5, [True, 2]), "gamma"),
+      (lambda: accounting.walltime_improvement(0.5, 2, [True, 0.1]), "c"),
+      (lambda: accounting.crossover_batch([True, 2, 4], [2.0, 1.0, 0.5]),
+       "batch_sizes")):
+    with pytest.raises(TypeError, match=f"{name} must hold numbers, not bools"):
+      call()
+  # Shapes that do not broadcast are named (numpy's error named none).
+  with pytest.raises(ValueError, match=r"alpha \(3,\), gamma \(2,\) do not "
+                     "broadcast"):
+    accounting.expected_tokens_per_pass(np.full(3, 0.5), np.array([1, 2]))
+  with pytest.raises(ValueError, match=r"c \(2,\), r \(\) do not broadcast"):
+    accounting.walltime_improvement(np.full(3, 0.5), 2, np.array([0.1, 0.2]))
   # optimal_gamma takes scalars: an array or None is refused by name.
   with pytest.raises(ValueError, match="alpha must be a scalar"):
     accounting.optimal_gamma(np.array([0.5, 0.6]), 0.1)
