@@ -411,6 +411,10 @@ def test_input_validation_names_the_argument():
     model.logits(jnp.zeros((1, 33), jnp.int32))
   with pytest.raises(ValueError, match="at least one row"):
     model.logits(jnp.zeros((0, 3), jnp.int32))
+  # Eager calls: an id past the table gave NaN logits, -1 another token's.
+  for bad in (-1, model.vocab_size):
+    with pytest.raises(ValueError, match=r"tokens_BxT\[0, 1\] = .* outside"):
+      model.logits(jnp.array([[1, bad]], jnp.int32))
   with pytest.raises(ValueError, match="KVCache.create batch_size"):
     KVCache.create(num_layers=1, batch_size=-1, max_len=4, num_kv_heads=1,
                    head_dim=4)

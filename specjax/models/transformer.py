@@ -929,6 +929,9 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     if tokens_BxT.shape[1] > self.config.max_positions:
       raise ValueError(f"tokens_BxT has {tokens_BxT.shape[1]} positions; the "
                        f"model has max_positions={self.config.max_positions}.")
+    if _checks.is_concrete(tokens_BxT):
+      # An id past the table embeds as NaN, a negative one as another token.
+      _checks.check_token_range("tokens_BxT", tokens_BxT, self.vocab_size)
     return _causal_logits(self, tokens_BxT)
 
   def check_inputs(self, tokens_BxT: Any, cache: KVCache) -> None:
