@@ -108,7 +108,7 @@ def parse_mesh_spec(spec: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
   return tuple(names), tuple(sizes)
 
 
-def _check_devices(devices: Any) -> list:
+def check_devices(devices: Any) -> list:
   """`devices` as a list of distinct `jax.Device`s (None: all devices)."""
   if devices is None:
     return list(jax.devices())
@@ -163,7 +163,7 @@ def make_mesh(spec: str | Mapping[str, int] | None = None,
     A mesh with Auto axes (GSPMD propagates shardings; `spec_for` supplies
     them where it matters).
   """
-  devices = _check_devices(devices)
+  devices = check_devices(devices)
   if spec is None:
     spec = {DATA: -1}
   if isinstance(spec, Mapping):

@@ -576,6 +576,14 @@ def test_checks_mean_tv_refuses_bad_input(small):
       distill.mean_tv(model, model, _with(windows, (0, 0, 1), value))
 
 
+def test_checks_training_mesh_refuses_devices_that_are_not_distinct():
+  # A string made a mesh of 'c', 'p', 'u'; a repeated device failed later.
+  for devices, match in (("cpu", "devices must be a list of jax.Device"),
+                         (jax.devices() * 2, r"already devices\[0\]")):
+    with pytest.raises((TypeError, ValueError), match=match):
+      parallel.make_mesh(devices)
+
+
 def test_checks_make_train_step_refuses_bad_arguments(small):
   model, optimizer, mesh, _ = small
   for kwargs, match in (

@@ -19,14 +19,14 @@ from jax.sharding import Mesh
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from specjax import sharding
+
 DATA_AXIS = "data"
 
 
 def make_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
   """A 1-D mesh over `devices` (default: all) with the axis name `data`."""
-  devices = list(jax.devices() if devices is None else devices)
-  if not devices:
-    raise ValueError("make_mesh needs at least one device.")
+  devices = sharding.check_devices(devices)  # distinct jax.Devices
   return Mesh(np.array(devices), (DATA_AXIS,))
 
 
