@@ -95,6 +95,9 @@ def test_bad_adapter_arguments_get_clear_errors(target):
     sj.ExitAdapter.create(target, 5)
   with pytest.raises(ValueError, match="mlp_dim"):
     sj.ExitAdapter.create(target, 1, mlp_dim=0)
+  # jax would keep the low 32 bits: seed 0's weights again.
+  with pytest.raises(ValueError, match="seed must be <= 4294967295"):
+    sj.ExitAdapter.create(target, 1, seed=2**32)
   with pytest.raises(TypeError, match="layers must be a sequence"):
     ExitAdapterConfig(target=target.config, layers=1)
   with pytest.raises(ValueError, match="eval_every"):

@@ -120,3 +120,6 @@ def test_run_refuses_a_bare_string_and_a_bad_seed():
     textgen.run(None, None, tok, "hello")
   with pytest.raises(TypeError, match="seed"):
     textgen.run(None, None, tok, ["hello"], seed="a")
+  for seed in (-1, 2**32):  # jax would wrap both onto other seeds
+    with pytest.raises(ValueError, match="seed must be"):
+      textgen.run(None, None, tok, ["hello"], seed=seed)
