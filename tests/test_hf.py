@@ -549,3 +549,17 @@ def test_live_parity_with_transformers(tmp_path):
                            )["tokenizer"]:
       assert tok.encode(case["text"], add_special_tokens=True).tolist() == \
           case["ids"]
+
+
+def test_encode_names_what_the_tokenizer_cannot_encode(tmp_path):
+  """The tokenizers library raised a bare Exception."""
+  import tokenizers  # pylint: disable=g-import-not-at-top
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1}))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.save(str(tmp_path / "tokenizer.json"))
+  hf_tok = HFTokenizer.from_dir(tmp_path)
+  np.testing.assert_array_equal(hf_tok.encode("a b"), [0, 1])
+  with pytest.raises(ValueError, match="cannot encode 'a zzz'.*unknown token"):
+    hf_tok.encode("a zzz")
+  with pytest.raises(TypeError, match="add_special_tokens must be a bool"):
+    hf_tok.encode("a", add_special_tokens="yes")

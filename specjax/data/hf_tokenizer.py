@@ -155,7 +155,16 @@ class HFTokenizer:
       raise TypeError(f"text must be str, got {type(text).__name__}.")
     add_bos = _checks.check_bool("add_bos", add_bos)
     add_eos = _checks.check_bool("add_eos", add_eos)
-    ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+    add_special_tokens = _checks.check_bool("add_special_tokens",
+                                            add_special_tokens)
+    try:
+      ids = self.tokenizer.encode(text,
+                                  add_special_tokens=add_special_tokens).ids
+    except Exception as e:  # the Rust library raises a bare Exception
+      # e.g. a WordLevel model without an unknown token, on an unseen word.
+      raise ValueError(f"tokenizer {self.name!r} cannot encode {text[:40]!r} "
+                       f"({e}); does its tokenizer.json define an unknown "
+                       "token?") from None
     if add_bos:
       if self.bos_id is None:
         raise ValueError("add_bos=True but this tokenizer has no BOS token.")
