@@ -225,7 +225,7 @@ def test_zoo_key_covers_corpus_recipe_and_teacher(tmp_path, monkeypatch,
   dirs = {repr(t): zoo.entry_dir("distilled-tiny@tiny", cache_dir=cache,
                                  overrides=FAST, teacher_overrides=t,
                                  corpus=corpus_a)
-          for t in (None, {}, {"num_steps": 3})}
+          for t in (None, {}, {"num_steps": 3, "optim.warmup_steps": 1})}
   assert len(set(dirs.values())) == 3, dirs
 
 

@@ -243,7 +243,8 @@ def test_compare_on_synthetic_results():
     return types.SimpleNamespace(stats=stats, lengths=jnp.array([8]))
 
   ar = [types.SimpleNamespace(stats=sj.RowStats.zeros(1, 0).replace(
-      rounds=jnp.array([8]), length_hist=jnp.array([[8]])),
+      rounds=jnp.array([8]), accept_hist=jnp.array([[8]]),
+      length_hist=jnp.array([[8]])),
                               lengths=jnp.array([8]))] * 3
   spec = [result([2, 2, 1]), result([2, 0, 2, 1]), result([1, 2, 2])]
   row = measure.compare(c, ar, [0.012, 0.013, 0.0125], spec,
