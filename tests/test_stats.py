@@ -256,7 +256,7 @@ def test_crossover_batch():
   # float64 coercion read "4" as 4.0 and True as 1.0.
   with pytest.raises(TypeError, match="batch_sizes must be a real number"):
     accounting.crossover_batch(["1", "2"], [2.0, 0.5])
-  with pytest.raises(TypeError, match="speedups must be a real number"):
+  with pytest.raises(TypeError, match="speedups must hold numbers, not bools"):
     accounting.crossover_batch([1, 2], [True, False])
 
 
