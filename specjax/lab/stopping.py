@@ -56,20 +56,6 @@ def _check_gamma_max(gamma_max, vocab: int) -> int:
   return exact._check_gamma(gamma_max, vocab, name="gamma_max")
 
 
-def _check_context(context, vocab: int) -> int:
-  # Context V is BOS (module doc); -1 would index the BOS row silently and
-  # V + 1 or 1.5 nothing at all.
-  if isinstance(context, (bool, np.bool_)) or not isinstance(
-      context, (int, np.integer)):
-    raise TypeError(f"context must be an int: a token in [0, {vocab - 1}] or "
-                    f"{vocab} (pair.bos) for the start of a sequence, got "
-                    f"{context!r} ({type(context).__name__}).")
-  if not 0 <= context <= vocab:
-    raise ValueError(f"context must be a token in [0, {vocab - 1}] or {vocab} "
-                     f"(pair.bos) for the start of a sequence, got {context}.")
-  return int(context)
-
-
 def _check_stop(stop, probe=None) -> None:
   # Neither is called until deep in the enumeration, where a non-callable
   # would fail as "object is not callable", far from the argument.
@@ -221,7 +207,9 @@ def expected_draft_length(pair: markov.MarkovPair, gamma_max: int,
   pair = _check_pair(pair)
   gamma_max = _check_gamma_max(gamma_max, pair.vocab_size)
   _check_stop(stop)
-  context = _check_context(context, pair.vocab_size)
+  # Context V is BOS (module doc); -1 would index the BOS row silently.
+  context = _checks.check_int("context", context, low=0,
+                              high=pair.vocab_size)
   q_CxV = pair.draft_rows_CxV
   total = 0.0
   for drafts in itertools.product(range(pair.vocab_size), repeat=gamma_max):

@@ -161,16 +161,7 @@ def _check_context(context, vocab: int) -> int:
   the BOS row and a 2.7 truncate to 2, each silently another law."""
   if context is None:
     return vocab
-  if isinstance(context, (bool, np.bool_)) or not isinstance(
-      context, (int, np.integer)):
-    raise TypeError(f"context must be a token id (an int in [0, {vocab - 1}])"
-                    f" or None for the start of a sequence, got {context!r} "
-                    f"({type(context).__name__}).")
-  if not 0 <= context < vocab:
-    raise ValueError(f"context must be a token id in [0, {vocab - 1}] (the "
-                     "last token of the text so far), or None for the start "
-                     f"of a sequence, got {context}.")
-  return int(context)
+  return _checks.check_int("context", context, low=0, high=vocab - 1)
 
 
 def _check_blocks(blocks, gamma: int, vocab: int) -> None:
