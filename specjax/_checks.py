@@ -37,6 +37,16 @@ def check_int(name: str, value: Any, *, low: int | None = None,
   return value
 
 
+def check_hashable(what: str, value: Any) -> None:
+  """Raises unless `value` hashes: it is a static argument of the compiled
+  loop, where jit would refuse it with its own error. `what` names it."""
+  try:
+    hash(value)
+  except TypeError:
+    raise TypeError(f"{what} {value!r} must be hashable (a frozen dataclass): "
+                    "it is a static argument of the compiled loop.") from None
+
+
 def check_bool(name: str, value: Any) -> bool:
   """Returns `value` as bool, raising unless it is a Python or numpy bool (a
   string such as "False" would otherwise be truthy)."""

@@ -678,12 +678,7 @@ def check_rule(rule: Any) -> Rule:
     raise TypeError("gamma must be an int >= 1, 'auto', or a draft-length "
                     "rule (specjax.decode.draft_length.Confidence(...) or "
                     f"Goodput(...)), got {rule!r}.")
-  try:
-    hash(rule)
-  except TypeError:
-    raise TypeError(f"draft-length rule {rule!r} must be hashable (a frozen "
-                    "dataclass): it is a static argument of the compiled "
-                    "loop.") from None
+  _checks.check_hashable("draft-length rule", rule)
   return rule
 
 

@@ -140,12 +140,7 @@ def _check_verifier(verifier: Verifier) -> Verifier:
     raise TypeError(f"verifier {cls.__name__} does not implement {missing}; "
                     "subclass TokenVerifier or implement both (see "
                     "specjax.decode.verifiers.base.Verifier).")
-  try:
-    hash(verifier)
-  except TypeError:
-    raise TypeError(f"verifier {verifier!r} must be hashable (a frozen "
-                    "dataclass): it is a static argument of the compiled "
-                    "loop.") from None
+  _checks.check_hashable("verifier", verifier)
   return verifier
 
 
