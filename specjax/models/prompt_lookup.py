@@ -38,10 +38,10 @@ from specjax import _checks
 
 NO_MATCH_LOGIT = -1e9
 # Longest n-gram a draft may try. The lookup is unrolled once per n, so
-# compile time grows with max_ngram (an audit on the 2-core box saw a
-# tiny generation take about a minute at 256, and not finish in ten at
-# 1000). Prompt lookup decoding itself uses 3 (Saxena, 2023) and Hugging
-# Face's `max_matching_ngram_size` defaults to 2, so 64 loses nothing.
+# compile time grows with max_ngram, and a max_ngram in the thousands
+# does not finish compiling. Prompt lookup decoding itself uses 3
+# (Saxena, 2023) and Hugging Face's `max_matching_ngram_size` defaults to
+# 2, so 64 loses nothing.
 MAX_NGRAM = 64
 # Upper bound on the elements of one [B, chunk, max_len] comparison tensor.
 _LOOKUP_ELEMENTS = 1 << 24
