@@ -1,5 +1,6 @@
 """Experiment commands refuse bad flags before loading or training a model."""
 
+import json
 import os
 import subprocess
 import sys
@@ -74,19 +75,30 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("not a directory")
   out = tmp_path / "out"
-  procs = [subprocess.Popen(
-      [sys.executable, "-m",
-       *(a.format(file=afile, out=out) for a in args)], cwd=REPO, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for args, _ in BAD]
+  # One process per module, all at once (tests/flag_worker.py).
+  by_module = {}
+  for module, *args in (args for args, _ in BAD):
+    by_module.setdefault(module, []).append(
+        [a.format(file=afile, out=out) for a in args])
+  procs = {module: subprocess.Popen(
+      [sys.executable, str(REPO / "tests" / "flag_worker.py"), module],
+      cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for module in by_module}
+  results = {}
   try:
-    for proc, (args, message) in zip(procs, BAD):
-      _, err = proc.communicate(timeout=120)
-      assert proc.returncode != 0 and message in err, (args, err[-2000:])
+    for module, proc in procs.items():
+      stdout, err = proc.communicate(json.dumps(by_module[module]),
+                                     timeout=300)
+      lines = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+      assert proc.returncode == 0 and lines, (module, err[-2000:])
+      results[module] = iter(json.loads(lines[-1][len("RESULT "):]))
   finally:
-    for proc in procs:  # a check that did not fire leaves a run going
+    for proc in procs.values():  # a check that did not fire leaves a run going
       proc.kill()
       proc.wait()
+  for args, message in BAD:
+    code, err = next(results[args[0]])
+    assert code != 0 and message in err, (args, err[-2000:])
   assert not (tmp_path / "empty-zoo").exists()  # nothing was trained
   assert not out.exists() and afile.read_text() == "not a directory"
 
