@@ -49,8 +49,11 @@ def run_one(module, args):
       app.run(module.main, argv=[module.__name__, *args])
       code = 0
     except SystemExit as e:
-      # sys.exit(None) is success; sys.exit("message") a failure.
-      code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
+      if e.code is None or isinstance(e.code, int):
+        code = e.code or 0
+      else:  # sys.exit("message"): the interpreter prints it and exits 1
+        print(e.code, file=sys.stderr)
+        code = 1
     except Exception:  # pylint: disable=broad-except
       traceback.print_exc()  # what the interpreter prints for an uncaught one
       code = 1
