@@ -27,6 +27,7 @@ import sys
 _EVENTS = {"jaxpr_trace_duration": "trace",
            "jaxpr_to_mlir_module_duration": "lower",
            "backend_compile_duration": "compile"}
+_DIR = os.environ.get("COMPILE_PROFILE_DIR", "/tmp/specjax-compile-profile")
 
 
 def _install():
@@ -50,12 +51,11 @@ def _install():
 
   jax.monitoring.register_event_duration_secs_listener(on_duration)
   jax.monitoring.register_event_listener(on_event)
-  out_dir = os.environ.get("COMPILE_PROFILE_DIR", "/tmp/specjax-compile-profile")
 
   def dump():
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(_DIR, exist_ok=True)
     name = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-{os.getpid()}"
-    with open(os.path.join(out_dir, name + ".json"), "w") as fh:
+    with open(os.path.join(_DIR, name + ".json"), "w") as fh:
       json.dump({"functions": totals, "cache_hits": hits[0]}, fh)
 
   atexit.register(dump)
@@ -97,7 +97,6 @@ def report(directory, top=25):
 
 
 if __name__ == "__main__":
-  report(sys.argv[1] if len(sys.argv) > 1 else
-         os.environ.get("COMPILE_PROFILE_DIR", "/tmp/specjax-compile-profile"))
+  report(sys.argv[1] if len(sys.argv) > 1 else _DIR)
 else:
   _install()
