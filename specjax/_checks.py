@@ -22,6 +22,11 @@ def is_concrete(x: Any) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
+# jax.random.key keeps only the low 32 bits of a seed unless jax_enable_x64
+# is set: 2**32 would silently repeat seed 0, and -1 seed 2**32 - 1.
+MAX_SEED = 2**32 - 1
+
+
 def check_int(name: str, value: Any, *, low: int | None = None,
               high: int | None = None) -> int:
   """Returns `value` as int, raising if it is not an integer in [low, high]."""

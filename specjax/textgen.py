@@ -213,8 +213,8 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
     raise TypeError(f"texts must be a sequence of prompts, one row each, got "
                     f"a bare {type(texts).__name__}: pass [texts].")
   prompts, lengths = encode_batch(tokenizer, list(texts), add_bos=add_bos)
-  # jax keeps a seed's low 32 bits: 2**32 would repeat seed 0's samples.
-  key = jax.random.key(_checks.check_int("seed", seed, low=0, high=2**32 - 1))
+  key = jax.random.key(_checks.check_int("seed", seed, low=0,
+                                        high=_checks.MAX_SEED))
   eos = tokenizer.eos_ids or None
   kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
   out, seconds = _timed(lambda: loop.speculative_generate(

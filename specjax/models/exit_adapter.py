@@ -131,8 +131,7 @@ class ExitAdapter(wrapped.WrapsModule, struct.PyTreeNode):
                       f"got {type(target).__name__}.")
     layers = self_draft.normalise_layers(layers, target.config.num_layers,
                                          "ExitAdapter.create layers")
-    # jax keeps a seed's low 32 bits: 2**32 would repeat seed 0's weights.
-    seed = _checks.check_int("seed", seed, low=0, high=2**32 - 1)
+    seed = _checks.check_int("seed", seed, low=0, high=_checks.MAX_SEED)
     config = ExitAdapterConfig(target=target.config, layers=layers,
                                mlp_dim=mlp_dim)
     return cls.from_module(ExitAdapterModule(config, nnx.Rngs(seed)))

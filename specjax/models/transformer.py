@@ -67,10 +67,8 @@ _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 # error: its true angle is below 2**31 * 1.2e-38 rad at every position.)
 _MAX_ROPE_FREQUENCY = float(np.finfo(np.float32).max) / 2**32
 
-# jax.random.key keeps only the low 32 bits of a seed unless jax_enable_x64
-# is set (2**32 would silently draw seed 0's weights), and refuses one past
-# int64; a negative seed is the same as a large positive one.
-_MAX_SEED = 2**32 - 1
+# Under jax_enable_x64 jax keeps a seed's 64 bits (`_checks.MAX_SEED` is
+# the bound without it), and refuses one past int64.
 _MAX_SEED_X64 = 2**63 - 1
 
 
@@ -705,7 +703,7 @@ def as_rngs(rngs: Any) -> nnx.Rngs:
     return rngs
   if isinstance(rngs, (int, np.integer)) and not isinstance(rngs, bool):
     x64 = jax.config.read("jax_enable_x64")
-    high = _MAX_SEED_X64 if x64 else _MAX_SEED
+    high = _MAX_SEED_X64 if x64 else _checks.MAX_SEED
     if not 0 <= rngs <= high:
       raise ValueError(
           f"rngs must be a single PRNG key or an int seed in [0, 2**"
