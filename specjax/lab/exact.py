@@ -71,6 +71,15 @@ def _check_pair(pair) -> markov.MarkovPair:
   return pair
 
 
+def _check_context(context, vocab: int) -> int:
+  """The row of `[C, ...]` tables a text after `context` starts from: V (BOS)
+  for None, else the token itself, an int in [0, V - 1]. A -1 would index
+  the BOS row and a 2.7 truncate to 2, each silently another law."""
+  if context is None:
+    return vocab
+  return _checks.check_int("context", context, low=0, high=vocab - 1)
+
+
 def _check_gamma(gamma, vocab: int, name: str = "gamma") -> int:
   """`gamma` as an int >= 1 whose round table fits `_MAX_TABLE`; `name` is
   the caller's argument (`specjax.lab.stopping` says gamma_max)."""
@@ -264,8 +273,7 @@ def chain_blocks(blocks, vocab: int, seq_len: int,
   """
   vocab = _checks.check_int("vocab", vocab, low=1)
   seq_len = _checks.check_int("seq_len", seq_len, low=1)
-  start = (vocab if context is None
-           else _checks.check_int("context", context, low=0, high=vocab - 1))
+  start = _check_context(context, vocab)
   if not isinstance(blocks, (list, tuple)):
     raise TypeError("blocks must be a list of arrays, blocks[k - 1] for the "
                     "rounds of k tokens (e.g. round_distribution(pair, "

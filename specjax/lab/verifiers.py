@@ -37,6 +37,9 @@ from specjax.lab import markov
 # V ** G draft blocks per context, each with [G + 1, V] laws: cap the work.
 _MAX_BLOCKS = 2 ** 16
 
+# pylint: disable-next=protected-access
+_check_context = exact._check_context  # context None (BOS) or a token
+
 
 def _safe_ratio(num, den):
   """min(1, num / den) without dividing where num >= den; num = den = 0 -> 0
@@ -153,15 +156,6 @@ def _check(pair, gamma):
     raise ValueError(f"gamma={gamma} gives {pair.vocab_size}**{gamma} draft "
                      f"blocks, more than the {_MAX_BLOCKS} the lab enumerates.")
   return pair, gamma
-
-
-def _check_context(context, vocab: int) -> int:
-  """The row of `target_rows_CxV` a text after `context` starts from: V (BOS)
-  for None, else the token itself, an int in [0, V - 1]. A -1 would index
-  the BOS row and a 2.7 truncate to 2, each silently another law."""
-  if context is None:
-    return vocab
-  return _checks.check_int("context", context, low=0, high=vocab - 1)
 
 
 def _check_blocks(blocks, gamma: int, vocab: int) -> None:
