@@ -208,7 +208,8 @@ def _check_rows(stats, lengths_B, i: int) -> None:
   """Refuses counters no generation can produce (stats built or edited by
   hand), naming the result and field: every statistic would be wrong."""
   where = f"results[{i}]"
-  rows = int(np.asarray(stats.rounds).shape[0])
+  rounds_B = np.asarray(stats.rounds)
+  rows = rounds_B.shape[0]
   if lengths_B.reshape(-1).size != rows:
     raise ValueError(f"{where}.lengths has {lengths_B.size} rows but its "
                      f"stats have {rows}: pass each generation's own lengths.")
@@ -220,7 +221,6 @@ def _check_rows(stats, lengths_B, i: int) -> None:
     if bad.any():
       raise ValueError(f"{where}: RowStats.{name} holds {a[bad].flat[0]}; "
                        "counters are finite and >= 0.")
-  rounds_B = np.asarray(stats.rounds)
   if (np.asarray(stats.accept_hist).sum(-1) != rounds_B).any():
     raise ValueError(f"{where}: RowStats.accept_hist counts other rounds than "
                      "rounds does; each round adds 1 at the drafts it kept.")
