@@ -87,14 +87,49 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
   settings.load_profile("ci")
 
-# The longest files first: `--dist loadfile` hands files to the workers in
-# collection order, and a long file collected last (the 8-device mesh
-# worker, the sweep's tiny grid) left one worker running alone for minutes.
-# (Ordering every file by its measured duration did no better: 582 s
-# against 564 s from a fresh clone, within this box's noise.)
-_LONGEST_FIRST = ("test_sharding.py", "test_sweep.py", "test_exactness.py",
-                  "test_self_draft.py", "test_sharded_notebook.py",
-                  "test_draft_length.py", "test_decode.py")
+# The longest files first (longest-processing-time order): `--dist
+# loadfile` hands whole files to the workers as they come free, so a long
+# file started late leaves the other workers idle at the end. The seconds
+# are each file's wall time on a worker in a full run (`python
+# benchmarks/compile_profile.py` prints them; 2-core box, 2026-12-05). Since
+# pytest-xdist 3.5 the scheduler orders files by their number of tests
+# instead unless run with `--no-loadscope-reorder` (pyproject.toml's
+# addopts): without it this order never applied, and test_exactness.py
+# (245 s) started after 466 s and ran alone to the end. Files not listed
+# (new ones) run last.
+_LONGEST_FIRST = (
+    "test_draft_length.py",   # 274 s
+    "test_exactness.py",      # 245
+    "test_self_draft.py",     # 213
+    "test_sharding.py",       # 135
+    "test_sweep.py",          # 108
+    "test_decode.py",         # 87
+    "test_eagle.py",          # 74
+    "test_trees.py",          # 70
+    "test_verifiers.py",      # 66
+    "test_train.py",          # 65
+    "test_math.py",           # 63
+    "test_distill_zoo.py",    # 63
+    "test_hf.py",             # 62
+    "test_sampling.py",       # 56
+    "test_coupling_stats.py", # 55
+    "test_measure.py",        # 43
+    "test_figures.py",        # 36
+    "test_transformer.py",    # 36
+    "test_expected_tokens.py",  # 34
+    "test_lab.py",            # 32
+    "test_nonfinite.py",      # 31
+    "test_dtype.py",          # 31
+    "test_sharded_notebook.py",   # 26
+    "test_verifiers_notebook.py",  # 21
+    "test_experiment_flags.py",   # 20
+    "test_notebook.py",       # 19
+    "test_generate_cli.py",   # 19
+    "test_hf_notebook.py",    # 19
+    "test_readme.py",         # 15
+    "test_jit_memory.py",     # 14
+    "test_exit_adapter.py",   # 13
+)
 
 
 def pytest_collection_modifyitems(items):
