@@ -961,6 +961,8 @@ def test_auto_measures_costs_once(target):
      TypeError, "prompt_prior"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0,), prior=5), TypeError,
      "prior must be two"),
+    (lambda: draft_length.Goodput(c=0.1, r=()), ValueError,
+     "r must hold one verify cost ratio"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(0, 1)),
      ValueError, "widths"),
     (lambda: draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(3,)),

@@ -406,6 +406,9 @@ class Goodput(Rule):
     except TypeError:
       raise TypeError("r must be a sequence of gamma_max floats (verify cost "
                       f"ratios), got {self.r!r}.") from None
+    if not r and self.gamma_max is None:
+      raise ValueError("r must hold one verify cost ratio per draft length "
+                       "(r[g-1] for g + 1 tokens), got none.")
     gamma_max = len(r) if self.gamma_max is None else self.gamma_max
     gamma_max = _check_gamma_max(gamma_max)
     if len(r) != gamma_max or any(x <= 0 for x in r):
