@@ -42,6 +42,7 @@ import numpy as np
 
 import specjax as sj
 from specjax import data
+from specjax import distributed
 from specjax import zoo
 from specjax.train import eagle as eagle_train
 from configs import reproduce
@@ -75,6 +76,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Prompts and decoding keys.")
 _CACHE = flags.DEFINE_string("cache_dir", None, "Zoo cache (default: "
                              "$SPECJAX_CACHE or ~/.cache/specjax).")
 _RESULTS = flags.DEFINE_string("results_dir", "results/eagle", "Output.")
+distributed.define_compilation_cache_flag()
 # Checked when the flags are parsed, before any model is trained. An empty
 # list would train every model and then have no row to write.
 flags.register_validator(
@@ -213,6 +215,7 @@ def _command() -> str:
 
 def main(argv):
   del argv
+  distributed.use_compilation_cache(flags.FLAGS.compilation_cache)
   target, drafts = load_models(_STEPS.value, _CACHE.value,
                                _HEAD_WORKDIR.value, _HEAD_STEP.value,
                                _TARGET_STEPS.value)

@@ -21,6 +21,7 @@ import os
 from absl import app
 from absl import flags
 
+from specjax import distributed
 from specjax import sampling as sampling_lib
 from specjax import textgen
 
@@ -50,6 +51,7 @@ _DTYPE = flags.DEFINE_string(
 _COMPARE = flags.DEFINE_bool(
     "compare", False, "Also time target-only generate and print the speedup.")
 flags.mark_flag_as_required("target")
+distributed.define_compilation_cache_flag()
 
 
 # Checked when the flags are parsed, before the target is loaded. A
@@ -107,6 +109,7 @@ def _prompts() -> list[str]:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.use_compilation_cache(flags.FLAGS.compilation_cache)
   try:
     gamma = textgen.parse_gamma(_GAMMA.value)
   except ValueError as e:

@@ -5,9 +5,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from conftest import REPO
+from specjax import distributed
 from specjax.lab import audit
 
 # (command, what stderr must say). Each runs against an empty zoo cache:
@@ -120,3 +122,28 @@ def test_check_arguments_bounds_the_audit_it_guards():
   with pytest.raises(ValueError, match="grid_seeds must be <="):
     audit.check_arguments(grid_seeds=audit.MAX_GRID_SEEDS + 1)
   audit.check_arguments(grid_seeds=audit.MAX_GRID_SEEDS)
+
+
+def test_compilation_cache_flag_picks_a_directory(tmp_path, monkeypatch):
+  settings = {}
+  # Recorded, not applied: this process keeps the suite's shared cache.
+  monkeypatch.setattr(jax.config, "update",
+                      lambda name, value: settings.__setitem__(name, value))
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+  monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "zoo"))
+  assert distributed.use_compilation_cache() == str(tmp_path / "zoo" / "xla")
+  assert settings == {"jax_compilation_cache_dir": str(tmp_path / "zoo" / "xla"),
+                      "jax_persistent_cache_min_compile_time_secs": 0}
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+  assert distributed.use_compilation_cache("auto") == str(tmp_path / "jax")
+  assert distributed.use_compilation_cache(str(tmp_path / "mine")) == str(
+      tmp_path / "mine")
+  settings.clear()
+  assert distributed.use_compilation_cache("none") is None
+  assert distributed.use_compilation_cache(None) is None
+  assert not settings  # off: JAX's own setting stands
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  for bad in (str(afile), "", 3):
+    with pytest.raises((TypeError, ValueError), match="--compilation_cache"):
+      distributed.use_compilation_cache(bad)
