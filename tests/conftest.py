@@ -5,24 +5,28 @@ import gc
 import logging
 import os
 import pathlib
-import shutil
-import tempfile
 import sys
 
 import compile_settings  # tests/, beside this file
+import xla_cache  # tests/, beside this file
 
 # The suite's XLA settings (-O0, loop emitters), set by environment so the
 # subprocesses (mesh worker, notebook kernels) inherit them.
 compile_settings.apply()
-# One compilation cache for this run, shared by the two workers and every
-# subprocess (set before the workers start, so they inherit it): a program
-# that several files compile is compiled once.
+# One compilation cache, shared by the workers, every subprocess (set before
+# the workers start, so they inherit it) and later runs: a program that
+# several files, or an earlier run, compiled is loaded, not compiled again.
+# It lives in the model cache's xla-tests/ ($SPECJAX_CACHE, else
+# ~/.cache/specjax); JAX_COMPILATION_CACHE_DIR overrides it (.ci/run points
+# it at an empty directory, so CI times a cold run). Entries are keyed by the
+# program, the flags and the jax version, so a stale one is never used.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(
-      prefix="specjax-test-xla-")
-  _OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
-else:
-  _OWN_CACHE = None
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
+      os.environ.get("SPECJAX_CACHE")
+      or os.path.join(os.path.expanduser("~"), ".cache", "specjax"),
+      "xla-tests")
+  if "PYTEST_XDIST_WORKER" not in os.environ:  # once, in the controller
+    xla_cache.prune(os.environ["JAX_COMPILATION_CACHE_DIR"])
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
@@ -152,8 +156,3 @@ def pytest_collection_finish(session):
   gc.freeze()
   gc.set_threshold(50_000, 20, 100)
 
-
-def pytest_unconfigure(config):
-  del config
-  if _OWN_CACHE is not None:  # the process that made it (the controller)
-    shutil.rmtree(_OWN_CACHE, ignore_errors=True)

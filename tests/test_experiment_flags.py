@@ -147,3 +147,16 @@ def test_compilation_cache_flag_picks_a_directory(tmp_path, monkeypatch):
   for bad in (str(afile), "", 3):
     with pytest.raises((TypeError, ValueError), match="--compilation_cache"):
       distributed.use_compilation_cache(bad)
+
+
+def test_the_suites_compilation_cache_is_pruned_oldest_first(tmp_path):
+  import xla_cache  # tests/, beside conftest.py
+  assert xla_cache.prune(str(tmp_path / "missing")) == 0
+  for i in range(6):
+    path = tmp_path / f"entry{i}"
+    path.write_bytes(b"x" * 100)
+    os.utime(path, (1000 + i, 1000 + i))
+  assert xla_cache.prune(str(tmp_path), max_bytes=600) == 0
+  # Over 500 bytes: the oldest go until at most 250 are left.
+  assert xla_cache.prune(str(tmp_path), max_bytes=500) == 4
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["entry4", "entry5"]
