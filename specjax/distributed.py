@@ -36,6 +36,7 @@ Entry points that decode with Transformers also call `define_dtype_flags()`:
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import jax
@@ -158,6 +159,13 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
       when set, else `xla/` in the model cache (`specjax.zoo.resolve_cache_dir`);
       None or "none": leave JAX's setting as it is (off unless configured).
 
+  Stays off (returns None, with a warning) in a process set up for several
+  CPU devices (`--xla_force_host_platform_device_count` or
+  `jax_num_cpu_devices`): with jax 0.10.2, the mesh tests' sharded decoding
+  programs, loaded from the cache by a second run, deadlocked in XLA:CPU's
+  collectives (a rendezvous timeout, half the devices at another
+  collective), where the same programs freshly compiled run.
+
   Returns:
     The directory in use, or None. Must run before the process compiles its
     first program (JAX reads the setting once).
@@ -178,9 +186,26 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
   if os.path.exists(directory) and not os.path.isdir(directory):
     raise ValueError(f"--compilation_cache={directory} is a file; give a "
                      "directory, 'auto' or 'none'.")
+  if several_cpu_devices():
+    logging.warning("specjax does not turn on JAX's persistent compilation "
+                    "cache: this process has several CPU devices, and "
+                    "sharded programs "
+                    "loaded from the cache deadlocked in XLA:CPU's "
+                    "collectives (specjax.distributed.use_compilation_cache).")
+    return None
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
   return directory
+
+
+def several_cpu_devices() -> bool:
+  """True when this process is set up for more than one CPU device
+  (`--xla_force_host_platform_device_count` in XLA_FLAGS, or
+  `jax_num_cpu_devices`); read without starting a backend."""
+  counts = re.findall(r"--xla_force_host_platform_device_count=(\d+)",
+                      os.environ.get("XLA_FLAGS", ""))
+  return ((bool(counts) and int(counts[-1]) > 1)
+          or jax.config.jax_num_cpu_devices > 1)
 
 
 def initialize_from_flags() -> None:

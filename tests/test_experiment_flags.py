@@ -142,6 +142,13 @@ def test_compilation_cache_flag_picks_a_directory(tmp_path, monkeypatch):
   assert distributed.use_compilation_cache("none") is None
   assert distributed.use_compilation_cache(None) is None
   assert not settings  # off: JAX's own setting stands
+  # Several CPU devices: off (sharded programs loaded from it deadlocked).
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  assert distributed.several_cpu_devices()
+  assert distributed.use_compilation_cache(str(tmp_path / "mine")) is None
+  assert not settings
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+  assert not distributed.several_cpu_devices()
   afile = tmp_path / "afile"
   afile.write_text("")
   for bad in (str(afile), "", 3):

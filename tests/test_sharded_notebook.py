@@ -16,6 +16,8 @@ def test_sharded_decoding_notebook_runs(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "")
                      + " --xla_force_host_platform_device_count=8")
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  # Several CPU devices: no persistent compilation cache (tests/test_sharding.py).
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
       [str(REPO), os.environ.get("PYTHONPATH", "")]))
   nb = nbformat.read(REPO / "colab" / "sharded_decoding.ipynb", as_version=4)

@@ -32,6 +32,10 @@ def _env(devices):
                       f" --xla_force_host_platform_device_count={devices}")
   env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
   env["JAX_PLATFORMS"] = "cpu"
+  # No persistent compilation cache with several CPU devices: sharded
+  # programs loaded from it deadlocked in XLA:CPU's collectives (see
+  # `specjax.distributed.use_compilation_cache`).
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   return env
 
 

@@ -414,6 +414,8 @@ def test_sharded_step_equals_single_device_step():
              XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
                         + " --xla_force_host_platform_device_count=8"),
              JAX_PLATFORMS="cpu")
+  # Several CPU devices: no persistent compilation cache (tests/test_sharding.py).
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   proc = subprocess.run(
       [sys.executable, "-c", _SHARDED_SCRIPT.format(repo=str(REPO))],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
