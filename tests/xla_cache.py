@@ -1,7 +1,7 @@
 """Keeps the test suite's persistent compilation cache bounded on disk.
 
 The cache outlives a run (tests/conftest.py), and every change to a
-compiled program adds entries that no later run reads: about 80 MB per
+compiled program adds entries that no later run reads: about 75 MB per
 cold run of the suite. `prune` runs once per pytest session.
 """
 
