@@ -18,7 +18,8 @@ Every experiment entry point calls `define_flags()` at import and
                                  of compiling them again. Default "auto":
                                  $JAX_COMPILATION_CACHE_DIR when set, else
                                  `xla/` in the model cache (`specjax.zoo`);
-                                 "none" turns it off.
+                                 "none" turns it off. Off in a process
+                                 with several CPU devices.
 
 After initialization `jax.devices()` lists every process's devices; the
 same program runs in every process (SPMD). Only process 0 writes results
@@ -154,17 +155,17 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
   runs after an untimed warm-up). Every program is kept (JAX's default keeps
   only those that took a second or more to compile).
 
+  Stays off (returns None, with a warning) in a process set up for several
+  CPU devices (`several_cpu_devices`): with jax 0.10.2, the mesh tests'
+  sharded decoding programs, loaded from the cache by a second run,
+  deadlocked in XLA:CPU's collectives (a rendezvous timeout, half the
+  devices at another collective), where the same programs freshly compiled
+  run.
+
   Args:
     directory: a directory path; "auto" (the default): $JAX_COMPILATION_CACHE_DIR
       when set, else `xla/` in the model cache (`specjax.zoo.resolve_cache_dir`);
       None or "none": leave JAX's setting as it is (off unless configured).
-
-  Stays off (returns None, with a warning) in a process set up for several
-  CPU devices (`--xla_force_host_platform_device_count` or
-  `jax_num_cpu_devices`): with jax 0.10.2, the mesh tests' sharded decoding
-  programs, loaded from the cache by a second run, deadlocked in XLA:CPU's
-  collectives (a rendezvous timeout, half the devices at another
-  collective), where the same programs freshly compiled run.
 
   Returns:
     The directory in use, or None. Must run before the process compiles its
@@ -189,9 +190,9 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
   if several_cpu_devices():
     logging.warning("specjax does not turn on JAX's persistent compilation "
                     "cache: this process has several CPU devices, and "
-                    "sharded programs "
-                    "loaded from the cache deadlocked in XLA:CPU's "
-                    "collectives (specjax.distributed.use_compilation_cache).")
+                    "sharded programs loaded from the cache deadlocked in "
+                    "XLA:CPU's collectives (see "
+                    "specjax.distributed.use_compilation_cache).")
     return None
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
