@@ -17,7 +17,9 @@ compile_settings.apply()
 # the workers start, so they inherit it) and later runs: a program that
 # several files, or an earlier run, compiled is loaded, not compiled again.
 # It lives in the model cache's xla-tests/ ($SPECJAX_CACHE, else
-# ~/.cache/specjax); JAX_COMPILATION_CACHE_DIR overrides it (.ci/run points
+# ~/.cache/specjax: `specjax.zoo.resolve_cache_dir`'s rule, spelled out here
+# because the environment is set before anything imports jax);
+# JAX_COMPILATION_CACHE_DIR overrides it (.ci/run points
 # it at an empty directory, so CI times a cold run). Entries are keyed by the
 # program, the flags and the jax version, so a stale one is never used.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
@@ -79,6 +81,20 @@ def _prompt_buckets_for_big_batches(request, monkeypatch):
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
   sys.path.insert(0, str(REPO))
+
+
+def host_devices_env(devices: int) -> dict:
+  """This environment for a subprocess with `devices` CPU devices that
+  imports this checkout. It drops the suite's persistent compilation cache:
+  sharded programs loaded from it deadlocked in XLA:CPU's collectives (see
+  `specjax.distributed.use_compilation_cache`)."""
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      f" --xla_force_host_platform_device_count={devices}")
+  env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+  env["JAX_PLATFORMS"] = "cpu"
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  return env
 
 # A deliberately damaged checkpoint leaves orbax's async reads with futures
 # whose (expected) errors asyncio logs at interpreter exit, after pytest's

@@ -16,7 +16,8 @@ def test_sharded_decoding_notebook_runs(monkeypatch):
   monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", "")
                      + " --xla_force_host_platform_device_count=8")
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  # Several CPU devices: no persistent compilation cache (tests/test_sharding.py).
+  # Several CPU devices: no persistent compilation cache (as
+  # conftest.host_devices_env, which builds a subprocess's environment).
   monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
       [str(REPO), os.environ.get("PYTHONPATH", "")]))

@@ -8,7 +8,6 @@ processes of 4 CPU devices each that meet through `jax.distributed`.
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -22,27 +21,15 @@ from jax.sharding import PartitionSpec as P
 import specjax as sj
 from specjax import sharding
 from conftest import REPO
+from conftest import host_devices_env
 
 WORKER = REPO / "tests" / "mesh_worker.py"
 
 
-def _env(devices):
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
-                      f" --xla_force_host_platform_device_count={devices}")
-  env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-  env["JAX_PLATFORMS"] = "cpu"
-  # No persistent compilation cache with several CPU devices: sharded
-  # programs loaded from it deadlocked in XLA:CPU's collectives (see
-  # `specjax.distributed.use_compilation_cache`).
-  env.pop("JAX_COMPILATION_CACHE_DIR", None)
-  return env
-
-
 def _run_worker(*args, devices=8, timeout=1800):
   proc = subprocess.run([sys.executable, str(WORKER), *map(str, args)],
-                        env=_env(devices), capture_output=True, text=True,
-                        timeout=timeout, cwd=REPO)
+                        env=host_devices_env(devices), capture_output=True,
+                        text=True, timeout=timeout, cwd=REPO)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
   assert proc.returncode == 0 and lines, proc.stderr[-4000:]
   return json.loads(lines[-1][len("RESULT "):])
@@ -353,8 +340,8 @@ def test_two_processes_match_one_device():
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, str(WORKER), "multiproc", str(i), str(port)],
-      env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      cwd=REPO) for i in range(2)]
+      env=host_devices_env(4), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True, cwd=REPO) for i in range(2)]
   outs = []
   try:
     for proc in procs:

@@ -16,6 +16,7 @@ import pytest
 
 from configs import train as train_configs
 from conftest import REPO
+from conftest import host_devices_env
 from specjax import data
 from specjax.models import transformer as transformer_lib
 from specjax.train import checkpoint
@@ -410,15 +411,9 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 # steps against one device; this older data-parallel check is opt-in.
 @pytest.mark.slow
 def test_sharded_step_equals_single_device_step():
-  env = dict(os.environ,
-             XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
-                        + " --xla_force_host_platform_device_count=8"),
-             JAX_PLATFORMS="cpu")
-  # Several CPU devices: no persistent compilation cache (tests/test_sharding.py).
-  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   proc = subprocess.run(
       [sys.executable, "-c", _SHARDED_SCRIPT.format(repo=str(REPO))],
-      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+      cwd=REPO, env=host_devices_env(8), capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
   out = json.loads(line[len("RESULT"):])

@@ -14,11 +14,12 @@ def prune(directory: str, max_bytes: int = 1 << 30) -> int:
   directory is empty. (JAX's own limit, jax_compilation_cache_max_size,
   needs the filelock package.)"""
   try:
-    entries = [e for e in os.scandir(directory) if e.is_file()]
+    stats = [(st.st_mtime, st.st_size, e.path)
+             for e in os.scandir(directory) if e.is_file()
+             for st in [e.stat()]]
   except FileNotFoundError:
     return 0
-  stats = sorted(((e.stat().st_mtime, e.stat().st_size, e.path)
-                  for e in entries))
+  stats.sort()
   total = sum(size for _, size, _ in stats)
   if total <= max_bytes:
     return 0
