@@ -149,8 +149,7 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
   """Keeps compiled programs in JAX's persistent cache under `directory`.
 
   A rerun of a job (the same programs, jax version and XLA flags) then loads
-  each program from disk instead of compiling it; on the 2-core box XLA
-  compiles are about a third of the quick sweep. The programs are the same
+  each program from disk instead of compiling it. The programs are the same
   executables either way, so no timing changes meaning (every timed call
   runs after an untimed warm-up). Every program is kept (JAX's default keeps
   only those that took a second or more to compile).
