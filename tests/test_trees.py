@@ -77,12 +77,19 @@ def test_wider_trees_emit_more_tokens_than_the_chain():
     assert np.all(tree >= chain - 1e-12) and tree.mean() > chain.mean()
 
 
+# An irregular tree, and one whose root has more children than
+# `tree_verify` unrolls (its walk then loops over the child slots).
+_IRREGULAR = (-1, -1, -1, 0, 0, 1, 3, 3)
+_WIDE = (-1,) * 9 + (0, 0, 1)
+
+
 @pytest.mark.parametrize("mode", tree_lib.MODES)
-def test_greedy_walk_equals_recursive_rejection_with_one_hot_p(mode):
+@pytest.mark.parametrize("parents", [_IRREGULAR, _WIDE])
+def test_greedy_walk_equals_recursive_rejection_with_one_hot_p(mode, parents):
   """The greedy fast path gives `tree_verify`'s outputs when p is one-hot,
   with soft draft laws, repeated and invalid children, and uniforms that
   matter for a soft p (here they must not)."""
-  topology = tree_lib.TreeTopology((-1, -1, -1, 0, 0, 1, 3, 3))
+  topology = tree_lib.TreeTopology(parents)
   n, vocab, batch = topology.num_nodes, 3, 512
   k_tok, k_valid, k_arg, k_q, k_u = jax.random.split(jax.random.key(0), 5)
   tokens_BxN = jax.random.randint(k_tok, (batch, n), 0, vocab)
@@ -99,7 +106,41 @@ def test_greedy_walk_equals_recursive_rejection_with_one_hot_p(mode):
   for name, a, b in zip(("path", "emitted", "accepted"), want, got):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
   # Every depth was reached by some row, so the walk was exercised.
-  assert set(np.asarray(got[2]).tolist()) == {0, 1, 2, 3}
+  assert set(np.asarray(got[2]).tolist()) == set(range(topology.max_depth + 1))
+
+
+@pytest.mark.parametrize("mode", tree_lib.MODES)
+@pytest.mark.parametrize("update_residual", [True, False])
+def test_a_looped_walk_judges_as_the_unrolled_one(monkeypatch, mode,
+                                                  update_residual):
+  """Nodes wider than `_UNROLL_CHILDREN` have their children judged in a
+  loop: bit for bit the unrolled walk, on soft laws with repeated and
+  invalid children (the negative control's walk too)."""
+  topology = tree_lib.TreeTopology(_WIDE)
+  unroll = tree_lib._UNROLL_CHILDREN
+  assert topology.max_children > unroll
+  n, vocab, batch = topology.num_nodes, 5, 2048
+  k_tok, k_valid, k_p, k_q, k_u = jax.random.split(jax.random.key(1), 5)
+  args = (jax.random.uniform(k_u, (batch, n + 1, 2)),
+          jax.nn.softmax(2 * jax.random.normal(k_p, (batch, n + 1, vocab))),
+          jax.nn.softmax(2 * jax.random.normal(k_q, (batch, n + 1, vocab))),
+          jax.random.randint(k_tok, (batch, n), 0, vocab),
+          # Half the rows have only the root's last child valid, so the
+          # loop's later slots judge, not only skip.
+          (jax.random.uniform(k_valid, (batch, n)) < 0.9).at[
+              :batch // 2, :unroll].set(False))
+  sample = sampling_lib.sample_from_probs
+  verify = lambda: jax.jit(lambda *a: tree_lib.tree_verify(
+      *a, topology, mode, sample, update_residual))(*args)
+  looped = verify()
+  monkeypatch.setattr(tree_lib, "_UNROLL_CHILDREN", topology.max_children)
+  unrolled = verify()
+  for name, a, b in zip(("path", "emitted", "accepted"), looped, unrolled):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+  # Rows kept the root's last child, past the unrolled width, and the walk
+  # reached every depth.
+  assert (np.asarray(looped[0])[:, 0] == unroll).sum() > 100
+  assert set(np.asarray(looped[2]).tolist()) == {0, 1, 2}
 
 
 # --------------------------------------------------- JAX vs the lab law
@@ -298,7 +339,8 @@ def _tiny(seed, flavour="gpt2", vocab=16):
 
 
 @pytest.mark.parametrize("spec, flavour", [
-    ("tree:2,2,1", "llama"), ("tree-wor:parents=-1,-1,-1,0,3,1", "gpt2")])
+    ("tree:2,2,1", "llama"), ("tree-wor:parents=-1,-1,-1,0,3,1", "gpt2"),
+    ("tree-wor:12,1", "gpt2")])  # wider than the walk unrolls
 def test_greedy_trees_equal_greedy_autoregressive(spec, flavour):
   import specjax as sj
   from specjax.models.ngram import NGramLM

@@ -312,7 +312,8 @@ def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
 
 # ------------------------------------ trees in the REAL loop on the lab
 
-TREES = ("tree:2,1", "tree-wor:2,1")
+# tree:9,1's root has more children than the walk unrolls: it loops.
+TREES = ("tree:2,1", "tree-wor:2,1", "tree:9,1")
 
 
 @pytest.mark.big_batch
@@ -333,9 +334,11 @@ def test_real_loop_trees_on_the_lab_are_exact(lab_loop, spec):
 
 
 @pytest.mark.big_batch
-def test_real_loop_rejects_the_tree_control(lab_loop):
-  result, _ = _run_loop(lab_loop, "tree-skip-residual:2,1", 2, EOS)
-  assert not result.passed, str(result)
+@pytest.mark.parametrize("spec", ["tree-skip-residual:2,1",
+                                  "tree-skip-residual:9,1"])
+def test_real_loop_rejects_the_tree_control(lab_loop, spec):
+  result, _ = _run_loop(lab_loop, spec, 2, EOS)
+  assert not result.passed, f"{spec}: {result}"
 
 
 @pytest.mark.parametrize("spec", ["token", "block"])

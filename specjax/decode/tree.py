@@ -46,6 +46,9 @@ import numpy as np
 from specjax import _checks
 
 MODES = ("iid", "wor")
+# Nodes of at most this many children have their children judged in
+# unrolled steps; wider ones in a loop (`tree_verify`).
+_UNROLL_CHILDREN = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,22 +155,25 @@ def check_mode(mode: str) -> str:
   return mode
 
 
-def draft_children(u_BxK, gumbel_BxKxV, q_BxV, k: int, mode: str, sample):
-  """k children of one node per row: int32 `[B, k]`, and valid `[B, k]`.
+def draft_children(u_xK, gumbel_xKxV, q_xV, k: int, mode: str, sample):
+  """k children of one node per row: int32 `[..., k]`, and valid `[..., k]`.
 
-  iid: inverse-CDF draws with `u_BxK`; wor: the k largest of log q + Gumbel
-  (a draw without replacement); a wor child beyond q's support is invalid.
+  Leading dims `...` are rows (and, in a tree round, the nodes of a level).
+  iid: inverse-CDF draws with `u_xK` (`[..., K]`, K >= k); wor: the k
+  largest of log q + Gumbel (`gumbel_xKxV[..., 0, :]`: a draw without
+  replacement); a wor child beyond q's support is invalid. The first k of
+  k' > k children are the k children, in either mode, for the same draws.
   """
   if mode == "iid":
-    tokens_BxK = sample(u_BxK[:, :k], jnp.broadcast_to(
-        q_BxV[:, None], (q_BxV.shape[0], k, q_BxV.shape[-1])))
-    return tokens_BxK.astype(jnp.int32), jnp.ones(tokens_BxK.shape, bool)
-  logq_BxV = jnp.where(q_BxV > 0, jnp.log(jnp.where(q_BxV > 0, q_BxV, 1.0)),
-                       -jnp.inf)
-  scores_BxV = logq_BxV + gumbel_BxKxV[:, 0]
-  _, tokens_BxK = jax.lax.top_k(scores_BxV, k)
-  valid_BxK = jnp.take_along_axis(q_BxV, tokens_BxK, axis=1) > 0
-  return tokens_BxK.astype(jnp.int32), valid_BxK
+    tokens_xK = sample(u_xK[..., :k], jnp.broadcast_to(
+        q_xV[..., None, :], q_xV.shape[:-1] + (k, q_xV.shape[-1])))
+    return tokens_xK.astype(jnp.int32), jnp.ones(tokens_xK.shape, bool)
+  logq_xV = jnp.where(q_xV > 0, jnp.log(jnp.where(q_xV > 0, q_xV, 1.0)),
+                      -jnp.inf)
+  scores_xV = logq_xV + gumbel_xKxV[..., 0, :]
+  _, tokens_xK = jax.lax.top_k(scores_xV, k)
+  valid_xK = jnp.take_along_axis(q_xV, tokens_xK, axis=-1) > 0
+  return tokens_xK.astype(jnp.int32), valid_xK
 
 
 def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
@@ -208,44 +214,61 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
   batch = tokens_BxN.shape[0]
   table = jnp.asarray(topology.children_table())  # [N + 1, K]
   rows = jnp.arange(batch)
+  vocab_V = jnp.arange(q_BxN1xV.shape[-1])
   node_B = -jnp.ones((batch,), jnp.int32)  # current node (-1: root)
   alive_B = jnp.ones((batch,), bool)       # still descending
   depth = topology.max_depth
   path, emitted = [], []
   final_B = jnp.zeros((batch,), jnp.int32)
+
+  def judge_child(j, carry, kids_BxK, q_BxV):
+    """Judges child slot j of each row's current node (the chain of
+    rejections that recursive rejection sampling runs)."""
+    r_BxV, taken_BxV, chosen_B = carry
+    kid_B = kids_BxK[:, j]
+    has_B = (kid_B >= 0) & (chosen_B < 0)
+    safe_kid_B = jnp.maximum(kid_B, 0)
+    x_B = tokens_BxN[rows, safe_kid_B]
+    if mode == "wor":
+      q_j_BxV = jnp.where(taken_BxV, 0.0, q_BxV)
+      mass_B1 = jnp.sum(q_j_BxV, axis=-1, keepdims=True)
+      q_j_BxV = q_j_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0)
+    else:
+      q_j_BxV = q_BxV
+    has_B = has_B & valid_BxN[rows, safe_kid_B]
+    q_x_B = q_j_BxV[rows, x_B]
+    r_x_B = r_BxV[rows, x_B]
+    keep_B = has_B & (u_BxNx2[rows, safe_kid_B, 0] * q_x_B < r_x_B)
+    chosen_B = jnp.where(keep_B, kid_B, chosen_B)
+    reject_B = has_B & ~keep_B
+    excess_BxV = jnp.maximum(r_BxV - q_j_BxV, 0.0)
+    mass_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
+    new_r_BxV = jnp.where(mass_B1 > 0,
+                          excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0),
+                          r_BxV)
+    if update_residual:
+      r_BxV = jnp.where(reject_B[:, None], new_r_BxV, r_BxV)
+    if mode == "wor":
+      taken_BxV = taken_BxV | (reject_B[:, None]
+                               & (vocab_V == x_B[:, None]))
+    return r_BxV, taken_BxV, chosen_B
+
   for _ in range(depth + 1):
     r_BxV = p_BxN1xV[rows, node_B + 1]
     q_BxV = q_BxN1xV[rows, node_B + 1]
     kids_BxK = table[node_B + 1]
-    taken_BxV = jnp.zeros(q_BxV.shape, bool)
-    chosen_B = -jnp.ones((batch,), jnp.int32)
-    for j in range(table.shape[1]):
-      kid_B = kids_BxK[:, j]
-      has_B = (kid_B >= 0) & (chosen_B < 0)
-      safe_kid_B = jnp.maximum(kid_B, 0)
-      x_B = tokens_BxN[rows, safe_kid_B]
-      if mode == "wor":
-        q_j_BxV = jnp.where(taken_BxV, 0.0, q_BxV)
-        mass_B1 = jnp.sum(q_j_BxV, axis=-1, keepdims=True)
-        q_j_BxV = q_j_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0)
-      else:
-        q_j_BxV = q_BxV
-      has_B = has_B & valid_BxN[rows, safe_kid_B]
-      q_x_B = q_j_BxV[rows, x_B]
-      r_x_B = r_BxV[rows, x_B]
-      keep_B = has_B & (u_BxNx2[rows, safe_kid_B, 0] * q_x_B < r_x_B)
-      chosen_B = jnp.where(keep_B, kid_B, chosen_B)
-      reject_B = has_B & ~keep_B
-      excess_BxV = jnp.maximum(r_BxV - q_j_BxV, 0.0)
-      mass_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
-      new_r_BxV = jnp.where(mass_B1 > 0,
-                            excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0),
-                            r_BxV)
-      if update_residual:
-        r_BxV = jnp.where(reject_B[:, None], new_r_BxV, r_BxV)
-      if mode == "wor":
-        taken_BxV = taken_BxV | (reject_B[:, None]
-                                 & (jnp.arange(q_BxV.shape[-1]) == x_B[:, None]))
+    judge = functools.partial(judge_child, kids_BxK=kids_BxK, q_BxV=q_BxV)
+    carry = (r_BxV, jnp.zeros(q_BxV.shape, bool),
+             -jnp.ones((batch,), jnp.int32))
+    if table.shape[1] <= _UNROLL_CHILDREN:
+      for j in range(table.shape[1]):
+        carry = judge(j, carry)
+    else:
+      # Traced once and looped: unrolled, XLA's compile grew as the square
+      # of a node's children (tree:128's first call took 113.5 s against
+      # 2.2 s looped on the 2-core box: `python benchmarks/tree_compile.py`).
+      carry = jax.lax.fori_loop(0, table.shape[1], judge, carry)
+    r_BxV, _, chosen_B = carry
     stop_B = alive_B & (chosen_B < 0)
     y_B = sample(u_BxNx2[rows, node_B + 1, 1], r_BxV)
     final_B = jnp.where(stop_B, y_B, final_B)
@@ -288,13 +311,17 @@ def greedy_tree_verify(target_token_BxN1, tokens_BxN, valid_BxN,
   for _ in range(depth + 1):
     a_B = target_token_BxN1[rows, node_B + 1]
     kids_BxK = table[node_B + 1]
-    chosen_B = -jnp.ones((batch,), jnp.int32)
-    for j in reversed(range(table.shape[1])):  # the first match wins
-      kid_B = kids_BxK[:, j]
-      safe_kid_B = jnp.maximum(kid_B, 0)
-      match_B = ((kid_B >= 0) & valid_BxN[rows, safe_kid_B]
-                 & (tokens_BxN[rows, safe_kid_B] == a_B))
-      chosen_B = jnp.where(match_B, kid_B, chosen_B)
+    # The first matching child wins; all slots at once, so a wide node is
+    # no longer one traced step per child (`tree_verify`'s loop).
+    safe_BxK = jnp.maximum(kids_BxK, 0)
+    match_BxK = ((kids_BxK >= 0)
+                 & jnp.take_along_axis(valid_BxN, safe_BxK, axis=1)
+                 & (jnp.take_along_axis(tokens_BxN, safe_BxK, axis=1)
+                    == a_B[:, None]))
+    first_B = jnp.argmax(match_BxK, axis=1)
+    chosen_B = jnp.where(jnp.any(match_BxK, axis=1),
+                         jnp.take_along_axis(kids_BxK, first_B[:, None],
+                                             axis=1)[:, 0], -1)
     final_B = jnp.where(alive_B & (chosen_B < 0), a_B, final_B)
     descend_B = alive_B & (chosen_B >= 0)
     path.append(jnp.where(descend_B, chosen_B, -1))

@@ -9,8 +9,8 @@ Draft, level by level (max_depth draft calls, like the chain's gamma):
     the chain does (it never saw a kept leaf of the last round), giving q at
     the root; its cache is then set to start the tree region at the root.
   level d >= 1: the children of every node of depth d - 1 are drawn from
-    that node's q (`tree.draft_children`, i.i.d. or without replacement),
-    and the nodes of depth d that have children are fed to the draft in ONE
+    that node's q (`tree.draft_children`, i.i.d. or without replacement;
+    every node of the level in one step), and the nodes of depth d that have children are fed to the draft in ONE
     `tree_decode(..., nodes=level)` call: each node goes to slot
     n - 1 + 1 + node, position n - 1 + depth, attending to the committed
     slots and its ancestors' slots.
@@ -150,18 +150,26 @@ def propose(draft, state, verifier, key_B, sampling):
       logits_BxLxV = logits_Bx1xV
     q_BxLxV, bad_BxL = _q(logits_BxLxV, sampling)
     nonfinite_B = nonfinite_B + jnp.sum(bad_BxL, axis=1, dtype=jnp.int32)
-    for j, (u, kids) in enumerate(level):
-      i = row[u]
-      q_BxV = q_BxLxV[:, j]
-      q_BxN1xV = q_BxN1xV.at[:, u + 1].set(q_BxV)
-      x_BxK, ok_BxK = tree_lib.draft_children(
-          None if u_BxIxK is None else u_BxIxK[:, i],
-          None if gumbel_BxIxV is None else gumbel_BxIxV[:, i, None],
-          q_BxV, len(kids), mode, sample)
-      if u >= 0:  # a child of an invalid node is invalid
-        ok_BxK = ok_BxK & valid_BxN[:, u, None]
-      tokens_BxN = tokens_BxN.at[:, np.array(kids)].set(x_BxK)
-      valid_BxN = valid_BxN.at[:, np.array(kids)].set(ok_BxK)
+    # Every node of the level draws its children in one step (as many as
+    # the level's widest node; each keeps its first ones): one traced step
+    # per node made the program grow with the tree.
+    nodes = np.array([u for u, _ in level])
+    width = max(len(kids) for _, kids in level)
+    ids = np.array([row[u] for u, _ in level])
+    q_BxN1xV = q_BxN1xV.at[:, nodes + 1].set(q_BxLxV)
+    x_BxLxW, ok_BxLxW = tree_lib.draft_children(
+        None if u_BxIxK is None else u_BxIxK[:, ids],
+        None if gumbel_BxIxV is None else gumbel_BxIxV[:, ids, None],
+        q_BxLxV, width, mode, sample)
+    # Each child's (node of the level, child slot), and its id.
+    at_j = np.array([j for j, (_, kids) in enumerate(level) for _ in kids])
+    at_s = np.array([s for _, kids in level for s in range(len(kids))])
+    children = np.array([c for _, kids in level for c in kids])
+    ok_BxC = ok_BxLxW[:, at_j, at_s]
+    if d > 0:  # a child of an invalid node is invalid (the root is valid)
+      ok_BxC = ok_BxC & valid_BxN[:, nodes[at_j]]
+    tokens_BxN = tokens_BxN.at[:, children].set(x_BxLxW[:, at_j, at_s])
+    valid_BxN = valid_BxN.at[:, children].set(ok_BxC)
   return tokens_BxN, valid_BxN, q_BxN1xV, cache, nonfinite_B
 
 
