@@ -413,7 +413,8 @@ _SHARDED_SCRIPT = textwrap.dedent("""
 def test_sharded_step_equals_single_device_step():
   proc = subprocess.run(
       [sys.executable, "-c", _SHARDED_SCRIPT.format(repo=str(REPO))],
-      cwd=REPO, env=host_devices_env(8), capture_output=True, text=True, timeout=300)
+      cwd=REPO, env=host_devices_env(8), capture_output=True, text=True,
+      timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]
   line = [l for l in proc.stdout.splitlines() if l.startswith("RESULT")][0]
   out = json.loads(line[len("RESULT"):])
