@@ -801,6 +801,55 @@ def _bootstrap_se(statistic: Callable[[np.ndarray], float], n: int
   return float(np.std([statistic(i) for i in draws], ddof=1))
 
 
+def held_out_best(seconds_PxG: Any, weights_P: Any = None
+                  ) -> tuple[np.ndarray, float]:
+  """The fastest of G settings, each unit's pick made on the other units.
+
+  The best of G settings picked and scored on the same timed units is the
+  largest of G noisy estimates, so it is biased up (the winner's curse):
+  whichever setting's noise ran low wins, and keeps its luck. Here each
+  unit p (a prompt, timed under every setting) is scored under the setting
+  with the least seconds over the units other than p: a pick that p's own
+  noise did not make. That is what tuning on pilot texts gives a user, and
+  it is biased down where settings are close (a noisy pick may be the
+  worse one); the setting's true best lies between the two.
+
+  Args:
+    seconds_PxG: float `[P, G]`, P >= 2 units each timed under all G
+      settings (e.g. the fixed gammas), finite and >= 0.
+    weights_P: optional int `[P]` >= 0, each unit's copies (a bootstrap
+      resample's counts: a unit's copies are all left out of its pick);
+      None: one each.
+
+  Returns:
+    `(picks_P, seconds)`: int `[P]`, the setting picked for each unit (-1
+    where its weight is 0), and the weighted sum over units of the picked
+    setting's seconds there.
+  """
+  seconds_PxG = np.asarray(seconds_PxG, np.float64)
+  if seconds_PxG.ndim != 2 or seconds_PxG.shape[0] < 2 or not (
+      seconds_PxG.shape[1]):
+    raise ValueError("seconds_PxG must be [P, G] with P >= 2 units and G >= "
+                     f"1 settings, got shape {seconds_PxG.shape}.")
+  if not np.all(np.isfinite(seconds_PxG) & (seconds_PxG >= 0)):
+    raise ValueError("seconds_PxG must be finite and >= 0.")
+  if weights_P is None:
+    weights_P = np.ones(seconds_PxG.shape[0], np.int64)
+  weights_P = np.asarray(weights_P)
+  if (weights_P.shape != seconds_PxG.shape[:1]
+      or not np.issubdtype(weights_P.dtype, np.integer)
+      or np.any(weights_P < 0) or np.count_nonzero(weights_P) < 2):
+    raise ValueError(f"weights_P must be ints >= 0 of shape "
+                     f"{seconds_PxG.shape[:1]} with >= 2 units weighted, "
+                     f"got {weights_P!r}.")
+  total_G = weights_P @ seconds_PxG
+  others_PxG = total_G - weights_P[:, None] * seconds_PxG
+  picks_P = np.where(weights_P > 0, np.argmin(others_PxG, axis=1), -1)
+  units = np.flatnonzero(weights_P)
+  picked = seconds_PxG[units, picks_P[units]]
+  return picks_P, float(weights_P[units] @ picked)
+
+
 # Fields of `compare` that price a loop whose every round drafts costs.gamma:
 # the prediction, its decomposition and their ratios. A draft-length rule's
 # rounds draft fewer, so under one these are None; what was measured stays.
