@@ -491,6 +491,15 @@ def test_goodput_plans_only_its_widths(target):
     assert planned in rule.planned_widths
     for w in (3, 5):  # never kept: no loop runs them
       assert not bool(rule.keeps(w, stats, active_B, remaining_B))
+  # Costs near float32's largest: every allowed width's time overflows to
+  # +inf, as the widths left out are. Their tie planned width 1, which the
+  # planned loop holds no loop of: no round ran and the loop never ended.
+  huge = draft_length.Goodput(c=3e37, r=(1.0,) * 4, widths=(2, 4))
+  stats = sj.RowStats.zeros(2, 4)
+  for remaining in (1, 100):
+    remaining_B = jnp.full((2,), remaining, jnp.int32)
+    planned = int(huge.plan(stats, jnp.array([True, True]), remaining_B)[0])
+    assert planned in (2, 4), (remaining, planned)
   with pytest.raises(ValueError, match="widths"):
     draft_length.pinned(dataclasses.replace(rule, probe=None), 3)
   # Rows that keep every draft: width 2 is the cheapest per token; allowed
@@ -979,6 +988,9 @@ def test_auto_measures_costs_once(target):
      ValueError, "float32"),
     (lambda: draft_length.split(draft_length.Goodput(
         c=0.1, r=(1.0,), prior=(1e-50, 1e-50))), ValueError, "float32"),
+    # Each field fits float32, their sum (a round's cost) does not.
+    (lambda: draft_length.Goodput(c=2e38, r=(1.0, 1.0)), ValueError,
+     "round costs .* overflow float32"),
     # None is Goodput's "no threshold"; a Confidence rule is its threshold.
     (lambda: draft_length.Confidence(threshold=None), TypeError,
      "threshold must be a probability"),

@@ -464,6 +464,16 @@ class Goodput(Rule):
                         ("widths", _check_widths(self.widths, gamma_max)),
                         ("threshold", _check_threshold(self.threshold))):
       object.__setattr__(self, name, value)
+    # Each field fits float32 (`split`), but a round's cost sums them: an
+    # infinite cost makes every width's time infinite, and no plan better.
+    with np.errstate(over="ignore"):
+      costs = np.asarray(self.round_costs(), np.float32)
+    if not np.isfinite(costs).all():
+      raise ValueError(
+          f"Goodput's round costs (c_first + (g - 1) * c + r[g-1] + "
+          f"overhead, in target passes) overflow float32, in which the loop "
+          f"plans: c={c}, c_first={c_first}, r={r}, overhead={overhead}. "
+          "They are ratios to one target pass; rescale them.")
 
   def warm_start(self, previous, strength: float = 16.0) -> Goodput:
     """This rule with its acceptance prior taken from a previous generation.
@@ -608,10 +618,14 @@ class Goodput(Rule):
     time_G = worst_G * jnp.asarray(self.round_costs(), jnp.float32)
     if self.widths is None:
       return time_G
-    # A width outside `widths` is never planned, nor kept over one in it.
+    # A width outside `widths` is never planned, nor kept over one in it:
+    # its +inf loses even to an allowed width whose time overflowed (capped
+    # at float32's largest; a tie at +inf planned width 1, outside `widths`,
+    # which the planned loop runs no round of, and the loop never ended).
     allowed_G = np.isin(np.arange(self.min_width, self.gamma_max + 1),
                         self.planned_widths)
-    return jnp.where(allowed_G, time_G, jnp.inf)
+    return jnp.where(allowed_G,
+                     jnp.minimum(time_G, jnp.finfo(jnp.float32).max), jnp.inf)
 
   def plan(self, stats, active_B, remaining_B):
     best = jnp.argmin(self.remaining_time(stats, active_B, remaining_B))
