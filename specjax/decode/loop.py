@@ -593,7 +593,11 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     target, draft: `CausalLM` pytrees with the same vocabulary.
     prompts: int `[B, P]`, right-padded; prompt_lengths: int `[B]` in [1, P].
     key: one PRNG key (row b uses fold_in(key, b)) or keys `[B]`, one per row;
-      a row's output depends only on its prompt and its key.
+      at a fixed gamma (a tree included) a row's output depends only on its
+      prompt and its key. Under a draft-length rule every row is still an
+      exact sample, but which one depends on the batch: a round verifies
+      every row at the batch's widest draft (the uniforms a row draws are
+      shaped by it), and `Goodput` ("auto") plans one width for the batch.
     gamma: draft tokens proposed per round (>= 1); or a draft-length rule
       (`specjax.Confidence`, `specjax.Goodput`) under which each row stops
       drafting early, up to the rule's gamma_max; or "auto": the `Goodput`
