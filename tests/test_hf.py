@@ -398,12 +398,24 @@ def test_tensors_and_arguments_are_checked_by_name(tmp_path):
 def test_sliding_window_is_full_attention_within_the_window():
   config = _config("mistral") | {"sliding_window": 32}
   assert hf.config_from_hf(config, max_positions=32).max_positions == 32
-  # Old-style (transformers < 5) rope fields are read too.
+
+
+def test_older_rope_layouts_are_read_as_the_new_one():
+  # Old-style (transformers < 5) rope fields.
   old = _config("llama3_tied")
   params = old.pop("rope_parameters")
   old["rope_theta"] = params.pop("rope_theta")
   old["rope_scaling"] = params
   assert hf.config_from_hf(old) == hf.config_from_hf(_config("llama3_tied"))
+  # transformers 4.x re-saves an old `type` beside its `rope_type`.
+  both = old | {"rope_scaling": params | {"type": params["rope_type"]}}
+  assert hf.config_from_hf(both) == hf.config_from_hf(_config("llama3_tied"))
+  with pytest.raises(hf.UnsupportedConfigError, match="contradicts"):
+    hf.config_from_hf(old | {"rope_scaling": params | {"type": "linear"}})
+  # An empty rope_scaling beside rope_parameters read as default RoPE,
+  # dropping the llama3 scaling.
+  empty = _config("llama3_tied") | {"rope_scaling": {}}
+  assert hf.config_from_hf(empty) == hf.config_from_hf(_config("llama3_tied"))
 
 
 # ------------------------------------------------------------- vocabularies --

@@ -151,7 +151,8 @@ def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
   """
   params = _layer_rope_parameters(hf)
   theta = params.pop("rope_theta", hf.get("rope_theta", 10_000.0))
-  if hf.get("rope_scaling") is not None:
+  # An empty rope_scaling says nothing: rope_parameters, if any, decide.
+  if hf.get("rope_scaling") not in (None, {}):
     scaling, field = hf["rope_scaling"], "rope_scaling"
   else:
     scaling, field = params, "rope_parameters"
@@ -163,8 +164,12 @@ def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     raise UnsupportedConfigError(f"{field}.partial_rotary_factor", partial,
                                  "RoPE on part of each head is not "
                                  "implemented.")
-  if "type" in scaling and "rope_type" not in scaling:  # old spelling
-    scaling["rope_type"] = scaling.pop("type")
+  if "type" in scaling:  # the old spelling; transformers 4.x writes both
+    kind = scaling.pop("type")
+    if scaling.setdefault("rope_type", kind) != kind:
+      raise UnsupportedConfigError(
+          f"{field}.type", kind, f"it contradicts {field}.rope_type = "
+          f"{scaling['rope_type']!r}; name one RoPE kind.")
   if "rope_type" not in scaling and scaling:
     # transformers reads the kind from rope_type (or type): a dict of
     # scaling fields without one is not plain RoPE.
