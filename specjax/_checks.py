@@ -29,7 +29,11 @@ MAX_SEED = 2**32 - 1
 
 def check_int(name: str, value: Any, *, low: int | None = None,
               high: int | None = None) -> int:
-  """Returns `value` as int, raising if it is not an integer in [low, high]."""
+  """Returns `value` as int, raising if it is not an integer in [low, high]
+  (a Python or numpy int, or a concrete 0-d integer jax array)."""
+  if (isinstance(value, jax.Array) and is_concrete(value) and value.ndim == 0
+      and jnp.issubdtype(value.dtype, jnp.integer)):
+    value = value.item()
   if isinstance(value, (bool, np.bool_)) or not isinstance(
       value, (numbers.Integral, np.integer)):
     raise TypeError(f"{name} must be a Python int, got {value!r} "

@@ -250,6 +250,9 @@ def summarize(results: Any) -> dict[str, Any]:
   """
   if hasattr(results, "stats"):
     results = [results]
+  if not isinstance(results, Iterable):
+    raise TypeError(f"results is a {type(results).__name__}; summarize takes "
+                    "a GenerationResult, or a sequence of them.")
   results = list(results)
   if not results:
     raise ValueError("summarize needs at least one result.")

@@ -135,6 +135,14 @@ def test_eos_stops_row_and_rows_stay_ragged(target, good_draft):
     # Everything before the stop agrees with the run that had no EOS.
     np.testing.assert_array_equal(row, np.asarray(free.tokens)[b, :n[b]])
   assert len(set(n.tolist())) > 1, "expected ragged lengths"
+  # 0-d jax ints (a tokenizer's id read off an array) were refused as not
+  # Python ints; they are the same static arguments.
+  same = sj.speculative_generate(
+      target, good_draft, prompts, lengths, jax.random.key(2),
+      gamma=jnp.int32(3), max_new_tokens=jnp.int32(24),
+      sampling=sj.SamplingConfig(), eos_id=jnp.int32(eos),
+      pad_id=jnp.int32(-1))
+  np.testing.assert_array_equal(same.tokens, out.tokens)
 
 
 def test_stats_are_consistent(target, good_draft):

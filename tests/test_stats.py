@@ -88,6 +88,8 @@ def test_summary_refuses_counters_no_generation_produces():
       stats.summarize(fake(**kwargs))
   with pytest.raises(TypeError, match=r"results\[0\] is a str"):
     stats.summarize("abc")
+  with pytest.raises(TypeError, match="results is a NoneType"):
+    stats.summarize(None)
 
 
 def test_new_rowstats_fields_are_summed_without_changes():

@@ -304,6 +304,8 @@ def test_metadata_without_a_model_config_is_refused(run, tmp_path):
 
 
 def test_missing_checkpoints_say_where_and_what_to_do(tmp_path):
+  with pytest.raises(TypeError, match="directory must be a training workdir"):
+    checkpoint.load_model(None)
   with pytest.raises(FileNotFoundError, match="does not exist.*--workdir"):
     checkpoint.load_model(tmp_path / "nowhere")
   (tmp_path / "empty").mkdir()

@@ -424,6 +424,10 @@ def load_model(directory: str, step: int | None = None, *, mesh: Any = None,
     `(model, metadata)`; `metadata["model_config"]`, `["corpus"]` and
     `["train_config"]` describe how the model was made.
   """
+  if not isinstance(directory, (str, os.PathLike)):
+    raise TypeError("directory must be a training workdir or its "
+                    "checkpoints/ directory (str or os.PathLike), got "
+                    f"{type(directory).__name__}.")
   ckpt = Checkpointer(checkpoints_dir(os.fspath(directory)))
   try:
     metadata = ckpt.read_metadata(step)
