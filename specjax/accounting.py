@@ -165,24 +165,28 @@ def rounds_distribution(alpha, gamma, num_tokens) -> np.ndarray:
   g = min(g, n)
   # emit_J[j] = P(a round emits j + 1 tokens, before the budget cut).
   emit_J = np.array([a ** j * (1 - a) for j in range(g)] + [a ** g])
-  # left_N1[m] = P(m tokens still to emit after the rounds so far).
-  left_N1 = np.zeros(n + 1)
-  left_N1[n] = 1.0
   out = np.zeros(n + 1)
-  out[0] = left_N1[0]
-  left_N1[0] = 0.0
+  if n == 0:
+    out[0] = 1.0
+    return out
+  # band[i] = P(lo + i tokens still to emit after the rounds so far), every
+  # lo + i >= 1: only the band where the mass is, not all n + 1 counts each
+  # round (that was O(n^2): 11.5 s at n = 10^5, batch 8).
+  band, lo = np.ones(1), n
   for k in range(1, n + 1):
-    nxt = np.zeros(n + 1)
-    for j, pj in enumerate(emit_J):
-      # Rows with m tokens left emit min(j + 1, m): m - j - 1 left, floor 0.
-      step = j + 1
-      nxt[:max(n + 1 - step, 0)] += pj * left_N1[step:]
-      nxt[0] += pj * left_N1[1:min(step, n + 1)].sum()
-    out[k] = nxt[0]
-    nxt[0] = 0.0
-    left_N1 = nxt
-    if left_N1.sum() < 1e-15:
+    # A row with m left emits min(j + 1, m): m - j - 1 left, floor 0. c[t]
+    # is the mass at m = lo - (g + 1) + t.
+    c = np.convolve(band, emit_J[::-1])
+    first = lo - len(emit_J)
+    done = max(0, 1 - first)  # entries at m <= 0: rows finished this round
+    out[k] = c[:done].sum()
+    band, lo = c[done:], first + done
+    # The tails below 1e-30 are dropped: over every round far less than
+    # the 1e-15 of mass the loop stops at.
+    kept = np.flatnonzero(band > 1e-30)
+    if not kept.size or band.sum() < 1e-15:
       break
+    band, lo = band[kept[0]:kept[-1] + 1], lo + kept[0]
   return out
 
 

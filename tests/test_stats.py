@@ -194,6 +194,20 @@ def test_rounds_distribution_matches_simulation(alpha, gamma, n):
   assert not testing.check_distribution(maxes, slowest(8)).passed
 
 
+def test_rounds_distribution_at_long_budgets_keeps_its_mean():
+  """Only the band of the law's mass is carried, its tails below 1e-30
+  dropped: the mean still equals the renewal recursion E[R(m)] = 1 +
+  sum_j P(a round emits j + 1) E[R(m - j - 1)], E[R(m <= 0)] = 0."""
+  for alpha, gamma, n in ((0.5, 2, 3000), (0.9, 7, 2000), (0.05, 1, 1500)):
+    emit_J = [alpha ** j * (1 - alpha) for j in range(gamma)] + [alpha ** gamma]
+    rounds_M = np.zeros(n + 1)
+    for m in range(1, n + 1):
+      rounds_M[m] = 1 + sum(p * rounds_M[max(m - j - 1, 0)]
+                            for j, p in enumerate(emit_J))
+    assert accounting.expected_rounds(alpha, gamma, n) == pytest.approx(
+        rounds_M[n], rel=1e-12)
+
+
 def test_rounds_distribution_past_the_budget_is_gammas_own():
   """Drafts beyond the budget cannot be emitted: gamma >= n - 1 all give
   the same law, an absurd gamma too (it once sized a list of gamma
