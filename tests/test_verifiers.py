@@ -364,3 +364,20 @@ def test_expected_accepted_refuses_a_round_whose_arrays_disagree(spec):
     v.expected_accepted(p_2x3x3, q_2x2x3, drafts.astype(jnp.float32))
   empty = v.expected_accepted(p_2x3x3[:, :1], q_2x2x3[:, :0], drafts[:, :0])
   np.testing.assert_array_equal(empty, [0.0, 0.0])
+
+
+def test_negative_controls_warn_when_they_decode(lab_loop):
+  """The controls are registered so that harnesses and sweeps can name
+  them; decoding with one warns (here before a refusal: nothing compiles)."""
+  _, target, draft, prompts, lengths, *_ = lab_loop
+  for spec, gamma in (("always_accept", 2), ("wrong_fallback", 2),
+                      ("tree-skip-residual:2,1", None)):
+    assert vf.get_verifier(spec).control
+    with pytest.warns(UserWarning, match="negative control"), pytest.raises(
+        ValueError, match="max_new_tokens"):
+      sj.speculative_generate(target, draft, prompts, lengths,
+                              jax.random.key(0), gamma=gamma,
+                              max_new_tokens=0, verifier=spec)
+  assert not any(vf.get_verifier(spec).control for spec in (
+      "token", "block", "lenient:0.5", "typical:0.09,0.3", "tree:2,1",
+      "tree-wor:2,1"))

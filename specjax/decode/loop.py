@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -639,6 +640,13 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     (replicated on every device of the mesh).
   """
   verifier = verifiers_lib.get_verifier(verifier)
+  if verifier.control:
+    # Registered so the harness and sweeps can name them; never a decoder.
+    warnings.warn(
+        f"verifier={verifier.spec!r} is a negative control of the exactness "
+        "tests, wrong on purpose: its output is NOT distributed as the "
+        "target's. Decode with 'token', 'block' or a tree.", UserWarning,
+        stacklevel=2)
   validation.check_pair(target, draft)
   validation.check_on_nonfinite(on_nonfinite)
   rule, auto = None, isinstance(gamma, str)

@@ -45,9 +45,12 @@ class Verifier:
     keeps_with_overlap: True when a judged draft is kept with probability
       exactly sum_x min(p, q), so that `Goodput(estimator="overlap")` may
       count that overlap in place of the draft's fate.
+    control: True for the exactness tests' negative controls, wrong on
+      purpose; `speculative_generate` warns when one decodes.
   """
   name: ClassVar[str] = ""
   exact: ClassVar[bool] = True
+  control: ClassVar[bool] = False
   supports_draft_length: ClassVar[bool] = False
 
   @property

@@ -20,6 +20,7 @@ from specjax.lab import controls
 class WrongFallbackControl(token.TokenVerifier):
   """Negative control: resample from p on rejection."""
   name = "wrong_fallback"
+  control = True
   coupling_rule: object = controls.wrong_fallback_rule
 
   @property
@@ -31,6 +32,7 @@ class WrongFallbackControl(token.TokenVerifier):
 class AlwaysAcceptControl(token.TokenVerifier):
   """Negative control: keep every draft."""
   name = "always_accept"
+  control = True
   coupling_rule: object = controls.always_accept_rule
 
   @property

@@ -76,6 +76,7 @@ class TreeSkipResidualControl(TreeVerifier):
   """Negative control: a rejected child does not update the residual."""
   name = "tree-skip-residual"
   exact = False
+  control = True
   update_residual = False
 
 
