@@ -412,7 +412,7 @@ def test_older_rope_layouts_are_read_as_the_new_one():
   assert hf.config_from_hf(both) == hf.config_from_hf(_config("llama3_tied"))
   with pytest.raises(hf.UnsupportedConfigError, match="contradicts"):
     hf.config_from_hf(old | {"rope_scaling": params | {"type": "linear"}})
-  # An empty rope_scaling beside rope_parameters read as default RoPE,
+  # An empty rope_scaling beside rope_parameters was read as default RoPE,
   # dropping the llama3 scaling.
   empty = _config("llama3_tied") | {"rope_scaling": {}}
   assert hf.config_from_hf(empty) == hf.config_from_hf(_config("llama3_tied"))
