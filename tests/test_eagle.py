@@ -388,6 +388,14 @@ def test_training_lowers_the_loss_and_restores(tmp_path):
   wider = eagle_train.train_config(_target(vocab=259).config)
   with pytest.raises(ValueError, match="not a head for this target"):
     eagle_train.train_head(target, wider, str(tmp_path / "x"), corpus=corpus)
+  # Resuming the run for a deeper target: the head's config is the same,
+  # so the trainer resumed it, and mixed two targets' features.
+  deeper = TransformerLM.create(
+      dataclasses.replace(target.config, num_layers=2), 0)
+  config.num_steps = 8
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match="another target(.|\n)*num_layers"):
+    eagle_train.train_head(deeper, config, str(tmp_path / "w"), corpus=corpus)
 
 
 # ---- Bad input.

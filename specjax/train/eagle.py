@@ -190,6 +190,7 @@ def train_head(target: TransformerLM, config: Any, workdir: str, *,
     raise ValueError("config.model is not a head for this target (start from "
                      "specjax.train.eagle.train_config(target.config)):\n  "
                      + "\n  ".join(diff))
+  _check_resume_for(workdir, head_cfg, target)
   head, metrics = trainer.train(
       config, workdir, loss_fn=loss_fn or eagle_loss(), aux=target,
       corpus=corpus,
@@ -198,6 +199,35 @@ def train_head(target: TransformerLM, config: Any, workdir: str, *,
       model=eagle.EagleHead.create(head_cfg, config.seed,
                                    target_config=target.config), **kwargs)
   return eagle.EagleDraft(target=target, head=head), metrics
+
+
+def _check_resume_for(workdir: Any, head_cfg: TransformerConfig,
+                      target: TransformerLM) -> None:
+  """Raises CheckpointError if `workdir` holds a head trained for another
+  target. The trainer's resume compares the head's own config, which a
+  deeper target or another MLP width leaves unchanged: such a run resumed,
+  and its later steps read another target's features."""
+  if not isinstance(workdir, (str, os.PathLike)):
+    return  # trainer.train names a bad workdir
+  directory = os.path.join(os.fspath(workdir),
+                           checkpoint_lib.CHECKPOINTS_SUBDIR)
+  if not os.path.isdir(directory):
+    return
+  ckpt = checkpoint_lib.Checkpointer(directory)
+  try:
+    if ckpt.latest_step() is None:
+      return
+    metadata = ckpt.read_metadata(None)
+  finally:
+    ckpt.close()
+  try:
+    _check_head_for(head_cfg, target,
+                    (metadata.get("extra") or {}).get("target_config"))
+  except ValueError as e:
+    raise checkpoint_lib.CheckpointError(
+        f"{directory!r} holds a head trained for another target; resuming it "
+        f"for this one would mix two targets' features. Use a fresh workdir. "
+        f"{e}") from None
 
 
 def _target_record(config: TransformerConfig) -> dict:
