@@ -45,6 +45,7 @@ from specjax import data
 from specjax import distributed
 from specjax import zoo
 from specjax.train import eagle as eagle_train
+from specjax.train import recipes
 from configs import reproduce
 from experiments import flag_checks
 
@@ -91,11 +92,29 @@ flags.register_validator(
 
 def _nonnegative(text: str) -> bool:
   try:
-    return float(text) >= 0
+    return math.isfinite(float(text)) and float(text) >= 0
   except ValueError:
     return False
 
 
+# The quick models' context (target-3m and the drafts): a round scores the
+# prompt, the new tokens and gamma - 1 drafts past them.
+_MAX_POSITIONS = recipes.SIZES[reproduce.get_config("quick").target][
+    "max_positions"]
+flags.register_multi_flags_validator(
+    ["prompt_len", "max_new_tokens", "gammas"],
+    lambda f: (not flag_checks.positive_ints(f["gammas"] or ["x"])
+               or f["prompt_len"] + f["max_new_tokens"]
+               + max(map(int, f["gammas"])) - 1 <= _MAX_POSITIONS),
+    f"--prompt_len + --max_new_tokens + the largest --gammas - 1 must be <= "
+    f"{_MAX_POSITIONS}, the quick models' max_positions")
+flags.register_validator(
+    "head_workdir", lambda v: v is None or os.path.isdir(v),
+    "--head_workdir must be an existing training workdir (a train_head run's)")
+flags.register_multi_flags_validator(
+    ["head_workdir", "head_step"],
+    lambda f: f["head_step"] is None or f["head_workdir"] is not None,
+    "--head_step picks a checkpoint of --head_workdir; pass both, or neither")
 flag_checks.require_results_dir()
 
 
