@@ -648,6 +648,23 @@ def test_checks_train_refuses_a_vocabulary_smaller_than_the_corpus(
   assert not (tmp_path / "w").exists()
 
 
+
+def test_checks_train_refuses_a_workdir_or_mesh_it_cannot_use(corpus_dir,
+                                                              tmp_path):
+  config = _small_run_config(corpus_dir)
+  (tmp_path / "afile").write_text("")
+  for workdir in (tmp_path / "afile", tmp_path / "afile" / "w"):
+    with pytest.raises(ValueError, match="must be a directory, or a path"):
+      trainer.train(config, str(workdir))
+  with pytest.raises(ValueError, match="over a 'data' axis"):
+    trainer.train(config, str(tmp_path / "w"), mesh=jax.sharding.Mesh(
+        np.array(jax.devices()[:1]), ("x",)))  # was a bare KeyError
+  assert not (tmp_path / "w").exists()
+  # A spec string is a mesh, as everywhere else (was an AttributeError).
+  _, metrics = trainer.train(config, str(tmp_path / "w"), mesh="data:1")
+  assert metrics["final_step"] == 3
+
+
 @pytest.mark.parametrize("num_steps, log_every, checkpoint_every",
                          [(3, 1, 0), (4, 4, 3)],
                          ids=["at-flush", "before-save"])

@@ -370,8 +370,9 @@ def train(config: Any, workdir: str, *,
     aux: passed to `loss_fn` unchanged (e.g. a frozen teacher model).
     corpus: a `data.Corpus` to use instead of building `config.corpus`.
     extra_metadata: JSON dict stored in every checkpoint's metadata.
-    mesh: the device mesh; default `config.mesh` (a spec such as
-      "data:2,model:4"; absent or None: all devices on axis `data`).
+    mesh: the device mesh, a `Mesh` with a `data` axis or a spec such as
+      "data:2,model:4"; default `config.mesh` (a spec; absent or None: all
+      devices on axis `data`).
       Parameters and optimizer state are sharded by `config.sharding`:
       "tp" (default: heads, MLP width and vocabulary on `model`), "fsdp"
       (also every parameter's embedding width on `data`) or "dp"
@@ -404,6 +405,12 @@ def train(config: Any, workdir: str, *,
   non-finite parameters).
   """
   check_config(config)
+  # Else a file there surfaced as a raw FileExistsError, after the corpus
+  # loaded and the model initialised.
+  if not _checks.dir_or_creatable(workdir):
+    raise ValueError(f"workdir={workdir!r} must be a directory, or a path "
+                     "where one can be created (not a file, nor under one); "
+                     "pass another --workdir.")
   if model is None:
     model_config = model_config_from(config)
   else:
@@ -434,6 +441,12 @@ def train(config: Any, workdir: str, *,
   if mesh is None:
     spec = config.get("mesh")
     mesh = parallel.make_mesh() if spec is None else sharding.make_mesh(spec)
+  mesh = sharding.as_mesh(mesh)  # a spec string too, as elsewhere
+  if parallel.DATA_AXIS not in mesh.axis_names:
+    raise ValueError(f"mesh has axes {mesh.axis_names}; training splits the "
+                     f"batch over a '{parallel.DATA_AXIS}' axis (e.g. mesh="
+                     f"'{parallel.DATA_AXIS}:-1' or '{parallel.DATA_AXIS}:2,"
+                     "model:4').")
   rules = rules_from(config)
   parallel.check_batch_size("config.batch_size", config.batch_size, mesh)
   if config.eval_every:
