@@ -105,9 +105,19 @@ def resolve_cache_dir(override: str | None = None) -> str:
   if override is not None and not isinstance(override, (str, os.PathLike)):
     raise TypeError(f"cache_dir must be a path (str or os.PathLike) or None, "
                     f"got {type(override).__name__}.")
+  if override is not None and not os.fspath(override):
+    # It fell back to the default cache, silently.
+    raise ValueError("cache_dir must be a non-empty path, or None for "
+                     f"${CACHE_ENV} or ~/.cache/specjax.")
   path = override or os.environ.get(CACHE_ENV) or os.path.join(
-      os.path.expanduser("~"), ".cache", "specjax")
-  return os.path.abspath(path)
+      "~", ".cache", "specjax")
+  # "~/x" in $SPECJAX_CACHE made a directory named "~" here.
+  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise NotADirectoryError(
+        f"The zoo's cache directory {path!r} is a file; pass another "
+        f"cache_dir or ${CACHE_ENV}.")
+  return path
 
 
 def names() -> list[str]:
@@ -417,6 +427,10 @@ def load(name: str, *, cache_dir: str | None = None,
   recipe_ = recipe(name, overrides=overrides,
                    teacher_overrides=teacher_overrides, corpus=corpus)
   directory = _entry_path(cache_dir_, name, recipe_)
+  if os.path.exists(directory) and not os.path.isdir(directory):
+    # Found only when the trained entry was moved there, after training.
+    raise ZooError(f"The zoo entry {directory!r} is a file, not an entry. "
+                   "Delete it to train the entry there.")
   if not os.path.isdir(directory):
     with _locked(cache_dir_, directory, verbose):
       # Another process may have finished it while we waited for the lock.
@@ -424,6 +438,25 @@ def load(name: str, *, cache_dir: str | None = None,
         _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
                overrides, teacher_overrides, corpus, verbose)
   _check_record(directory, recipe_)
+  try:
+    return _read(name, kind, teacher_name, directory, cache_dir_, overrides,
+                 teacher_overrides, corpus, verbose)
+  except (FileNotFoundError, checkpoint_lib.CheckpointError) as e:
+    # A file of the entry went missing or is damaged: its own error said
+    # to train first, or named checkpoint internals.
+    raise ZooError(f"The zoo entry {directory!r} cannot be read "
+                   f"({type(e).__name__}: {_first_line(e)}). Delete the "
+                   "directory to retrain it.") from e
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return lines[0] if lines else ""
+
+
+def _read(name, kind, teacher_name, directory, cache_dir_, overrides,
+          teacher_overrides, corpus, verbose):
+  """The model of a finished entry (its record already checked)."""
   if kind == "ngram":
     return _read_ngram(name, directory, verbose)
   if kind == "exit_adapter":

@@ -24,8 +24,8 @@ compile_settings.apply()
 # program, the flags and the jax version, so a stale one is never used.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
-      os.environ.get("SPECJAX_CACHE")
-      or os.path.join(os.path.expanduser("~"), ".cache", "specjax"),
+      os.path.expanduser(os.environ.get("SPECJAX_CACHE")
+                         or os.path.join("~", ".cache", "specjax")),
       "xla-tests")
   if "PYTEST_XDIST_WORKER" not in os.environ:  # once, in the controller
     xla_cache.prune(os.environ["JAX_COMPILATION_CACHE_DIR"])

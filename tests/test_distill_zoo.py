@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -145,6 +146,15 @@ def test_zoo_cache_dir_env(monkeypatch, tmp_path):
   monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path))
   assert zoo.resolve_cache_dir() == str(tmp_path)
   assert zoo.resolve_cache_dir("/x/y") == "/x/y"
+  # "~/x" made a directory named "~" under the working directory.
+  monkeypatch.setenv(zoo.CACHE_ENV, "~/zoo")
+  assert zoo.resolve_cache_dir() == os.path.expanduser("~/zoo")
+  # "" fell back to the default cache; a file failed in the lock's mkdir.
+  with pytest.raises(ValueError, match="cache_dir must be a non-empty path"):
+    zoo.resolve_cache_dir("")
+  (tmp_path / "afile").write_text("")
+  with pytest.raises(NotADirectoryError, match="cache directory .* is a file"):
+    zoo.load("tiny", cache_dir=str(tmp_path / "afile"))
 
 
 def test_zoo_bad_names_and_overrides(cache, capsys):
@@ -238,10 +248,27 @@ def test_zoo_refuses_an_entry_whose_recorded_recipe_differs(tmp_path, corpus):
   record_path = os.path.join(entry, zoo.RECORD_FILE)
   with open(record_path) as fh:
     record = json.load(fh)
+  lr = record["recipe"]["train_config"]["optim"]["lr"]
   record["recipe"]["train_config"]["optim"]["lr"] = 123.0
   with open(record_path, "w") as fh:
     json.dump(record, fh)
   with pytest.raises(zoo.ZooError, match=r"train_config\.optim\.lr: 123\.0"):
+    zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus,
+             verbose=False)
+  # An entry missing its checkpoints said to train first; one that is a
+  # file was found only after training, when the entry was moved there.
+  record["recipe"]["train_config"]["optim"]["lr"] = lr
+  with open(record_path, "w") as fh:
+    json.dump(record, fh)
+  shutil.rmtree(os.path.join(entry, "checkpoints"))
+  with pytest.raises(zoo.ZooError, match="cannot be read(.|\n)*Delete the "
+                     "directory to retrain it"):
+    zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus,
+             verbose=False)
+  shutil.rmtree(entry)
+  with open(entry, "w") as fh:
+    fh.write("")
+  with pytest.raises(zoo.ZooError, match="is a file, not an entry"):
     zoo.load("tiny", cache_dir=cache, overrides=FAST, corpus=corpus,
              verbose=False)
 
