@@ -296,7 +296,8 @@ def spec_for(shape: Sequence[int], names: Sequence[str | None], mesh, *,
   neither `LOGICAL_AXES` nor `rules` (a typo such as "embd" would silently
   replicate); a `mesh` that is not a `Mesh` or `AbstractMesh` (a spec
   string goes through `make_mesh` first); `rules` that is not a mapping of
-  str to str or None; `units` counts that are not ints >= 1.
+  str to str or None, or that names an axis in neither `MESH_AXES` nor the
+  mesh; `units` counts that are not ints >= 1.
   """
   if isinstance(shape, str) or not isinstance(shape, (Sequence, np.ndarray)):
     raise TypeError(f"shape must be a tuple of ints (e.g. x.shape), got "
@@ -320,6 +321,14 @@ def spec_for(shape: Sequence[int], names: Sequence[str | None], mesh, *,
       raise ValueError(f"names[{i}] = {name!r} is not a logical axis name; "
                        f"use one of {LOGICAL_AXES} (or a key of rules), or "
                        "None to replicate.")
+  # A rule may name an axis this mesh lacks (RULES' "model" on a data-only
+  # mesh: replicated), but not one no mesh has: a typo such as "modle"
+  # replicated silently.
+  for name, axis in rules.items():
+    if axis is not None and axis not in MESH_AXES + tuple(mesh.axis_names):
+      raise ValueError(f"rules[{name!r}] = {axis!r} is not a mesh axis: use "
+                       f"one of {MESH_AXES} or of this mesh's "
+                       f"{tuple(mesh.axis_names)}, or None to replicate.")
   if units is not None:
     if not isinstance(units, Mapping):
       raise TypeError(f"units must be a mapping from logical axis names to "
@@ -512,11 +521,13 @@ def constrain_decode_state(state: Any, units: Units | None = None) -> Any:
 
 
 @contextlib.contextmanager
-def using(mesh: Mesh | None):
-  """`jax.set_mesh(mesh)` when a mesh is given; nothing otherwise."""
+def using(mesh: Mesh | str | None):
+  """`jax.set_mesh(mesh)` when a mesh (or a spec like "data:2,model:4") is
+  given; nothing for None."""
   if mesh is None:
     yield None
   else:
+    mesh = as_mesh(mesh)  # a spec string reached jax's own type error
     with jax.set_mesh(mesh):
       yield mesh
 

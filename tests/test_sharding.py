@@ -144,6 +144,9 @@ def test_spec_for_refuses_bad_shape_names_mesh_and_rules():
             "rules must be a mapping"),
            ((4, 8), ("batch", "vocab"), {"rules": {"batch": 1}}, TypeError,
             r"rules\['batch'\] = 1"),
+           # A mesh-axis typo in a rule replicated silently.
+           ((4, 8), ("batch", "vocab"), {"rules": {"vocab": "modle"}},
+            ValueError, r"rules\['vocab'\] = 'modle' is not a mesh axis"),
            ((4, 8), ("batch", "heads"), {"units": {"heads": 0}}, ValueError,
             r"units\['heads'\] must be >= 1"),
            ((4, 8), ("batch", "vocab"), {"reasons": ()}, TypeError,
@@ -163,6 +166,11 @@ def test_spec_for_refuses_bad_shape_names_mesh_and_rules():
               rules={"batch": "data"}) == P("data")
   assert spec(np.array([4, 8]), ("batch", "vocab"),
               sharding.make_mesh()) == P()
+  # A custom mesh's own axes may be named; a spec string enters `using`.
+  custom = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+  assert spec((4, 8), ("batch", "vocab"), custom, rules={"vocab": "x"}) == P()
+  with sharding.using("data:1") as mesh:
+    assert mesh.axis_names == ("data", "model")
 
 
 def test_replication_is_logged_once(caplog):
