@@ -149,8 +149,9 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
       keys, repeats a cell, or holds a value that would relabel or drop a
       cell (gamma not an integer >= 1, temperature not finite >= 0,
       exact/lossy not bools, batch_size not an integer >= 1, accepted or
-      verified not integers >= 0 or accepted > verified, one draft name with
-      two kinds or sizes); the message names the file and line.
+      verified not integers >= 0 or accepted > verified, alpha_hat not
+      accepted / verified, one draft name with two kinds or sizes); the
+      message names the file and line.
   """
   path = os.path.join(results_dir, SWEEP_FILE)
   if not os.path.isfile(path):
@@ -184,6 +185,16 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
             f"{where}: accepted ({row['accepted']}) > verified "
             f"({row['verified']}): a draft token is accepted only after it "
             "is verified; fix the line or re-run the sweep.")
+      alpha = row["alpha_hat"]
+      # The figures plot it: 1.5 or NaN with drafts judged was drawn as is.
+      if row["verified"] and (
+          isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+          or not math.isclose(alpha, row["accepted"] / row["verified"],
+                              rel_tol=1e-6, abs_tol=1e-9)):
+        raise ValueError(
+            f"{where}: alpha_hat = {alpha!r} is not accepted / verified = "
+            f"{row['accepted']} / {row['verified']}; fix the line or re-run "
+            "the sweep.")
       t = row["temperature"]
       # float() would take "nan" or "1": a NaN temperature matches no
       # panel, so the cell would vanish from every figure.

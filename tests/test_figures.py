@@ -466,6 +466,9 @@ def _write_rows(path, rows):
     ({"verified": None}, "verified"),
     ({"accepted": float("nan")}, "accepted"),
     ({"accepted": 10**6}, "accepted"),  # more than verified
+    # Plotted as written: an impossible rate, or NaN with drafts judged.
+    ({"alpha_hat": 1.5}, "alpha_hat"), ({"alpha_hat": float("nan")},
+                                        "alpha_hat"),
     ({"draft_params": 5}, "draft"),  # line 1 says another size
 ])
 def test_load_results_refuses_values_that_relabel_cells(tmp_path, change,
