@@ -202,7 +202,18 @@ def _config(size: str, overrides: dict[str, Any] | None,
     if not hasattr(node, "get") or leaf not in node:
       raise ValueError(f"overrides: {key!r} is not a field of the {size} "
                        "training config.")
-    node[leaf] = value
+    if hasattr(node[leaf], "items"):
+      # {"model": {"d_model": 48}} replaced the whole block, which then
+      # failed for its missing fields.
+      raise ValueError(f"overrides: {key!r} is a block of fields; override "
+                       f"one field with a dotted key, e.g. "
+                       f"{{'{key}.{next(iter(node[leaf]))}': ...}}.")
+    try:
+      node[leaf] = value
+    except (TypeError, ValueError) as e:  # ml_collections' type check
+      raise TypeError(f"overrides: {key!r} = {value!r} does not fit the "
+                      f"field, whose recipe value is {node[leaf]!r} "
+                      f"({type(node[leaf]).__name__}).") from e
   if kind == "exit_adapter" and config.model.layers != int(size):
     raise ValueError(f"overrides: the name sets the kept blocks "
                      f"(exit-adapter-{size}@...); model.layers may not be "

@@ -181,7 +181,12 @@ def test_zoo_bad_names_and_overrides(cache, capsys):
       ({"model.vocab_size": 100}, ValueError, "model.vocab_size=100 is "
        "smaller than the corpus tokenizer's"),
       ({"optim.lr.x": 1}, ValueError, "'optim.lr.x' is not a field"),
-      ({1: 1}, TypeError, "keys are dotted field names")):
+      ({1: 1}, TypeError, "keys are dotted field names"),
+      # ml_collections' own message named no argument; a nested dict
+      # replaced the whole block.
+      ({"num_steps": "2"}, TypeError, "'num_steps' = '2' does not fit"),
+      ({"model": {"d_model": 48}}, ValueError,
+       r"'model' is a block of fields.*'model.d_model'")):
     with pytest.raises(error, match=match):
       zoo.load("tiny", cache_dir=cache, overrides=overrides)
   with pytest.raises(TypeError, match="corpus must be a specjax.data.Corpus"):
