@@ -456,13 +456,8 @@ def load(name: str, *, cache_dir: str | None = None,
     # A file of the entry went missing or is damaged: its own error said
     # to train first, or named checkpoint internals.
     raise ZooError(f"The zoo entry {directory!r} cannot be read "
-                   f"({type(e).__name__}: {_first_line(e)}). Delete the "
-                   "directory to retrain it.") from e
-
-
-def _first_line(e: BaseException) -> str:
-  lines = str(e).strip().splitlines()
-  return lines[0] if lines else ""
+                   f"({type(e).__name__}: {checkpoint_lib.first_line(e)}). "
+                   "Delete the directory to retrain it.") from e
 
 
 def _read(name, kind, teacher_name, directory, cache_dir_, overrides,

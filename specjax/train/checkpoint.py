@@ -296,7 +296,7 @@ class Checkpointer:
     except Exception as e:  # orbax raises many types; all mean "unreadable"
       raise CheckpointError(
           f"Cannot read the metadata of checkpoint {self.step_dir(step)!r} "
-          f"(in {item_dir!r}): {type(e).__name__}: {_first_line(e)}. The "
+          f"(in {item_dir!r}): {type(e).__name__}: {first_line(e)}. The "
           f"file is corrupted or was not written by specjax. "
           f"{self._fix(step)}") from e
     if not isinstance(metadata, dict) or metadata.get("format") != FORMAT:
@@ -378,7 +378,7 @@ class Checkpointer:
         raise CheckpointError(
             f"Cannot restore the arrays in "
             f"{os.path.join(self.step_dir(step), item)!r}: "
-            f"{type(e).__name__}: {_first_line(e)}. A file under it is "
+            f"{type(e).__name__}: {first_line(e)}. A file under it is "
             "missing, truncated or corrupted, or it holds a different "
             f"structure than requested. {self._fix(step)}") from e
     sums = metadata.get("checksums") or {}
@@ -395,7 +395,9 @@ class Checkpointer:
     return state, metadata
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
+  """An exception's first line, cut at 400 characters (for messages that
+  wrap a library's error)."""
   text = str(e).strip().splitlines()
   text = text[0] if text else ""
   return text if len(text) <= 400 else text[:400] + "..."
