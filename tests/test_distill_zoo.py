@@ -1,5 +1,6 @@
 """Draft distillation and the model zoo (tiny models, seconds)."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -88,6 +89,22 @@ def test_bad_divergence_is_an_error():
   with pytest.raises(ValueError, match="vocab_size is 40 and the student's 32"):
     jax.eval_shape(lambda t: loss_fn(student.module(), {"tokens": t}, None,
                                      teacher), jnp.zeros((2, 5), jnp.int32))
+
+
+def test_train_checks_the_teacher_before_any_work(corpus, tmp_path):
+  # Found while the step was traced, after the workdir was made; an int
+  # aux reached the loss as a tracer and was named as one.
+  config = recipes.train_config("tiny")
+  config.update(QUICK)
+  wide = sj.TransformerLM.create(dataclasses.replace(
+      trainer.model_config_from(config), vocab_size=300), 0)
+  for aux, error, match in (
+      (wide, ValueError, "vocab_size is 300 and the student's 259"),
+      (3, TypeError, "aux must be the frozen teacher .* got int")):
+    with pytest.raises(error, match=match):
+      trainer.train(config, str(tmp_path / "w"), aux=aux, corpus=corpus,
+                    loss_fn=distill.distillation_loss("tv"))
+  assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.slow  # a training-quality check (~10 s), not zoo integrity

@@ -105,6 +105,18 @@ def distillation_loss(divergence: str = "tv", *,
       temperature, "for distillation (greedy decoding is served well by "
       "temperature 1)")
 
+  def check_aux(student_config, teacher):
+    # What the traced loss checks, before `trainer.train` does any work: an
+    # int aux reached the loss as a tracer, and a vocabulary mismatch was
+    # found while the step was traced, after the workdir was made.
+    if not callable(getattr(teacher, "logits", None)):
+      raise TypeError("aux must be the frozen teacher (a TransformerLM, with "
+                      f"a .logits method), got {type(teacher).__name__}.")
+    teacher_vocab = losses.module_limits(teacher)[0]
+    student_vocab = getattr(student_config, "vocab_size", None)
+    if teacher_vocab is not None and student_vocab is not None:
+      check_vocabularies(teacher_vocab, student_vocab)
+
   def loss_fn(module, batch, rng, teacher):
     del rng
     if not callable(getattr(teacher, "logits", None)):
@@ -138,6 +150,7 @@ def distillation_loss(divergence: str = "tv", *,
           mean(divergence_BxT("tv", teacher_BxTxV, student_BxTxV)))
     return loss, {"tv": jax.lax.stop_gradient(tv)}
 
+  loss_fn.check_aux = check_aux  # called by `trainer.train` before tracing
   return loss_fn
 
 

@@ -367,7 +367,9 @@ def train(config: Any, workdir: str, *,
       it is of the same model) and continues to `config.num_steps`.
     loss_fn: the objective (a `losses.LossFn`); default next-token
       cross-entropy. Evaluation always reports held-out bits per byte.
-    aux: passed to `loss_fn` unchanged (e.g. a frozen teacher model).
+    aux: passed to `loss_fn` unchanged (e.g. a frozen teacher model); a
+      `loss_fn` with a `check_aux(model_config, aux)` attribute has it
+      checked before any work.
     corpus: a `data.Corpus` to use instead of building `config.corpus`.
     extra_metadata: JSON dict stored in every checkpoint's metadata.
     mesh: the device mesh, a `Mesh` with a `data` axis or a spec such as
@@ -434,6 +436,11 @@ def train(config: Any, workdir: str, *,
   losses.check_vocab_size(
       losses.module_limits(aux)[0], "aux's vocab_size",
       "give aux (e.g. the teacher or target) the byte vocabulary.")
+  # A loss may say what its aux must be (`distill.distillation_loss`: a
+  # teacher of the student's vocabulary), checked here before any work.
+  check_aux = getattr(loss_fn, "check_aux", None)
+  if check_aux is not None:
+    check_aux(model_config, aux)
   if corpus is not None and not isinstance(corpus, data.Corpus):
     raise TypeError("corpus must be a specjax.data.Corpus (e.g. "
                     "data.text_corpus(path)) or None for config.corpus, got "
