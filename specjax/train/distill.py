@@ -90,6 +90,12 @@ def _positive_temperature(temperature, why: str) -> float:
   return temperature
 
 
+def _check_teacher(teacher) -> None:
+  if not callable(getattr(teacher, "logits", None)):
+    raise TypeError("aux must be the frozen teacher (a TransformerLM, with "
+                    f"a .logits method), got {type(teacher).__name__}.")
+
+
 def distillation_loss(divergence: str = "tv", *,
                       temperature: float = 1.0) -> losses.LossFn:
   """A `LossFn` whose `aux` is the frozen teacher `TransformerLM`.
@@ -109,9 +115,7 @@ def distillation_loss(divergence: str = "tv", *,
     # What the traced loss checks, before `trainer.train` does any work: an
     # int aux reached the loss as a tracer, and a vocabulary mismatch was
     # found while the step was traced, after the workdir was made.
-    if not callable(getattr(teacher, "logits", None)):
-      raise TypeError("aux must be the frozen teacher (a TransformerLM, with "
-                      f"a .logits method), got {type(teacher).__name__}.")
+    _check_teacher(teacher)
     teacher_vocab = losses.module_limits(teacher)[0]
     student_vocab = getattr(student_config, "vocab_size", None)
     if teacher_vocab is not None and student_vocab is not None:
@@ -119,9 +123,7 @@ def distillation_loss(divergence: str = "tv", *,
 
   def loss_fn(module, batch, rng, teacher):
     del rng
-    if not callable(getattr(teacher, "logits", None)):
-      raise TypeError("aux must be the frozen teacher (a TransformerLM, with "
-                      f"a .logits method), got {type(teacher).__name__}.")
+    _check_teacher(teacher)
     # The student's max_positions where it records it (a bare logits
     # function, e.g. a SelfDraft's, checks its own); the teacher's
     # vocabulary, which the student must share.
