@@ -341,10 +341,9 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
     counts_KxP = np.stack([np.bincount(d, minlength=len(keys))
                            for d in draws_KxP])
     # Resamples of one prompt (its copies) leave nothing to pick on.
-    counts_KxP = counts_KxP[np.count_nonzero(counts_KxP, axis=1) >= 2]
+    some_K = np.count_nonzero(counts_KxP, axis=1) >= 2
     held_K = np.array([measure.held_out_best(seconds_PxN[:, fixed], c)[1]
-                       for c in counts_KxP])
-    totals_held_KxN = counts_KxP @ seconds_PxN
+                       for c in counts_KxP[some_K]])
   for n, name in enumerate(names[1:], 1):
     row[name]["vs_best_fixed"] = float(speedup_N[n]
                                        / row[f"gamma={best}"]["speedup"])
@@ -355,7 +354,7 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
       row[name]["vs_held_out_fixed"] = float(held_s
                                              / seconds_PxN[:, n].sum())
       row[name]["vs_held_out_fixed_95"] = [
-          float(x) for x in np.percentile(held_K / totals_held_KxN[:, n],
+          float(x) for x in np.percentile(held_K / totals_KxN[some_K, n],
                                           [2.5, 97.5])]
   # Every timed call, for analyses after the run: seconds [unit, variant],
   # units (prompt, repeat) in `units`' order.

@@ -10,7 +10,8 @@ Draft, level by level (max_depth draft calls, like the chain's gamma):
     the root; its cache is then set to start the tree region at the root.
   level d >= 1: the children of every node of depth d - 1 are drawn from
     that node's q (`tree.draft_children`, i.i.d. or without replacement;
-    every node of the level in one step), and the nodes of depth d that have children are fed to the draft in ONE
+    every node of the level in one step), and the nodes of depth d that
+    have children are fed to the draft in ONE
     `tree_decode(..., nodes=level)` call: each node goes to slot
     n - 1 + 1 + node, position n - 1 + depth, attending to the committed
     slots and its ancestors' slots.
