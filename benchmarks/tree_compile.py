@@ -3,11 +3,11 @@ r"""What a draft tree's size costs the compile, and a compiled call.
   python benchmarks/tree_compile.py                 # the default trees
   python benchmarks/tree_compile.py tree:8,8 tree-wor:64 ...
 
-A tree round is traced level by level and node by node: the draft proposes
-each internal node's children in its own step, and the verifier's walk runs
-one step per (depth, child slot). So the program, and its compile, grow
-with the tree. For each verifier string this prints the tree's nodes,
-internal nodes, depth and widest fan-out, then the first
+A tree round is traced level by level: the draft proposes each level's
+children in one step, and the verifier's walk, unrolled, runs one step per
+(depth, child slot), so the program and its compile grow with the tree's
+fan-out unless the walk is looped. For each verifier string this prints
+the tree's nodes, internal nodes, depth and widest fan-out, then the first
 `speculative_generate` call (trace + compile + run) and the fastest of
 three compiled calls: at T = 1 as the library runs it (a node of more than
 `tree._UNROLL_CHILDREN` = 8 children has them judged in a loop), at T = 1
