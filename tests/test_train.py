@@ -239,6 +239,46 @@ def test_checkpoint_of_another_model_is_refused(run, corpus_dir, tmp_path):
   assert "fresh --workdir" in message
 
 
+def test_resume_with_another_teacher_or_record_is_refused(run, corpus_dir,
+                                                          tmp_path):
+  """The model config alone does not identify a run: a distilled student
+  resumed with another teacher (same architecture) went on silently."""
+  config = _small_run_config(corpus_dir, num_steps=2, checkpoint_every=2)
+  teacher_config = transformer_lib.TransformerConfig(
+      vocab_size=data.BYTE_VOCAB_SIZE, d_model=16, num_layers=1, num_heads=2,
+      max_positions=64)
+  teacher, other = (transformer_lib.TransformerLM.create(teacher_config, seed)
+                    for seed in (1, 2))
+  loss = distill.distillation_loss("forward_kl")
+  workdir = str(tmp_path / "w")
+  record = {"teacher": "t-1"}
+  trainer.train(config, workdir, loss_fn=loss, aux=teacher,
+                extra_metadata=record)
+  config.num_steps = 3
+  with pytest.raises(checkpoint.CheckpointError,
+                     match="trained with another aux: the given "
+                           "TransformerLM's arrays differ"):
+    trainer.train(config, workdir, loss_fn=loss, aux=other,
+                  extra_metadata=record)
+  with pytest.raises(checkpoint.CheckpointError,
+                     match="teacher: 't-1' in the checkpoint vs 't-2'"):
+    trainer.train(config, workdir, loss_fn=loss, aux=teacher,
+                  extra_metadata={"teacher": "t-2"})
+  with pytest.raises(checkpoint.CheckpointError,
+                     match="with an aux \\(TransformerLM\\) and is now given "
+                           "none"):
+    trainer.train(config, workdir)
+  # The same teacher and record resume (the control).
+  _, metrics = trainer.train(config, workdir, loss_fn=loss, aux=teacher,
+                             extra_metadata=record)
+  assert metrics["resumed"] and metrics["start_step"] == 2
+  # A run trained without a teacher is not resumed as a distillation.
+  with pytest.raises(checkpoint.CheckpointError,
+                     match="without an aux .e.g. a teacher. and is now given"):
+    trainer.train(_config(corpus_dir), str(_copy_run(run, tmp_path)),
+                  loss_fn=loss, aux=teacher)
+
+
 def _largest_file(root: pathlib.Path) -> pathlib.Path:
   return max((p for p in root.rglob("*") if p.is_file()),
              key=lambda p: p.stat().st_size)

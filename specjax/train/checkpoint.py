@@ -8,8 +8,10 @@ Layout (one orbax `CheckpointManager` directory, usually
                      rate schedule reads)          (`ocp.args.StandardSave`)
   <step>/metadata    JSON (`ocp.args.JsonSave`): format tag, step, the model
                      config, the train config, the corpus fingerprint, a
-                     sha256 of each array item, library versions, and any
-                     `extra` the caller adds (e.g. a distillation teacher).
+                     sha256 of each array item, library versions, any
+                     `extra` the caller adds (e.g. a distillation teacher),
+                     and the type and sha256 of the loss's `aux` (e.g. the
+                     teacher itself), which a resume must match.
 
 Guarantees:
 * Restore is bitwise: every array comes back with the dtype, shape and bytes
@@ -77,6 +79,17 @@ def tree_checksum(tree: Any) -> str | None:
   return hasher.hexdigest()
 
 
+def aux_checksum(aux: Any) -> str | None:
+  """`tree_checksum` of a pytree of arrays and numbers (e.g. a teacher
+  model); None when some leaf is neither (its bytes would not identify it)
+  or the process cannot see every array."""
+  if not all(isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int,
+                            float, complex))
+             for x in jax.tree.leaves(aux)):
+    return None
+  return tree_checksum(aux)
+
+
 def model_config_dict(config: Any) -> dict:
   """JSON-ready dict of a model's dataclass config (a `TransformerConfig`, all
   derived fields resolved, or e.g. an `ExitAdapterConfig`)."""
@@ -85,7 +98,7 @@ def model_config_dict(config: Any) -> dict:
 
 def make_metadata(*, model_config: transformer_lib.TransformerConfig,
                   train_config: Any = None, corpus: dict | None = None,
-                  extra: dict | None = None) -> dict:
+                  extra: dict | None = None, aux: Any = None) -> dict:
   """The JSON metadata stored with every checkpoint (`save` adds step/sums).
 
   Args:
@@ -93,6 +106,8 @@ def make_metadata(*, model_config: transformer_lib.TransformerConfig,
     train_config: the run's ConfigDict (stored for the record).
     corpus: `Corpus.fingerprint()` of the training corpus.
     extra: any JSON-serialisable dict (e.g. the teacher of a distilled draft).
+    aux: the training loss's frozen input (e.g. the teacher), or None;
+      recorded as its type and `aux_checksum`, so a resume can tell it.
   """
   if train_config is not None and hasattr(train_config, "to_json_best_effort"):
     train_config = json.loads(train_config.to_json_best_effort())
@@ -102,6 +117,8 @@ def make_metadata(*, model_config: transformer_lib.TransformerConfig,
       "train_config": train_config,
       "corpus": corpus,
       "extra": extra or {},
+      "aux": None if aux is None else {"type": type(aux).__name__,
+                                       "sha256": aux_checksum(aux)},
       "versions": {"jax": jax.__version__, "flax": flax.__version__,
                    "orbax": getattr(ocp, "__version__", "unknown")},
   }

@@ -364,7 +364,8 @@ def train(config: Any, workdir: str, *,
       lists the fields).
     workdir: where checkpoints and metrics.jsonl go. If it holds a
       checkpoint, training resumes from the latest one (after checking that
-      it is of the same model) and continues to `config.num_steps`.
+      it is of the same model, trained with the same `aux` and
+      `extra_metadata`) and continues to `config.num_steps`.
     loss_fn: the objective (a `losses.LossFn`); default next-token
       cross-entropy. Evaluation always reports held-out bits per byte.
     aux: passed to `loss_fn` unchanged (e.g. a frozen teacher model); a
@@ -476,7 +477,7 @@ def train(config: Any, workdir: str, *,
   del model  # the state holds copies of its arrays
   metadata = checkpoint_lib.make_metadata(
       model_config=model_config, train_config=config,
-      corpus=corpus.fingerprint(), extra=extra_metadata)
+      corpus=corpus.fingerprint(), extra=extra_metadata, aux=aux)
 
   workdir = os.path.abspath(os.fspath(workdir))
   os.makedirs(workdir, exist_ok=True)
@@ -509,6 +510,7 @@ def _loop(config, workdir, ckpt, state, template, model_config, metadata,
   resumed = ckpt.latest_step() is not None
   if resumed:
     state, stored = ckpt.restore(state, model_config=model_config)
+    _check_same_run(stored, metadata, ckpt.step_dir(int(state["step"])))
     state = sharding.place(state, shardings)
     _warn_config_changes(stored, metadata, ckpt.step_dir(int(state["step"])))
     logging.info("Resumed from %s", ckpt.step_dir(int(state["step"])))
@@ -638,6 +640,41 @@ def _loop(config, workdir, ckpt, state, template, model_config, metadata,
       "resumed": resumed,
   }
   return model, metrics
+
+
+def _check_same_run(stored: dict, current: dict, where: str) -> None:
+  """Refuses a resume whose `aux` or `extra_metadata` differ from the run's.
+
+  The model config alone does not identify a run: a student distilled from
+  one teacher, resumed with another, would mix two teachers' targets in one
+  set of weights without a word. `extra_metadata` (e.g. the zoo's teacher
+  name and key) must be equal, and `aux` (e.g. the teacher) must be present
+  in both runs or neither, with equal array bytes where both were hashed.
+  Checkpoints written before these records lack them and are not checked.
+  """
+  fix = ("Pass the run's own aux and extra_metadata to resume it, or use a "
+         "fresh --workdir for the new run.")
+  was, now = stored.get("aux"), current["aux"]
+  if "aux" in stored and (was is None) != (now is None):
+    raise checkpoint_lib.CheckpointError(
+        f"Checkpoint {where!r} was trained "
+        + ("without an aux (e.g. a teacher) and is now given one"
+           if was is None else f"with an aux ({was.get('type')}) and is now "
+           "given none") + f". {fix}")
+  hashes = (was or {}).get("sha256"), (now or {}).get("sha256")
+  if None not in hashes and hashes[0] != hashes[1]:
+    raise checkpoint_lib.CheckpointError(
+        f"Checkpoint {where!r} was trained with another aux: the given "
+        f"{now['type']}'s arrays differ from the run's (sha256 "
+        f"{hashes[1][:12]}... vs {hashes[0][:12]}...), e.g. another teacher, "
+        f"or the same one cast to another dtype. {fix}")
+  if "extra" in stored:
+    diff = checkpoint_lib.config_diff(
+        stored["extra"] or {}, json.loads(json.dumps(current["extra"])))
+    if diff:
+      raise checkpoint_lib.CheckpointError(
+          f"Checkpoint {where!r} was trained with other extra_metadata:\n  "
+          + "\n  ".join(diff) + f"\n{fix}")
 
 
 def _warn_config_changes(stored: dict, current: dict, where: str) -> None:
