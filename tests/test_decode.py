@@ -8,6 +8,7 @@ import pytest
 
 import specjax as sj
 from specjax.decode import loop
+from specjax.decode import validation
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
@@ -332,3 +333,37 @@ def test_positions_past_int32_are_refused_for_models_without_a_limit():
                    gamma=2, max_new_tokens=2**31)):
     with pytest.raises(ValueError, match="max_new_tokens=.* past int32"):
       call()
+
+
+def test_caches_that_cannot_fit_are_refused_before_anything_is_allocated(
+    monkeypatch):
+  """A call whose KV caches alone outgrow the free memory ran for minutes
+  (killed after 120 s) instead of failing; now it is a MemoryError in
+  under a second, naming the sizes and the fix."""
+  config = TransformerConfig(vocab_size=V, d_model=32, num_layers=1,
+                             num_heads=2, max_positions=16384)
+  model = TransformerLM.create(config, 0)
+  rows = 1 << 20  # x 10,017 positions x 2 x 32 float32: 2.4 TiB per model
+  prompts, lengths = np.ones((rows, 1), np.int32), np.ones((rows,), np.int32)
+  share = sj.SelfDraft(model, layers=1, share_cache=True)
+  for call, match in (
+      (lambda: sj.generate(model, prompts, lengths, jax.random.key(0),
+                           max_new_tokens=10_000), r"model 2,504\.3 GiB"),
+      (lambda: sj.speculative_generate(
+          model, model, prompts, lengths, jax.random.key(0), gamma=3,
+          max_new_tokens=10_000), r"target 2,505\.0 GiB, draft 2,505\.0"),
+      # A draft that reads the target's cache holds none of its own.
+      (lambda: sj.speculative_generate(
+          model, share, prompts, lengths, jax.random.key(0), gamma=3,
+          max_new_tokens=10_000), r"\(target 2,505\.0 GiB; 1048576 rows")):
+    with pytest.raises(MemoryError, match=match + ".*free on .*lower "
+                       "max_new_tokens"):
+      call()
+  # The control: the same check passes a call that fits, and refuses it
+  # when the free memory is made smaller than its caches.
+  small = (np.ones((2, 3), np.int32), np.full((2,), 3, np.int32))
+  assert sj.generate(model, *small, jax.random.key(0),
+                     max_new_tokens=4).tokens.shape == (2, 4)
+  monkeypatch.setattr(validation, "_host_available_bytes", lambda: 1000)
+  with pytest.raises(MemoryError, match="more than the 0.0 GiB free"):
+    sj.generate(model, *small, jax.random.key(0), max_new_tokens=4)

@@ -685,6 +685,13 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   jit_memory.relieve_if_needed("speculative_generate")
   # Before gamma="auto" times anything (tens of seconds).
   mesh = sharding.as_mesh(mesh)
+  lookahead = _lookahead(gamma, verifier)
+  validation.check_cache_memory(
+      "speculative_generate",
+      [("target", target)] + ([] if getattr(draft, "reads_target_cache",
+                                            False) else [("draft", draft)]),
+      prompts.shape[0], prompts.shape[1] + max_new_tokens + lookahead + 1,
+      mesh)
   if auto:
     # Costs at the middle of the generation, at this batch size (r(B), c(B)).
     rule = draft_length_lib.measure_goodput(
@@ -753,6 +760,9 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
       models=(("model", model),))
   jit_memory.relieve_if_needed("generate")
   mesh = sharding.as_mesh(mesh)
+  validation.check_cache_memory("generate", [("model", model)],
+                                prompts.shape[0],
+                                prompts.shape[1] + max_new_tokens + 1, mesh)
   (model,), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (model,), (prompts, lengths, keys))
   with sharding.using(mesh):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 import warnings
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -140,3 +141,108 @@ def check_finite_logits(stats: Any, caller: str, on_nonfinite: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
   else:
     raise NonFiniteLogitsError(message)
+
+
+# (id(model), batch, length) -> (weakref to the model, bytes): shaping a
+# cache traces init_cache (about 2 ms for the quick target), which every
+# timed call of a sweep would pay; a model's arrays cannot change in place.
+_CACHE_BYTES: dict = {}
+
+
+def _cache_bytes(model: Any, batch_size: int, buffer_len: int) -> int | None:
+  """Bytes of `model.init_cache` for a generation's buffer (shapes only,
+  nothing allocated); None when the model's cache cannot be shaped here
+  (the call itself then reports why)."""
+  key = (id(model), batch_size, buffer_len)
+  ref, size = _CACHE_BYTES.get(key, (None, None))
+  if ref is not None and ref() is model:
+    return size
+  size = _shaped_cache_bytes(model, batch_size, buffer_len)
+  try:
+    ref = weakref.ref(model)
+  except TypeError:  # not weakly referable: shaped on every call
+    return size
+  if len(_CACHE_BYTES) >= 256:
+    _CACHE_BYTES.clear()
+  _CACHE_BYTES[key] = (ref, size)
+  return size
+
+
+def _shaped_cache_bytes(model: Any, batch_size: int,
+                        buffer_len: int) -> int | None:
+  limit = getattr(model, "max_positions", None)
+  length = buffer_len if limit is None else min(buffer_len, limit)
+  try:
+    shapes = jax.eval_shape(lambda: model.init_cache(batch_size, length))
+  except Exception:  # pylint: disable=broad-except
+    return None
+  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(shapes))
+
+
+def _host_available_bytes() -> int | None:
+  """Linux's MemAvailable (memory a process can take without swapping)."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
+def free_device_bytes(devices: Any) -> tuple[int, str] | None:
+  """(bytes, where): the memory the caches of a generation on `devices` can
+  take: on an accelerator the smallest of its devices' free memory (limit
+  minus in use) times their number; on CPU, whose devices share the host's
+  memory, the host's MemAvailable. None when the platform does not say."""
+  devices = list(devices)
+  if devices[0].platform == "cpu":
+    free = _host_available_bytes()
+    return None if free is None else (free, "this host (MemAvailable)")
+  frees = []
+  for device in devices:
+    try:
+      stats = device.memory_stats() or {}
+    except Exception:  # pylint: disable=broad-except
+      return None
+    if "bytes_limit" not in stats:
+      return None
+    frees.append(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+  return (min(frees) * len(frees),
+          f"{len(frees)} {devices[0].platform} device(s)")
+
+
+def check_cache_memory(caller: str, models: Any, batch_size: int,
+                       buffer_len: int, mesh: Any = None) -> None:
+  """Raises MemoryError, before anything is traced or allocated, when the
+  KV caches a generation allocates cannot fit in the free memory.
+
+  `models` are (name, model) pairs whose caches the loop holds (a draft
+  that reads the target's cache holds none). Only the caches are counted,
+  and on a mesh as if spread perfectly over its devices: a lower bound on
+  what the call needs, so no call that fits is refused. The alternative is
+  XLA's RESOURCE_EXHAUSTED error from inside the compiled call, or on CPU
+  the kernel killing the process.
+  """
+  sizes = [(name, _cache_bytes(model, batch_size, buffer_len))
+           for name, model in models]
+  sizes = [(name, size) for name, size in sizes if size]
+  if not sizes:
+    return
+  devices = jax.devices() if mesh is None else mesh.devices.flat
+  free = free_device_bytes(devices if mesh is not None else devices[:1])
+  need = sum(size for _, size in sizes)
+  if free is None or need <= free[0]:
+    return
+  gib = lambda n: f"{n / 2**30:,.1f} GiB"
+  parts = ", ".join(f"{name} {gib(size)}" for name, size in sizes)
+  raise MemoryError(
+      f"{caller}: the KV caches alone need {gib(need)} ({parts}; "
+      f"{batch_size} rows x {buffer_len} positions), more than the "
+      f"{gib(free[0])} free on {free[1]}. Decode fewer rows per call, lower "
+      "max_new_tokens or shorten the prompts"
+      # A CPU mesh's devices share the host's memory: no help there.
+      + (", or spread the batch over a mesh (mesh=...)."
+         if mesh is None and not free[1].startswith("this host") else "."))
