@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 import csv
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
@@ -270,46 +271,49 @@ def plan(drafts: Sequence[Draft], *, temperatures: Sequence[float],
   return cells, skipped
 
 
-def _decode_interleaved(baseline, speculative, prompts: np.ndarray,
+def _decode_interleaved(decoders: Sequence[Callable], prompts: np.ndarray,
                         prompt_len: int, seed: int, batch_size: int = 1,
-                        repeats: int = 1):
-  """Runs both decoders on each batch of prompts, alternating, and times them.
+                        repeats: int = 1) -> list[tuple[list, np.ndarray]]:
+  """Runs every decoder on each batch of prompts, in turn, and times them.
 
-  Alternating per batch (same key for both) keeps slow drifts of the
-  machine's speed out of the ratio. Each decoder is first run once untimed,
-  so compilation is not counted. Each batch's pair of calls is made
-  `repeats` times (the same inputs and key, so the same output) and each
-  decoder keeps its fewest seconds: the estimator of `specjax.measure`
-  (its docstring, "Noise").
+  Taking turns per batch (same key for all) keeps slow drifts of the
+  machine's speed out of the ratios between them: the sweep passes the
+  baseline and every speculative cell of a (temperature, batch, draft)
+  group, so each cell's call on a batch sits beside the baseline's on the
+  same batch, and the baseline is timed once for the group. Each decoder
+  is first run once untimed, so compilation is not counted. Each batch's
+  round of calls is made `repeats` times (the same inputs and key, so the
+  same output) and each decoder keeps its fewest seconds: the estimator of
+  `specjax.measure` (its docstring, "Noise").
 
   Returns:
-    (baseline results, baseline seconds [N / batch], speculative results,
-    seconds [N / batch]).
+    one `(results [N / batch], seconds float [N / batch])` per decoder.
   """
   lengths = np.full((batch_size,), prompt_len, np.int32)
   key = jax.random.key(seed)
-  out = ([], [], [], [])
+  out = [([], []) for _ in decoders]
   # Made before the timed calls: fold_in compiles on its first use.
   keys = [jax.random.fold_in(key, i)
           for i in range(prompts.shape[0] // batch_size)]
   jit_memory.relieve_if_needed("sweep")  # before the warm-ups compile
   with jit_memory.deferred():
-    for fn in (baseline, speculative):
+    for fn in decoders:
       jax.block_until_ready(fn(prompts[:batch_size], lengths, key))
     with measure.no_compiles("sweep: the decoders' timed calls"):
       for i, key_i in enumerate(keys):
         batch = prompts[i * batch_size:(i + 1) * batch_size]
         calls = [functools.partial(fn, batch, lengths, key_i)
-                 for fn in (baseline, speculative)]
-        results, best = [None, None], [math.inf, math.inf]
+                 for fn in decoders]
+        results = [None] * len(calls)
+        best = [math.inf] * len(calls)
         for _ in range(repeats):
           for j, call in enumerate(calls):
             results[j], seconds = measure.timed(call)
             best[j] = min(best[j], seconds)
-        for j in range(2):
-          out[2 * j].append(results[j])
-          out[2 * j + 1].append(best[j])
-  return out[0], np.asarray(out[1]), out[2], np.asarray(out[3])
+        for j, (kept, times) in enumerate(out):
+          kept.append(results[j])
+          times.append(best[j])
+  return [(kept, np.asarray(times)) for kept, times in out]
 
 
 def _distortion(target, cell: Cell, prompts: np.ndarray, results,
@@ -361,13 +365,19 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
     step_seconds, step_repeats: see `measure.pass_seconds`.
     call_repeats: timed calls per batch of prompts and decoder; the fewest
       seconds count (see `_decode_interleaved`).
-    progress: called with a short description before each cell.
-    on_row: called with each row as soon as its cell is measured (e.g. to
-      save it: `run_config` appends it to `sweep.partial.jsonl`).
+    progress: called with a short description before each cell compiles.
+    on_row: called with each row as soon as it is measured (e.g. to save
+      it: `run_config` appends it to `sweep.partial.jsonl`).
     skipped: if given, a list that receives one dict per skipped cell (its
       axes and a "reason"): those of `plan`, and cells whose decoder refuses
       the combination before tracing (a ValueError from
       `speculative_generate`, e.g. a verifier that fixes its own shape).
+
+  The cells of each (temperature, batch size, draft) group are compiled
+  first, then timed by turns beside one baseline `generate` on each batch
+  of prompts (`_decode_interleaved`): each cell's ratio is measured side
+  by side, and the baseline's calls are not repeated for every gamma and
+  verifier.
 
   Each row holds the cell's axes (draft, temperature, verifier with its
   `exact` / `lossy` label, gamma with `gamma_mode` "fixed" or "auto" (gamma
@@ -387,78 +397,82 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
   target_params = _param_count(target)
   rows = []
   memo: dict = {}
-  group = None
-  for cell in cells:
+  lengths = np.full((num_prompts,), prompt_len, np.int32)
+  groups = itertools.groupby(
+      cells, lambda c: (c.temperature, c.batch_size, c.draft.name))
+  for index, (_, group) in enumerate(groups):
     # Every compiled program stays mapped in memory until its cache entry
     # goes: 80 cells of the adaptive grid (each with its timing loops and
     # the auto rule's verify widths) ran out of the kernel's memory-map
     # limit ("LLVM compilation error: Cannot allocate memory"). A finished
     # (temperature, batch, draft) group's programs are not used again; the
     # timings are memoised in `memo`, not in the caches.
-    if group is not None and group != (cell.temperature, cell.batch_size,
-                                       cell.draft.name):
+    if index:
       jax.clear_caches()
-    group = (cell.temperature, cell.batch_size, cell.draft.name)
-    sampling = sampling_lib.SamplingConfig(temperature=cell.temperature)
+    group = list(group)
+    batch, sampling = group[0].batch_size, sampling_lib.SamplingConfig(
+        temperature=group[0].temperature)
     baseline = functools.partial(loop.generate, target,
                                  max_new_tokens=max_new_tokens,
                                  sampling=sampling)
-    speculative = functools.partial(
-        loop.speculative_generate, target, cell.draft.model, gamma=cell.gamma,
-        max_new_tokens=max_new_tokens, sampling=sampling,
-        verifier=cell.verifier)
-    if progress:
-      progress(f"{cell.draft.name}, T={cell.temperature:g}, "
-               f"{cell.verifier.spec}, gamma={cell.gamma}, "
-               f"B={cell.batch_size}")
-    try:  # compiles (cached for the timed calls) or refuses before tracing
-      jax.block_until_ready(speculative(
-          prompts[:cell.batch_size],
-          np.full((cell.batch_size,), prompt_len, np.int32),
-          jax.random.key(seed)))
-    except ValueError as e:
-      skips.append({**cell.describe(), "reason": str(e)})
+    live = []  # (cell, its decoder) for the cells that compile
+    for cell in group:
+      speculative = functools.partial(
+          loop.speculative_generate, target, cell.draft.model,
+          gamma=cell.gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+          verifier=cell.verifier)
+      if progress:
+        progress(f"{cell.draft.name}, T={cell.temperature:g}, "
+                 f"{cell.verifier.spec}, gamma={cell.gamma}, B={batch}")
+      try:  # compiles (cached for the timed calls) or refuses before tracing
+        jax.block_until_ready(speculative(
+            prompts[:batch], lengths[:batch], jax.random.key(seed)))
+      except ValueError as e:
+        skips.append({**cell.describe(), "reason": str(e)})
+        continue
+      live.append((cell, speculative))
+    if not live:
       continue
-    shape = measure.LoopShape(cell.batch_size, prompt_len, max_new_tokens,
-                              cell.gamma_max)
-    costs = measure.loop_costs(
-        target, cell.draft.model, batch_size=cell.batch_size,
-        prompt_len=prompt_len, max_new_tokens=max_new_tokens,
-        gamma=cell.gamma_max, sampling=sampling, verifier=cell.verifier,
-        seconds=step_seconds, repeats=step_repeats, memo=memo)
-    ar_results, ar_seconds, results, spec_seconds = _decode_interleaved(
-        baseline, speculative, prompts, prompt_len, seed, cell.batch_size,
-        call_repeats)
-    null_round = None
-    if cell.gamma != AUTO:
-      null_round = measure.null_draft_round_seconds(
-          target, cell.draft.model, shape, sampling,
-          prompts_BxP=prompts[:cell.batch_size],
-          prompt_lengths_B=np.full((cell.batch_size,), prompt_len, np.int32),
-          key=jax.random.key(seed), costs=costs, repeats=step_repeats,
-          verifier=cell.verifier, memo=memo)
-    # An auto row's fixed-gamma predictions are None (its rounds draft
-    # fewer than gamma_max); its formula is priced at the rounds' lengths.
-    measured = measure.compare(costs, ar_results, ar_seconds, results,
-                               spec_seconds, null_round)
-    summary = stats.summarize(results)
-    rows.append({
-        "draft": cell.draft.name, "draft_kind": cell.draft.kind,
-        "draft_params": cell.draft.params, "target": target_name,
-        "target_params": target_params,
-        "temperature": float(cell.temperature),
-        "verifier": cell.verifier.spec, "exact": bool(cell.verifier.exact),
-        "lossy": not cell.verifier.exact,
-        "gamma": cell.gamma_max,
-        "gamma_mode": "auto" if cell.gamma == AUTO else "fixed",
-        "batch_size": int(cell.batch_size), "rows": int(num_prompts),
-        "max_new_tokens": int(max_new_tokens),
-        "mean_draft_length": (summary["draft_calls"] / summary["rounds"]
-                              if summary["rounds"] else None),
-        **_distortion(target, cell, prompts, results, sampling),
-        **measured})
-    if on_row:
-      on_row(rows[-1])
+    timed = _decode_interleaved([baseline] + [fn for _, fn in live], prompts,
+                                prompt_len, seed, batch, call_repeats)
+    ar_results, ar_seconds = timed[0]
+    for (cell, _), (results, spec_seconds) in zip(live, timed[1:]):
+      costs = measure.loop_costs(
+          target, cell.draft.model, batch_size=batch, prompt_len=prompt_len,
+          max_new_tokens=max_new_tokens, gamma=cell.gamma_max,
+          sampling=sampling, verifier=cell.verifier, seconds=step_seconds,
+          repeats=step_repeats, memo=memo)
+      null_round = None
+      if cell.gamma != AUTO:
+        null_round = measure.null_draft_round_seconds(
+            target, cell.draft.model,
+            measure.LoopShape(batch, prompt_len, max_new_tokens,
+                              cell.gamma_max), sampling,
+            prompts_BxP=prompts[:batch], prompt_lengths_B=lengths[:batch],
+            key=jax.random.key(seed), costs=costs, repeats=step_repeats,
+            verifier=cell.verifier, memo=memo)
+      # An auto row's fixed-gamma predictions are None (its rounds draft
+      # fewer than gamma_max); its formula is priced at the rounds' lengths.
+      measured = measure.compare(costs, ar_results, ar_seconds, results,
+                                 spec_seconds, null_round)
+      summary = stats.summarize(results)
+      rows.append({
+          "draft": cell.draft.name, "draft_kind": cell.draft.kind,
+          "draft_params": cell.draft.params, "target": target_name,
+          "target_params": target_params,
+          "temperature": float(cell.temperature),
+          "verifier": cell.verifier.spec, "exact": bool(cell.verifier.exact),
+          "lossy": not cell.verifier.exact,
+          "gamma": cell.gamma_max,
+          "gamma_mode": "auto" if cell.gamma == AUTO else "fixed",
+          "batch_size": int(batch), "rows": int(num_prompts),
+          "max_new_tokens": int(max_new_tokens),
+          "mean_draft_length": (summary["draft_calls"] / summary["rounds"]
+                                if summary["rounds"] else None),
+          **_distortion(target, cell, prompts, results, sampling),
+          **measured})
+      if on_row:
+        on_row(rows[-1])
   for skip in skips:
     logging.warning("sweep: skipped %s: %s", {k: v for k, v in skip.items()
                                               if k != "reason"},

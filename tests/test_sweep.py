@@ -11,6 +11,7 @@ from configs import reproduce
 from specjax import figures
 from specjax import measure
 from specjax import sweep
+from specjax.decode import verifiers
 
 
 @pytest.fixture(scope="module")
@@ -202,19 +203,32 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
   monkeypatch.setattr(draft_length, "measure_goodput",
                       lambda *a, gamma_max, **k: draft_length.Goodput(
                           c=0.1, r=(1.0,) * gamma_max))
-  prompts = np.random.default_rng(0).integers(0, 8, (2, 4)).astype(np.int32)
+  timed_calls, timed = [], measure.timed
+  def record(call):  # (decoder, gamma, verifier) of every timed call
+    timed_calls.append((call.func.__name__, call.keywords.get("gamma"),
+                        str(call.keywords.get("verifier"))))
+    return timed(call)
+  monkeypatch.setattr(measure, "timed", record)
+  prompts = np.random.default_rng(0).integers(0, 8, (4, 4)).astype(np.int32)
   skipped, saved = [], []
   rows = sweep.run(target, drafts, prompts, temperatures=(1.0,),
                    gammas=(2, "auto"), max_new_tokens=8, target_name="p",
                    verifiers=("token", "lenient:0.5"), batch_sizes=(2,),
-                   skipped=skipped, on_row=saved.append)
-  assert saved == rows  # each row handed over as its cell ends
+                   call_repeats=2, skipped=skipped, on_row=saved.append)
+  assert saved == rows  # each row handed over as soon as it is measured
+  # One baseline call per batch and repeat for the whole group, each cell's
+  # call beside it: [generate, every cell] x 2 repeats x 2 batches.
+  turn = [("generate", None, "None")] + [
+      ("speculative_generate", gamma, str(verifiers.get_verifier(v)))
+      for v, gamma in (("token", 2), ("token", "auto"), ("lenient:0.5", 2))]
+  assert timed_calls == turn * 4
+  assert len({r["ar_tokens_per_s"] for r in rows}) == 1
   by = {(r["verifier"], r["gamma_mode"]): r for r in rows}
   assert set(by) == {("token", "fixed"), ("lenient:0.5", "fixed"),
                      ("token", "auto")}
   assert [s["verifier"] for s in skipped] == ["lenient:0.5"]
   for r in rows:
-    assert r["batch_size"] == 2 and r["rows"] == 2
+    assert r["batch_size"] == 2 and r["rows"] == 4
     assert r["exact"] is not r["lossy"]
     assert 1 <= r["mean_draft_length"] <= r["gamma"]
   assert by[("lenient:0.5", "fixed")]["lossy"]
