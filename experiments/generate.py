@@ -24,6 +24,7 @@ from absl import flags
 from specjax import distributed
 from specjax import sampling as sampling_lib
 from specjax import textgen
+from specjax.models import hf
 
 _TARGET = flags.DEFINE_string("target", None, "Target: DIR or hf:<repo_id>.")
 _DRAFT = flags.DEFINE_string(
@@ -48,6 +49,12 @@ _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 64,
 _SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.")
 _DTYPE = flags.DEFINE_string(
     "dtype", None, "Weight/compute dtype (default: the checkpoint's).")
+_MAX_POSITIONS = flags.DEFINE_integer(
+    "max_positions", None, "Cap the checkpoints' context at this many "
+    "positions (default: their own). A Mistral or Qwen2 checkpoint whose "
+    "sliding window is shorter than its context loads with a cap at most "
+    "the window, where full attention is the same function.",
+    lower_bound=1)
 _COMPARE = flags.DEFINE_bool(
     "compare", False, "Also time target-only generate and print the speedup.")
 flags.mark_flag_as_required("target")
@@ -117,10 +124,17 @@ def main(argv):
   texts = _prompts()
   sampling = sampling_lib.SamplingConfig(
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value)
-  target, tok = textgen.load_target(_TARGET.value, dtype=_DTYPE.value)
-  prompt_ids = [tok.encode(t) for t in texts]
-  draft, target, what = textgen.make_draft(_DRAFT.value, target, tok,
-                                           prompt_ids, dtype=_DTYPE.value)
+  try:
+    target, tok = textgen.load_target(_TARGET.value, dtype=_DTYPE.value,
+                                      max_positions=_MAX_POSITIONS.value)
+    prompt_ids = [tok.encode(t) for t in texts]
+    draft, target, what = textgen.make_draft(
+        _DRAFT.value, target, tok, prompt_ids, dtype=_DTYPE.value,
+        max_positions=_MAX_POSITIONS.value)
+  except hf.UnsupportedConfigError as e:
+    # Its advice names load()'s argument; here that is a flag.
+    raise app.UsageError(f"{e} (On this command line: --max_positions.)"
+                         if "max_positions" in str(e) else str(e)) from None
   print(f"target: {_TARGET.value} ({target.vocab_size} ids); draft: {what}")
   result = textgen.run(target, draft, tok, texts, gamma=gamma,
                        max_new_tokens=_MAX_NEW_TOKENS.value,

@@ -28,6 +28,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax import sampling as sampling_lib
+from specjax.data.hf_tokenizer import read_json
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
 from specjax.models import hf
@@ -41,9 +42,11 @@ from specjax.models.self_draft import SelfDraft
 MAX_BIGRAM_VOCAB = 8192
 
 
-def load_target(spec: str, *, dtype: Any = None):
-  """`(model, tokenizer)` of a checkpoint directory or `hf:<repo_id>`."""
-  model, tok = hf.load(spec, dtype=dtype)
+def load_target(spec: str, *, dtype: Any = None,
+                max_positions: int | None = None):
+  """`(model, tokenizer)` of a checkpoint directory or `hf:<repo_id>`;
+  `max_positions` caps its context (`hf.load`)."""
+  model, tok = hf.load(spec, dtype=dtype, max_positions=max_positions)
   if tok is None:
     raise FileNotFoundError(f"{spec} has no tokenizer.json; text generation "
                             "needs the checkpoint's fast tokenizer.")
@@ -51,8 +54,10 @@ def load_target(spec: str, *, dtype: Any = None):
 
 
 def make_draft(spec: str, target, tokenizer, prompt_ids, *,
-               dtype: Any = None):
+               dtype: Any = None, max_positions: int | None = None):
   """`(draft, target, description)` for a `--draft` spec.
+
+  `dtype` and `max_positions` apply to a checkpoint draft (`hf.load`).
 
   `prompt_ids` (read by `bigram` only): the prompts' token ids, one integer
   array per prompt (a list, or a [B, P] array padded with -1), or one
@@ -107,7 +112,14 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
         "first N blocks), prompt_lookup, bigram, a Hugging Face checkpoint "
         "directory (config.json, tokenizer.json, *.safetensors) or "
         "hf:<repo_id>.")
-  draft, draft_tok = hf.load(spec, dtype=dtype)
+  directory = hf.resolve(spec)
+  if max_positions is not None:
+    # A cap for the target's sake; a draft with a shorter context keeps it.
+    own = hf.context_length(read_json(directory, "config.json"))
+    if isinstance(own, int):
+      max_positions = min(max_positions, own)
+  draft, draft_tok = hf.load(directory, dtype=dtype,
+                             max_positions=max_positions)
   if draft_tok is None:
     raise FileNotFoundError(f"--draft={spec} has no tokenizer.json; it is "
                             "needed to check the vocabularies agree.")

@@ -123,3 +123,28 @@ def test_run_refuses_a_bare_string_and_a_bad_seed():
   for seed in (-1, 2**32):  # jax would wrap both onto other seeds
     with pytest.raises(ValueError, match="seed must be"):
       textgen.run(None, None, tok, ["hello"], seed=seed)
+
+
+def test_a_sliding_window_checkpoint_loads_with_max_positions(tmp_path):
+  """A Mistral whose window is shorter than its context loads only capped
+  at the window: the command line said to pass load()'s argument, which it
+  had no flag for, under a traceback."""
+  import json  # pylint: disable=import-outside-toplevel
+  import shutil  # pylint: disable=import-outside-toplevel
+  ckpt = tmp_path / "mistral"
+  shutil.copytree(DATA / "mistral", ckpt)
+  config = json.loads((ckpt / "config.json").read_text())
+  (ckpt / "config.json").write_text(json.dumps(config | {"sliding_window": 16}))
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.generate", f"--target={ckpt}",
+       "--draft=self:1", "--prompt=the quick", "--max_new_tokens=4"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+  assert "(On this command line: --max_positions.)" in out.stderr
+  target, tok = textgen.load_target(str(ckpt), max_positions=16)
+  assert target.max_positions == 16
+  # A checkpoint draft keeps its own context where it is shorter than the cap.
+  draft, _, _ = textgen.make_draft(str(DATA / "mistral"), target, tok,
+                                   tok.encode("the quick"), max_positions=10**6)
+  assert draft.max_positions == config["max_position_embeddings"]

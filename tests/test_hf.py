@@ -139,9 +139,10 @@ def test_several_eos_ids_stop_a_row():
                            max_new_tokens=32, sampling=sj.GREEDY,
                            eos_id=tok.eos_ids[0])
   assert int(only_first.lengths[1]) > n  # the other ids are what stop it
-  with pytest.raises(ValueError, match="eos_id"):
-    sj.generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=4,
-                eos_id=())
+  # No ids (a tokenizer whose generation_config.json sets none): no EOS.
+  never = sj.generate(model, prompts, lengths, jax.random.key(0),
+                      max_new_tokens=32, sampling=sj.GREEDY, eos_id=())
+  assert (np.asarray(never.lengths) == 32).all()
   with pytest.raises(ValueError, match="eos_id"):
     sj.generate(model, prompts, lengths, jax.random.key(0), max_new_tokens=4,
                 eos_id=(1, model.vocab_size))
@@ -291,8 +292,15 @@ UNSUPPORTED = [
      "rope_parameters"),
     ("mistral", {"sliding_window": 32}, "sliding_window"),
     ("mistral", {"sliding_window": "32"}, "sliding_window"),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 32},
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 32,
+               "layer_types": None, "max_window_layers": 1},
      "sliding_window"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 32,
+               "layer_types": ["full_attention", "sliding_attention"]},
+     "sliding_window"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 32,
+               "layer_types": None, "max_window_layers": "1"},
+     "max_window_layers"),
     # Refused as a window, not advised as max_positions=-5.
     ("mistral", {"sliding_window": -5}, "sliding_window"),
     # Not read letter by letter as layer types.
@@ -398,6 +406,78 @@ def test_tensors_and_arguments_are_checked_by_name(tmp_path):
 def test_sliding_window_is_full_attention_within_the_window():
   config = _config("mistral") | {"sliding_window": 32}
   assert hf.config_from_hf(config, max_positions=32).max_positions == 32
+
+
+def test_qwen2_window_applies_only_where_transformers_applies_it():
+  """transformers' Qwen2Config: a window only with use_sliding_window, and
+  only on the layers from max_window_layers on (or as layer_types say)."""
+  full = hf.config_from_hf(_config("qwen2"))
+  for change in (
+      # max_window_layers (28, its default) >= the 2 layers: none slides.
+      {"use_sliding_window": True, "sliding_window": 32, "layer_types": None},
+      {"use_sliding_window": True, "sliding_window": 32,
+       "layer_types": ["full_attention", "full_attention"]},
+      # Sliding layer types, but use_sliding_window false: no window.
+      {"sliding_window": 32,
+       "layer_types": ["sliding_attention", "sliding_attention"]}):
+    assert hf.config_from_hf(_config("qwen2") | change) == full, change
+
+
+def test_unused_rope_scaling_fields_are_dropped_with_a_warning():
+  """transformers 4.x re-saves a linear scaling with the llama3 field
+  original_max_position_embeddings, which linear RoPE does not read."""
+  base = _config("llama_gqa") | {"rope_parameters": None, "rope_theta": 1e4}
+  linear = {"type": "linear", "factor": 4.0}
+  want = hf.config_from_hf(base | {"rope_scaling": linear})
+  with pytest.warns(UserWarning, match=r"\['original_max_position_embeddings'"
+                    r"\] are not used by 'linear'"):
+    got = hf.config_from_hf(base | {"rope_scaling": linear | {
+        "original_max_position_embeddings": 16}})
+  assert got == want and want.rope_scaling is not None
+
+
+def test_a_tied_config_with_a_different_head_in_the_file_uses_the_head(
+    tmp_path):
+  """transformers >= 5 keeps a checkpoint's lm_head.weight that differs from
+  the embeddings, whatever tie_word_embeddings says; it was dropped."""
+  from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
+  src = DATA / "llama3_tied"
+  tied, _ = hf.load(src)
+  tensors = hf.read_safetensors(src)
+  embedding = tensors["model.embed_tokens.weight"]
+  shutil.copytree(src, tmp_path / "same")
+  save_file(tensors | {"lm_head.weight": embedding.copy()},
+            str(tmp_path / "same" / "model.safetensors"))
+  same, _ = hf.load(tmp_path / "same")  # an equal copy: still tied
+  assert same.config == tied.config and same.config.tie_embeddings
+  head = np.random.default_rng(0).normal(size=embedding.shape).astype(
+      embedding.dtype)
+  shutil.copytree(src, tmp_path / "head")
+  save_file(tensors | {"lm_head.weight": head},
+            str(tmp_path / "head" / "model.safetensors"))
+  with pytest.warns(UserWarning, match="lm_head.weight differs"):
+    untied, _ = hf.load(tmp_path / "head")
+  assert not untied.config.tie_embeddings
+  tokens = jnp.asarray([[1, 2, 3, 4]])
+  _, hidden, _ = untied.forward_with_hidden(tokens, untied.init_cache(1, 8))
+  np.testing.assert_allclose(untied.logits(tokens), hidden @ head.T,
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_eos_ids_are_those_transformers_generate_stops_on(tmp_path):
+  src = DATA / "llama3_tied"
+  config_eos = _config("llama3_tied")["eos_token_id"]
+  shutil.copytree(src, tmp_path / "c")
+  # generation_config.json present without eos_token_id: no EOS, as in
+  # transformers; config.json's ids stopped rows that transformers runs on.
+  generation = json.loads((src / "generation_config.json").read_text())
+  del generation["eos_token_id"]
+  (tmp_path / "c" / "generation_config.json").write_text(
+      json.dumps(generation))
+  assert HFTokenizer.from_dir(tmp_path / "c").eos_ids == ()
+  (tmp_path / "c" / "generation_config.json").unlink()  # then config.json's
+  assert HFTokenizer.from_dir(tmp_path / "c").eos_ids == tuple(
+      config_eos if isinstance(config_eos, list) else [config_eos])
 
 
 def test_older_rope_layouts_are_read_as_the_new_one():

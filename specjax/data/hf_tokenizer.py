@@ -125,9 +125,17 @@ class HFTokenizer:
                          "and no config sets eos_token_id.")
       return found[0] if found else None
 
-    eos_ids = ids("eos_token_id")
-    if not eos_ids and special("eos") is not None:
-      eos_ids = (special("eos"),)
+    if (directory / "generation_config.json").is_file():
+      # transformers' generate stops on this file's ids alone once it
+      # exists (none: it never stops early); config.json's and the
+      # tokenizer's stand in only for a missing file.
+      eos_ids = _ids(configs["generation_config.json"].get("eos_token_id"),
+                     f"{directory / 'generation_config.json'}: eos_token_id",
+                     vocab)
+    else:
+      eos_ids = ids("eos_token_id")
+      if not eos_ids and special("eos") is not None:
+        eos_ids = (special("eos"),)
     return cls(tokenizer=tok, bos_id=special("bos"), eos_ids=eos_ids,
                pad_id=special("pad"), name=directory.name)
 

@@ -538,11 +538,10 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
     # One id or several (Llama 3 stops on any of a few); held as a sorted
     # tuple so it stays a hashable static argument of the compiled loop.
     ids = (eos_id,) if np.ndim(eos_id) == 0 else tuple(eos_id)
-    if not ids:
-      raise ValueError("eos_id must be an id, a non-empty sequence of ids, or "
-                       "None.")
+    # No ids (a tokenizer's eos_ids where its config sets none): no EOS.
     eos_id = tuple(sorted({
-        _checks.check_int("eos_id", i, low=0, high=real - 1) for i in ids}))
+        _checks.check_int("eos_id", i, low=0, high=real - 1)
+        for i in ids})) or None
   # The output is int32: a wider pad_id would fail inside the compiled call.
   pad_id = _checks.check_int("pad_id", pad_id, low=-2**31, high=2**31 - 1)
   _checks.check_token_range("prompts", prompts_np, real,
@@ -612,7 +611,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     max_new_tokens: generation budget per row (>= 1).
     sampling: the transform applied to target and draft logits alike.
     eos_id: a row stops after emitting this token (it is included); a
-      sequence of ids stops it at the first of any of them.
+      sequence of ids stops it at the first of any of them (an empty one,
+      like None, never).
     pad_id: fills `tokens` past each row's length.
     verifier: how the target judges the drafts, a registry string or a
       `Verifier` (`specjax.decode.verifiers`): "token" (default), "block"

@@ -31,9 +31,11 @@ decode loop, whatever the model dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
 from typing import Any
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -142,6 +144,14 @@ def _layer_rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
   return dict(params[used[0]])
 
 
+# The fields each implemented RoPE scaling reads (rope_type included).
+_ROPE_FIELDS = {
+    "linear": {"rope_type", "factor"},
+    "llama3": {"rope_type", "factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"},
+}
+
+
 def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
   """(rope_theta, rope_scaling) from either config layout.
 
@@ -188,6 +198,15 @@ def _rope_params(hf: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
                                  scaling["attention_factor"],
                                  "only 1.0 is implemented.")
   scaling.pop("attention_factor", None)
+  # transformers reads only its kind's fields and logs the rest as
+  # unrecognised (e.g. original_max_position_embeddings beside a linear
+  # factor, which re-saved 4.x configs carry): so do we, with a warning.
+  extra = sorted(set(scaling) - _ROPE_FIELDS[kind])
+  if extra:
+    warnings.warn(f"config.json {field}: fields {extra} are not used by "
+                  f"{kind!r} RoPE scaling (transformers ignores them too).",
+                  UserWarning, stacklevel=2)
+    scaling = {k: v for k, v in scaling.items() if k not in extra}
   return theta, scaling
 
 
@@ -277,6 +296,15 @@ def config_from_hf(hf: dict[str, Any], *, dtype: str = "float32",
                      f"{arch}: {e}") from None
 
 
+def context_length(hf: Any) -> Any:
+  """A config.json's own context (n_positions for GPT-2, else
+  max_position_embeddings), unchecked; None when it names none."""
+  if not isinstance(hf, dict):
+    return None
+  gpt2 = hf.get("architectures") == ["GPT2LMHeadModel"]
+  return hf.get("n_positions" if gpt2 else "max_position_embeddings")
+
+
 def _layer_types(hf: dict[str, Any]) -> list[str]:
   """config.json's per-layer attention kinds ([] when absent)."""
   layer_types = hf.get("layer_types") or []
@@ -303,10 +331,19 @@ def _check_sliding_window(arch: str, hf: dict[str, Any], positions: int):
                                  "a window covers at least one position.")
   uses_window = window is not None
   if arch == "Qwen2ForCausalLM":
+    # As transformers' Qwen2Config: no window unless use_sliding_window,
+    # and then only on the layers layer_types names (by default those from
+    # max_window_layers on, so none when it is >= the layer count).
     layer_types = _layer_types(hf)
-    uses_window = window is not None and (
-        hf.get("use_sliding_window", False)
-        or "sliding_attention" in layer_types)
+    if not layer_types:
+      first = hf.get("max_window_layers", 28)
+      if isinstance(first, bool) or not isinstance(first, int):
+        raise UnsupportedConfigError("max_window_layers", first,
+                                     "expected an integer.")
+      layer_types = ["sliding_attention" if i >= first else "full_attention"
+                     for i in range(_field(hf, "num_hidden_layers"))]
+    uses_window = (window is not None and hf.get("use_sliding_window", False)
+                   and "sliding_attention" in layer_types)
   elif arch == "GPT2LMHeadModel":
     uses_window = False
   # A query at position i sees keys j with i - j < window, so contexts of at
@@ -462,6 +499,18 @@ def model_from_tensors(config: TransformerConfig,
       tensors["lm_head.weight"] = head_tensor
     params, head = _llama_params(config, tensors)
   head_tensor = tensors.pop(head, None)
+  if config.tie_embeddings and head_tensor is not None and not (
+      head_tensor.shape == params["embed"]["embedding"].shape
+      and np.array_equal(head_tensor, params["embed"]["embedding"])):
+    # transformers >= 5 then keeps the file's head (untied) and warns;
+    # dropping it would silently change every logit.
+    warnings.warn(
+        f"config.json ties the head to the embeddings "
+        f"(tie_word_embeddings), but the checkpoint's {head} differs from "
+        "them: it is used as an untied head, as transformers >= 5 does "
+        "(transformers 4.x overwrote it with the embeddings).", UserWarning,
+        stacklevel=2)
+    config = dataclasses.replace(config, tie_embeddings=False)
   if not config.tie_embeddings:
     if head_tensor is None:
       raise ValueError("The checkpoint has untied embeddings "
@@ -511,7 +560,9 @@ def load(path: str | os.PathLike, *, dtype: Any = None,
   Returns:
     `(model, tokenizer)`: the `TransformerLM` and an `HFTokenizer` (None when
     the directory has no tokenizer.json or `tokenizer=False`). The tokenizer's
-    `eos_ids` come from generation_config.json, else config.json.
+    `eos_ids` are those transformers' generate stops on: generation_config.json's
+    (none if it sets none), or where that file is missing config.json's,
+    else the tokenizer's eos_token.
 
   Raises:
     UnsupportedConfigError naming the config.json field the model does not
