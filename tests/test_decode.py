@@ -367,3 +367,17 @@ def test_caches_that_cannot_fit_are_refused_before_anything_is_allocated(
   monkeypatch.setattr(validation, "_host_available_bytes", lambda: 1000)
   with pytest.raises(MemoryError, match="more than the 0.0 GiB free"):
     sj.generate(model, *small, jax.random.key(0), max_new_tokens=4)
+
+
+def test_a_context_overflow_names_a_trees_node_count_as_its_lookahead():
+  # It said "a tree's depth: the lookahead"; tree:2,1,1 has depth 3 and 6
+  # nodes, and a round scores all 6.
+  model = TransformerLM.create(TransformerConfig(
+      vocab_size=V, d_model=32, num_layers=1, num_heads=1, max_positions=29),
+      0)
+  draft = sj.SelfDraft(model, layers=1, share_cache=True)
+  with pytest.raises(ValueError, match=r"lookahead \(6\) needs 32 positions.*"
+                     r"a tree's node count"):
+    sj.speculative_generate(model, draft, np.ones((1, 22), np.int32),
+                            np.array([22]), jax.random.key(0),
+                            max_new_tokens=5, verifier="tree:2,1,1")

@@ -563,8 +563,8 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
           f"the longest prompt ({longest}) + max_new_tokens + lookahead "
           f"({lookahead}) needs {needed} positions, but {name}.max_positions "
           f"is {limit}. Shorten the prompt or lower max_new_tokens"
-          + (", or the draft length (gamma, or a tree's depth: the "
-             "lookahead)." if lookahead > 1 else "."))
+          + (", or the lookahead: gamma, or a tree's node count (a "
+             "round scores every node)." if lookahead > 1 else "."))
   width = prompt_bucket(longest)
   padded = np.zeros((prompts_np.shape[0], width), np.int32)
   keep = min(width, prompts_np.shape[1])
