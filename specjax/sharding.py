@@ -225,10 +225,33 @@ def as_mesh(mesh: Mesh | str | None) -> Mesh | None:
   if not isinstance(mesh, Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, a spec like "
                     f"'data:2,model:4', or None; got {type(mesh).__name__}.")
+  try:  # as make_mesh checks its devices: a repeated one failed in jax
+    check_devices(mesh.devices)
+  except (TypeError, ValueError) as e:
+    raise type(e)(f"mesh {mesh.shape_tuple}: {e}") from None
   if any(t != AxisType.Auto for t in mesh.axis_types):
     mesh = Mesh(mesh.devices, mesh.axis_names,
                 axis_types=(AxisType.Auto,) * len(mesh.axis_names))
   return mesh
+
+
+def check_mesh_axes(mesh: Mesh | None,
+                    rules: Mapping[str, str | None] = RULES) -> None:
+  """Raises ValueError for a mesh axis of size > 1 that no rule maps to: its
+  devices would each hold a copy of everything, silently (a Mesh built by
+  hand with axes ("x", "y") sharded nothing)."""
+  if mesh is None:
+    return
+  used = {axis for axis in (rules or {}).values() if axis is not None}
+  idle = [(name, size) for name, size in mesh.shape.items()
+          if size > 1 and name not in used]
+  if idle:
+    raise ValueError(
+        f"mesh {mesh.shape_tuple}: no sharding rule maps to axis(es) "
+        f"{', '.join(f'{n!r} (size {k})' for n, k in idle)}, so their "
+        f"devices would hold copies. Name the axes "
+        f"{' and '.join(map(repr, MESH_AXES))} (e.g. "
+        "sharding.make_mesh('data:2,model:4')).")
 
 
 def axis_size(mesh, axis: str | None) -> int:
@@ -444,6 +467,7 @@ def shard_model(model: Any, mesh: Mesh | str, *,
   values (e.g. the same seed or checkpoint).
   """
   mesh = as_mesh(mesh)
+  check_mesh_axes(mesh, rules)
   return place(model, model_shardings(model, mesh, rules=rules))
 
 

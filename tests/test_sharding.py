@@ -99,6 +99,38 @@ def test_make_mesh_refuses_axis_names_no_rule_uses():
     assert dict(sharding.make_mesh(spec).shape) == {"data": 1, "model": 1}
 
 
+def test_a_mesh_built_by_hand_is_checked_like_a_spec(monkeypatch):
+  """A Mesh object skipped make_mesh's checks: a repeated device failed in
+  jax.device_put ("safe_zip() argument 1 has length 8 but argument 0 has
+  length 7"), and axes no rule maps to ("x", "y") silently sharded
+  nothing."""
+  device = jax.devices()[0]
+  twice = jax.sharding.Mesh(np.array([device, device]), ("data",))
+  with pytest.raises(ValueError, match=r"mesh \(\('data', 2\),\): "
+                     r"devices\[1\] is .* already devices\[0\]"):
+    sharding.as_mesh(twice)
+  with pytest.raises(ValueError, match="no sharding rule maps to axis"
+                     r"\(es\) 'x' \(size 2\), 'y' \(size 4\)"):
+    sharding.check_mesh_axes(AbstractMesh((2, 4), ("x", "y")))
+  for fine in (MESH_2X4, AbstractMesh((1, 8), ("x", "model")), None):
+    sharding.check_mesh_axes(fine)  # an unused axis of size 1 is harmless
+  # The decode entry points check a given mesh's axes (the repeated device
+  # let through, to build a 2-device mesh here).
+  monkeypatch.setattr(sharding, "check_devices", lambda devices: devices)
+  model = sj.TransformerLM.create(sj.TransformerConfig(
+      vocab_size=16, d_model=16, num_layers=1, num_heads=2,
+      max_positions=32), 0)
+  prompts, lengths = np.ones((1, 4), np.int32), np.array([4])
+  foreign = jax.sharding.Mesh(np.array([device, device]), ("x",))
+  for call in (lambda: sj.generate(model, prompts, lengths, jax.random.key(0),
+                                   max_new_tokens=2, mesh=foreign),
+               lambda: sj.speculative_generate(
+                   model, model, prompts, lengths, jax.random.key(0),
+                   gamma=2, max_new_tokens=2, mesh=foreign)):
+    with pytest.raises(ValueError, match="'x' \\(size 2\\).*Name the axes"):
+      call()
+
+
 def test_rules_shard_heads_mlp_vocab_and_replicate_what_does_not_divide():
   spec = lambda shape, names, **kw: sharding.spec_for(shape, names, MESH_2X4,
                                                       **kw)

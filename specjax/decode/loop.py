@@ -685,6 +685,7 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   jit_memory.relieve_if_needed("speculative_generate")
   # Before gamma="auto" times anything (tens of seconds).
   mesh = sharding.as_mesh(mesh)
+  sharding.check_mesh_axes(mesh)
   lookahead = _lookahead(gamma, verifier)
   validation.check_cache_memory(
       "speculative_generate",
@@ -760,6 +761,7 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
       models=(("model", model),))
   jit_memory.relieve_if_needed("generate")
   mesh = sharding.as_mesh(mesh)
+  sharding.check_mesh_axes(mesh)
   validation.check_cache_memory("generate", [("model", model)],
                                 prompts.shape[0],
                                 prompts.shape[1] + max_new_tokens + 1, mesh)

@@ -559,10 +559,10 @@ def load(path: str | os.PathLike, *, dtype: Any = None,
 
   Returns:
     `(model, tokenizer)`: the `TransformerLM` and an `HFTokenizer` (None when
-    the directory has no tokenizer.json or `tokenizer=False`). The tokenizer's
-    `eos_ids` are those transformers' generate stops on: generation_config.json's
-    (none if it sets none), or where that file is missing config.json's,
-    else the tokenizer's eos_token.
+    the directory has no tokenizer.json or `tokenizer=False`). The
+    tokenizer's `eos_ids` are those transformers' generate stops on:
+    generation_config.json's (none if it sets none), or where that file is
+    missing config.json's, else the tokenizer's eos_token.
 
   Raises:
     UnsupportedConfigError naming the config.json field the model does not
