@@ -337,9 +337,9 @@ def test_positions_past_int32_are_refused_for_models_without_a_limit():
 
 def test_caches_that_cannot_fit_are_refused_before_anything_is_allocated(
     monkeypatch):
-  """A call whose KV caches alone outgrow the free memory ran for minutes
-  (killed after 120 s) instead of failing; now it is a MemoryError in
-  under a second, naming the sizes and the fix."""
+  """A call whose KV caches alone outgrow the free memory was still running
+  after 120 s (an ad hoc run of the code before, killed by a timeout); now
+  it is a MemoryError in under a second, naming the sizes and the fix."""
   config = TransformerConfig(vocab_size=V, d_model=32, num_layers=1,
                              num_heads=2, max_positions=16384)
   model = TransformerLM.create(config, 0)
