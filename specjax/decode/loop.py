@@ -82,9 +82,8 @@ def _prefill(model, prompts_BxP, buffer_len, lengths_B, at_BxK=None):
   # Validation guarantees every committed or scored position is below
   # max_positions, so a cache capped there loses nothing; prompt padding past
   # it is dropped.
-  limit = getattr(model, "max_positions", None)
-  cache_len = buffer_len if limit is None else min(buffer_len, limit)
-  cache = model.init_cache(prompts_BxP.shape[0], cache_len)
+  cache = model.init_cache(prompts_BxP.shape[0],
+                           protocol.cache_length(model, buffer_len))
   logits_BxKxV = None
   if at_BxK is None:
     _, cache = model(prompts_BxP, cache)
@@ -135,11 +134,11 @@ def _prefill_features(target, draft, prompts_BxP, buffer_len, lengths_B,
   the draft's cache; returns (target cache, draft cache, the draft's first
   window of unread features `[B, gamma + 1, D]`).
   """
-  limit = target.max_positions
-  cache = target.init_cache(prompts_BxP.shape[0], min(buffer_len, limit))
+  cache = target.init_cache(prompts_BxP.shape[0],
+                            protocol.cache_length(target, buffer_len))
   _, hidden_BxPxD, cache = target.forward_with_hidden(prompts_BxP, cache)
   draft_cache = draft.init_cache(prompts_BxP.shape[0],
-                                 min(buffer_len, draft.max_positions))
+                                 protocol.cache_length(draft, buffer_len))
   draft_cache, features_BxWxD = draft.prefill(
       prompts_BxP, hidden_BxPxD, lengths_B, draft_cache, gamma + 1)
   return cache.replace(lengths=lengths_B - 1), draft_cache, features_BxWxD
@@ -370,9 +369,7 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   if draft_length_values is not None:
     draft_length = draft_length_lib.join(draft_length, draft_length_values)
   batch, width = prompts_BxP.shape
-  # Room for the prompt, the budget, and the gamma + 1 tokens a final round
-  # scores past the last committed one (a tree: its root and every node).
-  buffer_len = width + max_new_tokens + _lookahead(gamma, verifier) + 1
+  buffer_len = _buffer_len(width, max_new_tokens, gamma, verifier)
   tokens_BxS = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(
       prompts_BxP)
   target_features = None
@@ -517,6 +514,25 @@ def _lookahead(gamma, verifier):
   if isinstance(verifier, verifiers_lib.TreeVerifier):
     return verifier.topology.num_nodes
   return gamma
+
+
+def _buffer_len(width, max_new_tokens, gamma, verifier=None):
+  """Positions of a generation's token buffer: room for the prompt, the
+  budget, and the lookahead plus one that a final round scores past the
+  last committed token (a tree: its root and every node; `generate`:
+  gamma 0)."""
+  return width + max_new_tokens + _lookahead(gamma, verifier) + 1
+
+
+def _check_decode_mesh(caller, mesh, models, batch_size, buffer_len):
+  """The entry points' checks of where a generation runs, before anything
+  is timed or traced: the mesh's axes, and the room for the caches the loop
+  holds (a draft that reads the target's cache holds none)."""
+  sharding.check_mesh_axes(mesh)
+  validation.check_cache_memory(
+      caller, [(name, model) for name, model in models
+               if not getattr(model, "reads_target_cache", False)],
+      batch_size, buffer_len, mesh)
 
 
 def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
@@ -676,23 +692,19 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         f"verifier={verifier.spec!r} keeps a draft with another probability "
         "than sum_x min(p, q), which the rule's estimator='overlap' counts; "
         "pass dataclasses.replace(rule, estimator='accepted').")
+  models = (("target", target), ("draft", draft))
   prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
       target, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
       lookahead=_lookahead(gamma, verifier), sampling=sampling, eos_id=eos_id,
-      pad_id=pad_id, models=(("target", target), ("draft", draft)))
+      pad_id=pad_id, models=models)
   # Before anything here compiles: frees compiled programs if they near the
   # kernel's memory-map limit (specjax.jit_memory).
   jit_memory.relieve_if_needed("speculative_generate")
   # Before gamma="auto" times anything (tens of seconds).
   mesh = sharding.as_mesh(mesh)
-  sharding.check_mesh_axes(mesh)
-  lookahead = _lookahead(gamma, verifier)
-  validation.check_cache_memory(
-      "speculative_generate",
-      [("target", target)] + ([] if getattr(draft, "reads_target_cache",
-                                            False) else [("draft", draft)]),
-      prompts.shape[0], prompts.shape[1] + max_new_tokens + lookahead + 1,
-      mesh)
+  _check_decode_mesh(
+      "speculative_generate", mesh, models, prompts.shape[0],
+      _buffer_len(prompts.shape[1], max_new_tokens, gamma, verifier))
   if auto:
     # Costs at the middle of the generation, at this batch size (r(B), c(B)).
     rule = draft_length_lib.measure_goodput(
@@ -761,10 +773,8 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
       models=(("model", model),))
   jit_memory.relieve_if_needed("generate")
   mesh = sharding.as_mesh(mesh)
-  sharding.check_mesh_axes(mesh)
-  validation.check_cache_memory("generate", [("model", model)],
-                                prompts.shape[0],
-                                prompts.shape[1] + max_new_tokens + 1, mesh)
+  _check_decode_mesh("generate", mesh, (("model", model),), prompts.shape[0],
+                     _buffer_len(prompts.shape[1], max_new_tokens, 0))
   (model,), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (model,), (prompts, lengths, keys))
   with sharding.using(mesh):

@@ -13,6 +13,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax import sampling as sampling_lib
+from specjax.models import protocol
 
 
 def check_model(name: str, model: Any) -> None:
@@ -170,8 +171,7 @@ def _cache_bytes(model: Any, batch_size: int, buffer_len: int) -> int | None:
 
 def _shaped_cache_bytes(model: Any, batch_size: int,
                         buffer_len: int) -> int | None:
-  limit = getattr(model, "max_positions", None)
-  length = buffer_len if limit is None else min(buffer_len, limit)
+  length = protocol.cache_length(model, buffer_len)
   try:
     shapes = jax.eval_shape(lambda: model.init_cache(batch_size, length))
   except Exception:  # pylint: disable=broad-except
@@ -219,8 +219,9 @@ def check_cache_memory(caller: str, models: Any, batch_size: int,
   """Raises MemoryError, before anything is traced or allocated, when the
   KV caches a generation allocates cannot fit in the free memory.
 
-  `models` are (name, model) pairs whose caches the loop holds (a draft
-  that reads the target's cache holds none). Only the caches are counted,
+  `models` are (name, model) pairs whose caches the loop holds. Each
+  cache is shaped as the loop makes it (`protocol.cache_length`). Only the
+  caches are counted,
   and on a mesh as if spread perfectly over its devices: a lower bound on
   what the call needs, so no call that fits is refused. The alternative is
   XLA's RESOURCE_EXHAUSTED error from inside the compiled call, or on CPU

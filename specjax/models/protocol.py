@@ -48,6 +48,14 @@ class CausalLM(Protocol):
     """
 
 
+def cache_length(model: Any, buffer_len: int) -> int:
+  """Positions of `model`'s cache for a generation buffer of `buffer_len`:
+  the buffer, capped at the model's max_positions if it has one (no
+  committed or scored position reaches past it)."""
+  limit = getattr(model, "max_positions", None)
+  return buffer_len if limit is None else min(buffer_len, limit)
+
+
 def supports_trees(model: Any) -> bool:
   """Whether `model` can run draft trees (`verifier="tree:..."`).
 
