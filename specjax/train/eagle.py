@@ -204,9 +204,11 @@ def train_head(target: TransformerLM, config: Any, workdir: str, *,
 def _check_resume_for(workdir: Any, head_cfg: TransformerConfig,
                       target: TransformerLM) -> None:
   """Raises CheckpointError if `workdir` holds a head trained for another
-  target. The trainer's resume compares the head's own config, which a
-  deeper target or another MLP width leaves unchanged: such a run resumed,
-  and its later steps read another target's features."""
+  target. The head's own config is the same for a deeper target or another
+  MLP width; the trainer's resume also refuses another target (its aux
+  hash and the recorded `target_config`), but only after loading the corpus
+  and restoring the state, and without naming the architecture's fields,
+  which this check does first."""
   if not isinstance(workdir, (str, os.PathLike)):
     return  # trainer.train names a bad workdir
   directory = os.path.join(os.fspath(workdir),
