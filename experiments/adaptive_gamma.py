@@ -143,7 +143,8 @@ def load_target(name):
 
 
 def _check_drafts(names):
-  """Refuses a bad --drafts entry before any model is loaded or trained."""
+  """Refuses a bad --drafts entry before any model is loaded or trained (a
+  usage error: it needs --target, so it is not a one-flag validator)."""
   if _TARGET.value == "quick":
     layers = recipes.SIZES[_quick().target]["num_layers"]
   else:
@@ -152,13 +153,13 @@ def _check_drafts(names):
     if name.startswith("self:"):
       k, _, extra = name[5:].partition("+")
       if not k.isdecimal() or not 1 <= int(k) <= layers:
-        raise ValueError(f"--drafts {name!r}: self:K needs 1 <= K <= "
+        raise app.UsageError(f"--drafts {name!r}: self:K needs 1 <= K <= "
                          f"{layers} (the target's blocks).")
       if extra and (extra != "adapter" or _TARGET.value != "quick"):
-        raise ValueError(f"--drafts {name!r}: only self:K+adapter, and only "
+        raise app.UsageError(f"--drafts {name!r}: only self:K+adapter, and only "
                          "with --target=quick (the zoo trains its adapters).")
     elif name not in zoo.names() + ["tiny"]:
-      raise ValueError(f"--drafts {name!r} is neither self:K nor a zoo name "
+      raise app.UsageError(f"--drafts {name!r} is neither self:K nor a zoo name "
                        f"({', '.join(zoo.names())}).")
 
 

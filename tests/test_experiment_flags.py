@@ -110,6 +110,8 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
   for args, message in BAD:
     code, err = next(results[args[0]])
     assert code != 0 and message in err, (args, err[-2000:])
+    # A usage message, not a traceback.
+    assert "Traceback" not in err, (args, err[-2000:])
   assert not (tmp_path / "empty-zoo").exists()  # nothing was trained
   assert not out.exists() and afile.read_text() == "not a directory"
 
