@@ -90,8 +90,11 @@ def clustered_alpha(accepted_R: Any, verified_R: Any) -> tuple[float, float]:
   the binomial se of `pooled_alpha`, which counts every draft as an
   independent trial, is several times too small there. This is the ratio
   estimator's delta-method se, sqrt(R / (R - 1) * sum_r (a_r - alpha v_r)^2)
-  / sum_r v_r. NaN se with fewer than two units (or none verified); NaNs
-  when nothing was verified.
+  / sum_r v_r, over the units that verified a draft: a unit that verified
+  none says nothing of alpha, and with one such unit left the residual is 0
+  by construction (its own ratio is alpha), so a zero se would be claimed.
+  NaN se with fewer than two units that verified a draft; NaNs when nothing
+  was verified.
 
   Args:
     accepted_R, verified_R: integer counts >= 0 per unit, 1-D, of one length,
@@ -109,10 +112,11 @@ def clustered_alpha(accepted_R: Any, verified_R: Any) -> tuple[float, float]:
   if total == 0:
     return math.nan, math.nan
   alpha = int(a_R.sum()) / total
-  r = a_R.size
+  used_R = v_R > 0
+  r = int(used_R.sum())
   if r < 2:
     return alpha, math.nan
-  resid_R = a_R - alpha * v_R
+  resid_R = a_R[used_R] - alpha * v_R[used_R]
   return alpha, math.sqrt(r / (r - 1) * float(resid_R @ resid_R)) / total
 
 

@@ -348,6 +348,12 @@ def test_clustered_alpha_counts_rows_not_drafts():
   a, se = stats.clustered_alpha([3], [4])
   assert a == 0.75 and math.isnan(se)
   assert all(math.isnan(x) for x in stats.clustered_alpha([0, 0], [0, 0]))
+  # Units that verified nothing are not units of alpha: one informative row
+  # beside empty ones read a zero se (its residual is 0 by construction).
+  a, se = stats.clustered_alpha([4, 0, 0], [6, 0, 0])
+  assert a == pytest.approx(4 / 6) and math.isnan(se)
+  assert stats.clustered_alpha([3, 5, 9, 0], [4, 8, 10, 0]) == (
+      alpha, pytest.approx(want))
   with pytest.raises(ValueError, match="one length"):
     stats.clustered_alpha([1, 2], [3])
   with pytest.raises(ValueError, match="unit by unit"):
