@@ -126,13 +126,19 @@ def operations_increase(alpha, gamma, c_hat):
   return (g * c_hat + g + 1) / tokens
 
 
+# optimal_gamma scores every gamma up to max_gamma: 10^12 asked for 7 TiB.
+_MAX_GAMMA_SEARCHED = 10**6
+
+
 def optimal_gamma(alpha, c, r=1.0, max_gamma: int = 32) -> int:
   """The gamma in [1, max_gamma] that maximises `walltime_improvement`.
 
-  Scalar alpha, c and r. Returns 1 also when no gamma beats autoregressive
-  decoding; compare `walltime_improvement` with 1 to know whether to speculate.
+  Scalar alpha, c and r; max_gamma <= 10^6 (every gamma up to it is
+  scored). Returns 1 also when no gamma beats autoregressive decoding;
+  compare `walltime_improvement` with 1 to know whether to speculate.
   """
-  max_gamma = _checks.check_int("max_gamma", max_gamma, low=1)
+  max_gamma = _checks.check_int("max_gamma", max_gamma, low=1,
+                                high=_MAX_GAMMA_SEARCHED)
   gammas = np.arange(1, max_gamma + 1)
   alpha = _scalar("alpha", _alpha(alpha))
   c, r = _scalar("c", _cost("c", c)), _scalar("r", _cost("r", r))
@@ -237,6 +243,8 @@ def loop_speedup(alpha, gamma, num_tokens, c, r, *, c_window=None,
     raise ValueError(f"gamma must be >= 1 for a speculative loop, got {gamma}.")
   c = float(_scalar("c", _cost("c", c)))
   r = float(_scalar("r", _cost("r", r)))
+  if r <= 0:
+    raise ValueError(f"r must be > 0 (a verify pass costs time), got {r}.")
   cw = c if c_window is None else float(_scalar("c_window",
                                                 _cost("c_window", c_window)))
   o = float(_scalar("overhead", _cost("overhead", overhead)))

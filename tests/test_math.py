@@ -445,6 +445,9 @@ def test_accounting_rejects_bad_inputs():
     accounting.optimal_gamma(None, 0.1)
   with pytest.raises(ValueError, match="c must be a scalar"):
     accounting.optimal_gamma(0.5, np.array([0.1, 0.2]))
+  # Every gamma up to max_gamma is scored: 10^12 asked numpy for 7 TiB.
+  with pytest.raises(ValueError, match="max_gamma"):
+    accounting.optimal_gamma(0.8, 0.05, max_gamma=10**12)
 
 
 @pytest.mark.parametrize("gamma", [np.int8(127), np.uint8(255),

@@ -252,6 +252,10 @@ def test_loop_speedup_reduces_to_walltime_improvement():
                                         / (0.1 + 3 * 0.1 + 1.0))
   # A bigger batch waits for slower rows: never faster.
   assert accounting.loop_speedup(0.8, 4, 64, 0.1, 1.0, batch_size=8) < base
+  # A free verify pass was priced (16.5x here) where walltime_improvement
+  # and batch_speedups refuse it.
+  with pytest.raises(ValueError, match="r must be > 0"):
+    accounting.loop_speedup(0.8, 4, 100, 0.05, 0)
 
 
 def test_crossover_batch():
