@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from specjax import _checks
+from specjax import measure
 from specjax import sampling as sampling_lib
 from specjax.data.hf_tokenizer import read_json
 from specjax.data.tokenizer_protocol import encode_batch
@@ -165,21 +166,29 @@ class TextRun:
     return self.tokens_per_s / self.baseline_tokens_per_s
 
 
-def _timed(fn, *, min_seconds: float = 0.5, max_calls: int = 25):
-  """`(fn(), median seconds of a call)` after one untimed (compiling) call.
+def _timed(fns: dict, *, min_seconds: float = 0.5, max_calls: int = 25
+           ) -> tuple[dict, dict]:
+  """`({name: fn()}, {name: median seconds of a call})` after one untimed
+  (compiling) call of each.
 
-  Short calls repeat until `min_seconds` have passed (at most `max_calls`
-  times): one millisecond-long call says more about the timer and the
-  machine's load than about the program.
+  The calls take turns, so a slow spell of the machine hits every one of
+  them and their ratio is measured side by side. Short calls repeat until
+  each has run `min_seconds` (at most `max_calls` turns): one
+  millisecond-long call says more about the timer and the machine's load
+  than about the program.
   """
-  jax.block_until_ready(fn())  # compile (and warm up)
-  times, total = [], 0.0
-  while not times or (total < min_seconds and len(times) < max_calls):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-    total += times[-1]
-  return out, float(np.median(times))
+  outs = {name: jax.block_until_ready(fn()) for name, fn in fns.items()}
+  times = {name: [] for name in fns}
+  with measure.no_compiles("textgen.run's timed calls"):
+    while True:
+      for name, fn in fns.items():
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times[name].append(time.perf_counter() - start)
+      if (len(times[name]) >= max_calls
+          or min(sum(t) for t in times.values()) >= min_seconds):
+        break
+  return outs, {name: float(np.median(t)) for name, t in times.items()}
 
 
 def _texts(tokenizer, result) -> list[str]:
@@ -212,7 +221,8 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
       (gamma: an int, "auto" or a draft-length rule).
     add_bos: prepend BOS; None means when the tokenizer has one distinct from
       its EOS ids (Llama-style yes, GPT-2 no).
-    compare: also time `generate` (target only) on the same prompts.
+    compare: also time `generate` (target only) on the same prompts, its
+      calls taking turns with the speculative ones (`_timed`).
 
   Returns:
     A `TextRun`; each call is compiled by a first, untimed run.
@@ -229,16 +239,21 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
                                         high=_checks.MAX_SEED))
   eos = tokenizer.eos_ids or None
   kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
-  out, seconds = _timed(lambda: loop.speculative_generate(
-      target, draft, prompts, lengths, key, gamma=gamma, **kwargs))
+  fns = {"speculative": lambda: loop.speculative_generate(
+      target, draft, prompts, lengths, key, gamma=gamma, **kwargs)}
+  if compare:
+    fns["generate"] = lambda: loop.generate(target, prompts, lengths, key,
+                                            **kwargs)
+  outs, seconds = _timed(fns)
+  out = outs["speculative"]
   generated = int(np.asarray(out.lengths).sum())
   result = TextRun(texts=_texts(tokenizer, out), summary=out.summary(),
-                   seconds=seconds, tokens_per_s=generated / seconds)
+                   seconds=seconds["speculative"],
+                   tokens_per_s=generated / seconds["speculative"])
   if compare:
-    base, base_seconds = _timed(lambda: loop.generate(
-        target, prompts, lengths, key, **kwargs))
-    result.baseline_seconds = base_seconds
+    base = outs["generate"]
+    result.baseline_seconds = seconds["generate"]
     result.baseline_tokens_per_s = (
-        int(np.asarray(base.lengths).sum()) / base_seconds)
+        int(np.asarray(base.lengths).sum()) / seconds["generate"])
     result.baseline_texts = _texts(tokenizer, base)
   return result

@@ -113,6 +113,21 @@ def test_speedup_is_per_generated_token():
                          tokens_per_s=1.0).speedup is None
 
 
+def test_compared_calls_take_turns():
+  """--compare timed every speculative call, then every generate call: a
+  slow spell of the machine during one block went into the speedup."""
+  order = []
+  fns = {name: (lambda name=name: order.append(name) or np.zeros(()))
+         for name in ("speculative", "generate")}
+  outs, seconds = textgen._timed(fns, min_seconds=0.0, max_calls=3)
+  # One untimed call each, then turns until each ran min_seconds (here one).
+  assert order == ["speculative", "generate"] * 2
+  assert set(outs) == set(seconds) == set(fns)
+  order.clear()
+  textgen._timed(fns, min_seconds=1e9, max_calls=3)
+  assert order == ["speculative", "generate"] * 4
+
+
 def test_run_refuses_a_bare_string_and_a_bad_seed():
   """list("hello") would make five one-character prompts."""
   tok = sj.data.ByteTokenizer()
