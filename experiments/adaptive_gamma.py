@@ -68,6 +68,7 @@ from specjax import measure
 from specjax import sharding
 from specjax import zoo
 from specjax.decode import draft_length
+from specjax.models import transformer
 from specjax.train import recipes
 from experiments import flag_checks
 
@@ -113,6 +114,10 @@ for _name, _example in (("drafts", "self:1,self:2"), ("batches", "1,8"),
   flags.register_validator(
       _name, bool, f"--{_name} must name at least one, e.g. "
       f"--{_name}={_example}")
+flags.register_validator(
+    "target", lambda t: t == "quick" or t in transformer.PRESETS,
+    "--target must be 'quick' (the quick job's trained target) or a preset "
+    f"name: {', '.join(sorted(transformer.PRESETS))}")
 flags.register_validator("temperature", lambda t: t >= 0,
                          "--temperature must be >= 0 (0: greedy)")
 # Confidence(threshold=...) takes a probability; else it raises only inside

@@ -28,6 +28,10 @@ def main(argv):
   distributed.initialize_from_flags()
   if not distributed.is_primary():
     return  # drawing is host work: process 0 alone
+  try:  # a missing or corrupt results file: the message names it
+    figures.load_results(_RESULTS_DIR.value)
+  except (FileNotFoundError, ValueError) as e:
+    raise app.UsageError(f"--results_dir={_RESULTS_DIR.value}: {e}") from None
   paths = figures.make_all(_RESULTS_DIR.value)
   with open(os.path.join(_RESULTS_DIR.value, "summary.txt"),
             encoding="utf-8") as fh:

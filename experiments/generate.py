@@ -21,6 +21,7 @@ import os
 from absl import app
 from absl import flags
 
+from specjax import _checks
 from specjax import distributed
 from specjax import sampling as sampling_lib
 from specjax import textgen
@@ -46,7 +47,8 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
 _TOP_K = flags.DEFINE_integer("top_k", 0, "Top-k sampling (0 = off).")
 _MAX_NEW_TOKENS = flags.DEFINE_integer("max_new_tokens", 64,
                                        "New tokens per row.", lower_bound=1)
-_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.")
+_SEED = flags.DEFINE_integer("seed", 0, "PRNG seed.", lower_bound=0,
+                             upper_bound=_checks.MAX_SEED)
 _DTYPE = flags.DEFINE_string(
     "dtype", None, "Weight/compute dtype (default: the checkpoint's).")
 _MAX_POSITIONS = flags.DEFINE_integer(
@@ -59,6 +61,7 @@ _COMPARE = flags.DEFINE_bool(
     "compare", False, "Also time target-only generate and print the speedup.")
 flags.mark_flag_as_required("target")
 distributed.define_compilation_cache_flag()
+distributed.register_dtype_validator("dtype")
 
 
 # Checked when the flags are parsed, before the target is loaded. A

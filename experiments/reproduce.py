@@ -21,6 +21,7 @@ from specjax import distributed
 from specjax import figures
 from specjax import sharding
 from specjax import sweep
+from experiments import flag_checks
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/reproduce.py:quick", "Reproduction config.",
@@ -29,6 +30,7 @@ _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_flags()
 distributed.define_dtype_flags()
+flag_checks.require_results_dir(optional=True)
 
 
 def main(argv):
@@ -36,9 +38,10 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   start = time.time()
-  config = _CONFIG.value
-  distributed.initialize_from_flags()
+  config = flag_checks.loaded_config(_CONFIG)
   results_dir = _RESULTS_DIR.value or config.results_dir
+  flag_checks.as_usage_error(sweep.check_config, config, results_dir)
+  distributed.initialize_from_flags()
   # SPMD: every process sweeps (sharded over --mesh); process 0 writes.
   with sharding.using(distributed.mesh_from_flags()):
     sweep.run_config(config, distributed.output_dir(results_dir),

@@ -20,6 +20,7 @@ from ml_collections import config_flags
 from specjax import distributed
 from specjax import sharding
 from specjax import sweep
+from experiments import flag_checks
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", "configs/reproduce.py:quick", "Sweep config.", lock_config=True)
@@ -27,18 +28,21 @@ _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_flags()
 distributed.define_dtype_flags()
+flag_checks.require_results_dir(optional=True)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
+  config = flag_checks.loaded_config(_CONFIG)
+  results_dir = _RESULTS_DIR.value or config.results_dir
+  flag_checks.as_usage_error(sweep.check_config, config, results_dir)
   distributed.initialize_from_flags()
-  results_dir = _RESULTS_DIR.value or _CONFIG.value.results_dir
   # Every process runs the same sweep (SPMD); with --mesh each generation is
   # one program sharded over all processes' devices. Process 0 writes.
   with sharding.using(distributed.mesh_from_flags()):
-    rows = sweep.run_config(_CONFIG.value,
+    rows = sweep.run_config(config,
                             distributed.output_dir(results_dir),
                             distributed.dtypes_from_flags())
   if not distributed.is_primary():

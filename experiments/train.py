@@ -17,7 +17,10 @@ from absl import logging
 from ml_collections import config_flags
 
 from specjax import distributed
+from specjax import sharding
 from specjax import train as train_lib
+from specjax.train import trainer
+from experiments import flag_checks
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config file, e.g. configs/train.py:target-3m.",
@@ -27,6 +30,7 @@ _WORKDIR = flags.DEFINE_string(
     "with the same workdir resumes from its latest checkpoint.")
 flags.mark_flags_as_required(["config", "workdir"])
 distributed.define_flags()
+flag_checks.require_results_dir("workdir", optional=True)
 
 
 def _drop_library_info(record: std_logging.LogRecord) -> bool:
@@ -40,18 +44,25 @@ def _drop_library_info(record: std_logging.LogRecord) -> bool:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = flag_checks.loaded_config(_CONFIG)
+  flag_checks.as_usage_error(trainer.check_model_config, config)
   logging.get_absl_handler().python_handler.addFilter(_drop_library_info)
   distributed.initialize_from_flags()
   # --mesh overrides config.mesh (the config is locked; pass the mesh).
-  model, metrics = train_lib.train(_CONFIG.value, _WORKDIR.value,
-                                   mesh=distributed.mesh_from_flags())
+  mesh = distributed.mesh_from_flags()
+  if mesh is None and config.get("mesh") is not None:
+    try:
+      mesh = sharding.make_mesh(config.mesh)
+    except ValueError as e:
+      raise app.UsageError(f"--config.mesh={config.mesh}: {e}") from None
+  model, metrics = train_lib.train(config, _WORKDIR.value, mesh=mesh)
   if not distributed.is_primary():
     return
   final_bpb = (metrics["eval_bpb"][max(metrics["eval_bpb"])]
                if metrics["eval_bpb"] else float("nan"))
   last_loss = (metrics["train_loss"][-1] if len(metrics["train_loss"])
                else float("nan"))
-  print(f"{_CONFIG.value.model_name}: {model.param_count():,} parameters, "
+  print(f"{config.model_name}: {model.param_count():,} parameters, "
         f"step {metrics['final_step']}, train loss {last_loss:.4f} nats, "
         f"held-out bits/byte {final_bpb:.4f}, "
         f"{metrics['tokens_per_s']:,.0f} tokens/s -> {_WORKDIR.value}")

@@ -404,6 +404,50 @@ flags.register_validator(
     "--quick_drafts must name at least one draft, e.g. --quick_drafts=bigram")
 
 
+@flags.validator("quick_drafts")
+def _check_quick_drafts(names):
+  # Else a bad name failed as a KeyError after the quick target loaded.
+  from configs import reproduce  # pylint: disable=import-outside-toplevel
+  from specjax.train import recipes  # pylint: disable=import-outside-toplevel
+  config = reproduce.get_config("quick")
+  known = [d.name for d in config.drafts] + [f"eagle-head@{config.target}"]
+  layers = recipes.SIZES[config.target]["num_layers"]
+  for name in names:
+    k = name[len("self:"):] if name.startswith("self:") else None
+    if k is not None and not (k.isdecimal() and 1 <= int(k) <= layers):
+      raise flags.ValidationError(
+          f"--quick_drafts {name!r}: self:k needs 1 <= k <= {layers} (the "
+          "quick target's blocks).")
+    if k is None and name not in known:
+      raise flags.ValidationError(
+          f"--quick_drafts {name!r} is none of {', '.join(known)} or "
+          f"self:k.")
+  return True
+
+
+# Flags read by one mode only; given with another they were ignored.
+_ONLY_FOR = {"trees": "--models=quick", "quick_drafts": "--models=quick",
+             "paired_gammas": "--models=quick",
+             "samples": "--models=quick --paired_gammas=...",
+             "verifiers": "--models=lab or tiny",
+             "gammas": "--models=lab or tiny"}
+
+
+def _check_modes():
+  """A usage error for a flag the chosen mode does not read."""
+  quick, paired = _MODELS.value == "quick", bool(_PAIRED.value)
+  reads = {"trees": quick and not paired, "quick_drafts": quick,
+           "paired_gammas": quick, "samples": quick and paired,
+           "verifiers": not quick, "gammas": not quick}
+  unread = [f"--{name} (read with {_ONLY_FOR[name]})"
+            for name, read in reads.items()
+            if flags.FLAGS[name].present and not read]
+  if unread:
+    mode = f"--models={_MODELS.value}" + (" --paired_gammas=..."
+                                          if quick and paired else "")
+    raise app.UsageError(f"{mode} does not read {', '.join(unread)}.")
+
+
 # Checked when the flags are parsed, before any model is loaded: an empty
 # --gammas runs no cell and writes an empty CSV over the last results.
 flags.register_validator(
@@ -420,7 +464,9 @@ flag_checks.require_results_dir()
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  _check_modes()
   distributed.initialize_from_flags()
   with sharding.using(distributed.mesh_from_flags()):
     if _MODELS.value == "quick" and _PAIRED.value:

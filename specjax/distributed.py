@@ -41,6 +41,7 @@ import re
 import tempfile
 
 import jax
+from absl import app
 from absl import flags
 from absl import logging
 
@@ -99,6 +100,23 @@ def define_dtype_flags(default: str | None = None) -> None:
                       "probabilities and the coupling stay float32.")
   flags.DEFINE_string("param_dtype", default, "Storage dtype of every "
                       f"Transformer model's parameters (default: {what}).")
+  for name in ("dtype", "param_dtype"):
+    register_dtype_validator(name)
+
+
+def register_dtype_validator(name: str) -> None:
+  """`--<name>` must be unset or a floating dtype's name: else the error
+  came as a traceback, after the models loaded."""
+  def check(value):
+    if value is None:
+      return True
+    from specjax.models import transformer  # pylint: disable=g-import-not-at-top
+    try:
+      transformer.float_dtype_name(f"--{name}", value)
+    except ValueError as e:
+      raise flags.ValidationError(str(e)) from None
+    return True
+  flags.register_validator(name, check)
 
 
 def dtypes_from_flags() -> dict[str, str]:
@@ -217,9 +235,16 @@ def initialize_from_flags() -> None:
 
 
 def mesh_from_flags():
-  """The `--mesh` as a `Mesh` (None when the flag is unset)."""
+  """The `--mesh` as a `Mesh` (None when the flag is unset); a spec the
+  devices cannot hold (more devices than there are, an axis of size 0) is
+  a usage error naming the flag, not a traceback."""
   from specjax import sharding  # pylint: disable=g-import-not-at-top
-  return None if FLAGS.mesh is None else sharding.make_mesh(FLAGS.mesh)
+  if FLAGS.mesh is None:
+    return None
+  try:
+    return sharding.make_mesh(FLAGS.mesh)
+  except ValueError as e:
+    raise app.UsageError(f"--mesh={FLAGS.mesh}: {e}") from None
 
 
 def is_primary() -> bool:

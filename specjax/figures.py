@@ -72,6 +72,8 @@ from specjax import stats  # pylint: disable=g-import-not-at-top
 
 SWEEP_FILE = "sweep.jsonl"
 METADATA_FILE = "metadata.json"
+# The rows of a sweep still running, or one that died (`sweep.run_config`).
+PARTIAL_ROWS = "sweep.partial.jsonl"
 
 # 95% normal-approximation confidence intervals throughout.
 Z95 = 1.96
@@ -155,9 +157,17 @@ def load_results(results_dir: str) -> tuple[list[dict], dict]:
   """
   path = os.path.join(results_dir, SWEEP_FILE)
   if not os.path.isfile(path):
+    partial = os.path.join(results_dir, PARTIAL_ROWS)
+    why = (f"; {partial} holds the rows of a sweep that has not finished "
+           "(still running, or died): rerun it, or copy that file to "
+           f"{SWEEP_FILE} to draw what it measured"
+           if os.path.isfile(partial) else
+           "" if os.path.isdir(results_dir) else
+           f"; there is no directory {results_dir}: pass the sweep's "
+           "results_dir")
     raise FileNotFoundError(
         f"{path}: no sweep results (expected one JSON object per line, "
-        "written by experiments/sweep.py).")
+        f"written by experiments/sweep.py){why}.")
   rows = []
   seen = {}
   drafts = {}  # draft name -> ((draft_kind, draft_params), first line)

@@ -598,18 +598,11 @@ def load_models(config, corpus, dtypes: dict | None = None):
   return target, drafts
 
 
-def run_config(config, results_dir: str,
-               dtypes: dict | None = None) -> list[dict]:
-  """Loads (or trains) a config's models, runs its grid, writes the results.
-
-  `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
-  `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
-  `dtypes` as `load_models` (recorded in the metadata). Every field, axis,
-  draft and `results_dir` is checked, naming it, before a model loads.
-  """
-  start = time.time()
-  # Every axis and size is checked before a model is loaded or trained
-  # (minutes, for the quick job's models).
+def check_config(config, results_dir: str) -> dict:
+  """Raises, naming the field, for a bad `configs/reproduce.py` ConfigDict
+  or `results_dir`; returns the grid's axes (`plan`'s keyword arguments).
+  `run_config` calls it before any model is loaded or trained (minutes, for
+  the quick job's models); the entry points call it to refuse bad flags."""
   if not isinstance(config, config_dict.ConfigDict):
     raise TypeError("config must be a configs/reproduce.py ConfigDict "
                     "(reproduce.get_config(preset)), got "
@@ -636,6 +629,20 @@ def run_config(config, results_dir: str,
     raise ValueError(f"config: {e}") from None
   _check_draft_specs(config.drafts)
   _check_results_dir(results_dir)
+  return axes
+
+
+def run_config(config, results_dir: str,
+               dtypes: dict | None = None) -> list[dict]:
+  """Loads (or trains) a config's models, runs its grid, writes the results.
+
+  `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
+  `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
+  `dtypes` as `load_models` (recorded in the metadata). Every field, axis,
+  draft and `results_dir` is checked, naming it, before a model loads.
+  """
+  start = time.time()
+  axes = check_config(config, results_dir)
   os.makedirs(results_dir, exist_ok=True)
   corpus = data.stdlib_corpus()
   target, drafts = load_models(config, corpus, dtypes)
@@ -742,7 +749,7 @@ def heldout_bpb(model, windows_NxBxT1: np.ndarray) -> float:
   return float(sums[0] / max(sums[1], 1.0))
 
 
-PARTIAL_ROWS = "sweep.partial.jsonl"
+PARTIAL_ROWS = figures.PARTIAL_ROWS
 
 
 def write(rows: Sequence[dict], metadata: dict, results_dir: str) -> None:

@@ -77,6 +77,28 @@ BAD = [
       "--draft=foo"], "--draft takes a checkpoint directory"),
     (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
       "--max_new_tokens=0"], "flag --max_new_tokens=0"),
+    # These five came as tracebacks (audit); --seed only after loading.
+    (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
+      "--seed=-1"], "flag --seed=-1"),
+    (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
+      "--dtype=nosuch"], "--dtype 'nosuch' is not a dtype"),
+    (["experiments.adaptive_gamma", "--target=nosuch"],
+     "--target must be 'quick'"),
+    (["experiments.reproduce", "--config=configs/nosuch.py:tiny",
+      "--results_dir={out}"], "No such file"),
+    (["experiments.reproduce", "--config=configs/reproduce.py:tiny",
+      "--results_dir={file}"], "--results_dir must be a directory"),
+    (["experiments.train", "--config=configs/train.py:tiny",
+      "--workdir={out}/w", "--mesh=data:3"], "--mesh=data:3: mesh spec"),
+    (["experiments.figures", "--results_dir={out}/none"],
+     "there is no directory"),
+    # Ignored, or (a bad draft) a KeyError after the quick target loaded.
+    (["experiments.verifiers", "--models=lab", "--paired_gammas=2",
+      "--results_dir={out}"], "does not read --paired_gammas"),
+    (["experiments.verifiers", "--models=quick", "--quick_drafts=nosuch",
+      "--results_dir={out}"], "--quick_drafts 'nosuch' is none of"),
+    (["experiments.verifiers", "--models=lab", "extra",
+      "--results_dir={out}"], "Unexpected arguments"),
 ]
 
 
@@ -114,6 +136,31 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
     assert "Traceback" not in err, (args, err[-2000:])
   assert not (tmp_path / "empty-zoo").exists()  # nothing was trained
   assert not out.exists() and afile.read_text() == "not a directory"
+
+
+def test_bad_config_overrides_are_usage_errors(tmp_path):
+  """A bad --config.<field> came as a traceback (its message was clear).
+  Run as `python -m`: config_flags defines the override flags from the
+  process's command line, so flag_worker.py's one process cannot."""
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+             SPECJAX_CACHE=str(tmp_path / "empty-zoo"))
+  out = tmp_path / "out"
+  commands = [
+      (["experiments.sweep", "--config=configs/reproduce.py:tiny",
+        "--config.num_prompts=-1", f"--results_dir={out}"],
+       "config.num_prompts must be >= 1"),
+      (["experiments.train", "--config=configs/train.py:tiny",
+        f"--workdir={out}/w", "--config.seq_len=1000"],
+       "longer than the model's max_positions"),
+  ]
+  procs = [subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for args, _ in commands]
+  for proc, (args, message) in zip(procs, commands):
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and message in err, (args, err[-2000:])
+    assert "Traceback" not in err, (args, err[-2000:])
+  assert not out.exists() and not (tmp_path / "empty-zoo").exists()
 
 
 @pytest.mark.parametrize("kwargs,match", [

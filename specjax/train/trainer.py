@@ -96,6 +96,23 @@ def check_config(config: Any) -> None:
                      f"{fraction}; 0.05 holds out about 5% of the files.")
 
 
+def check_model_config(config: Any) -> transformer_lib.TransformerConfig:
+  """Every check `train` makes of a config that trains `config.model`,
+  before any work and without touching a device (the mesh is checked in
+  `train`): the fields, the model, its sequence length and vocabulary, the
+  sharding choice and the optimizer. Returns the model's config.
+  `experiments/train.py` runs it to refuse bad flags as usage errors."""
+  check_config(config)
+  model_config = model_config_from(config)
+  check_seq_len(config.seq_len, model_config)
+  losses.check_vocab_size(model_config.vocab_size, "config.model.vocab_size",
+                          f"set --config.model.vocab_size="
+                          f"{data.BYTE_VOCAB_SIZE}.")
+  rules_from(config)
+  optim.make_optimizer(config.optim, config.num_steps)
+  return model_config
+
+
 def model_config_from(config: Any) -> transformer_lib.TransformerConfig:
   """The `TransformerConfig` that `config.model` describes (None = default)."""
   fields = {k: v for k, v in dict(config.model).items() if v is not None}
