@@ -24,10 +24,14 @@ from specjax import _checks
 
 
 MIN_TEMPERATURE = 1e-4
-# Above this, XLA's 1 / temperature is a float32 denormal, flushed to 0, and
-# a masked (-inf) logit times 0 is NaN; such a temperature is uniform over
-# the unmasked tokens in all but name.
-MAX_TEMPERATURE = 1e30
+# At this temperature every distribution is uniform over its unmasked tokens
+# in all but name (real logits span tens). Above it, the finite masks of the
+# library (`vocab.MASKED_LOGIT`, -1e30, on padding ids; prompt lookup's
+# -1e9 off its proposal) would stop underflowing to exactly 0: softmax then
+# put mass on padding ids at T >= 1e29, which the loop emitted. Below it
+# |mask| / T >= 1000, and exp(-1000) is 0 in float32. (Near 1e30, XLA's
+# 1 / T was also a flushed denormal, and -inf * 0 NaN.)
+MAX_TEMPERATURE = 1e6
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,6 +146,11 @@ def test_training_reads_the_pairs_drafting_reads(target):
   np.testing.assert_allclose(tv_metrics["kl"], metrics["kl"], rtol=1e-6)
   with pytest.raises(ValueError, match="divergence must be one of"):
     eagle_train.eagle_loss(divergence="kl")
+  # 1e-38 passed a > 0 check, and training stopped at a NaN loss whose
+  # message blamed the learning rate; distillation_loss refused it.
+  for t in (1e-38, 0.0, 1e38):
+    with pytest.raises(ValueError, match="temperature"):
+      eagle_train.eagle_loss(temperature=t)
 
 
 def test_loss_masks_the_byte_pad_only_in_the_byte_vocabulary():

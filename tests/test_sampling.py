@@ -319,5 +319,22 @@ def test_temperature_range_keeps_masked_logits_finite():
   top = sampling.SamplingConfig(temperature=sampling.MAX_TEMPERATURE)
   np.testing.assert_allclose(sampling.probabilities(logits, top),
                              [0.5, 0.0, 0.5], atol=1e-6)
-  with pytest.raises(ValueError, match="above 1e\\+30"):
+  with pytest.raises(ValueError, match="above 1e\\+06"):
     sampling.SamplingConfig(temperature=1e38)
+
+
+def test_finite_masks_keep_zero_mass_at_every_temperature():
+  """Padding ids (-1e30) and prompt lookup's off-proposal tokens (-1e9) are
+  masked by finite logits: at T = 1e30, once accepted, a padding id had
+  e^-1 of a real token's mass and the loop emitted it."""
+  from specjax.models import prompt_lookup  # pylint: disable=g-import-not-at-top
+  from specjax.models import vocab  # pylint: disable=g-import-not-at-top
+  for mask in (vocab.MASKED_LOGIT, prompt_lookup.NO_MATCH_LOGIT):
+    logits = jnp.asarray([[30.0, -30.0, mask]])
+    for t in (1.0, 1e3, sampling.MAX_TEMPERATURE):
+      p = sampling.probabilities(logits, sampling.SamplingConfig(
+          temperature=t))
+      assert float(p[0, 2]) == 0.0, (mask, t)
+  # The control: past the limit the -1e9 mask would leak (1e9 / 1e8 = 10).
+  leak = jax.nn.softmax(jnp.asarray([30.0, -30.0, -1e9]) / 1e8)
+  assert float(leak[2]) > 0

@@ -29,7 +29,7 @@ from specjax.models.transformer import TransformerLM
 
 # Finite (so no non-finite-logit alarm fires) yet far enough below any real
 # logit that softmax underflows to exactly 0 after the max is subtracted, at
-# any temperature.
+# every temperature `SamplingConfig` accepts (<= sampling.MAX_TEMPERATURE).
 MASKED_LOGIT = -1e30
 
 

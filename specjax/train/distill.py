@@ -79,7 +79,7 @@ def check_vocabularies(teacher_vocab: int, student_vocab: int) -> None:
         "give the student the teacher's vocabulary.")
 
 
-def _positive_temperature(temperature, why: str) -> float:
+def check_temperature(temperature, why: str) -> float:
   """`temperature` as a float in [MIN_TEMPERATURE, MAX_TEMPERATURE]: the
   logits are divided by it, and outside that range float32 logits overflow
   (a TV of inf, a loss of NaN) just as they would in decoding."""
@@ -107,7 +107,7 @@ def distillation_loss(divergence: str = "tv", *,
   student's max_positions and the teacher's vocabulary.
   """
   check_divergence(divergence)
-  temperature = _positive_temperature(
+  temperature = check_temperature(
       temperature, "for distillation (greedy decoding is served well by "
       "temperature 1)")
 
@@ -275,7 +275,7 @@ def mean_tv(teacher, student, windows_NxBxT: np.ndarray, *,
   the argument, unless temperature > 0, N >= 1 and every id lies in the
   (shared) vocabulary.
   """
-  temperature = _positive_temperature(temperature, "(it divides the logits)")
+  temperature = check_temperature(temperature, "(it divides the logits)")
   windows_NxBxT = np.asarray(_checks.check_array("windows", windows_NxBxT,
                                                  rank=3, kind="i"))
   if windows_NxBxT.shape[0] < 1:

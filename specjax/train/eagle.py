@@ -93,12 +93,12 @@ def eagle_loss(*, feature_weight: float = FEATURE_WEIGHT,
   """
   feature_weight = _checks.check_float("feature_weight", feature_weight)
   kl_weight = _checks.check_float("kl_weight", kl_weight)
-  temperature = _checks.check_float("temperature", temperature)
   if feature_weight < 0 or kl_weight < 0 or feature_weight + kl_weight <= 0:
     raise ValueError("feature_weight and kl_weight must be >= 0 and not both "
                      f"0, got {feature_weight}, {kl_weight}.")
-  if temperature <= 0:
-    raise ValueError(f"temperature must be > 0, got {temperature}.")
+  # 1e-38 passed a > 0 check and made step 0's loss NaN.
+  temperature = distill.check_temperature(temperature,
+                                          "(it divides the logits)")
   distill.check_divergence(divergence)
 
   def loss_fn(module, batch, rng, target):
