@@ -109,7 +109,9 @@ class GenerationResult:
     """Aggregated statistics as Python numbers (`specjax.stats.summarize`).
 
     alpha_hat: accepted / verified drafts, the measured per-token acceptance;
-      statistically it matches one_minus_tv.
+      under the token verifier it estimates one_minus_tv. Block
+      verification, trees and the lossy verifiers keep more drafts than
+      sum min(p, q) predicts (their gain), so there it may sit above it.
     one_minus_tv: mean over verified positions of sum_x min(p(x), q(x)).
     tokens_per_target_call: generated tokens / target passes (block
       efficiency); compare with expected_tokens_per_target_call, the formula
