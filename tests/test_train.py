@@ -227,6 +227,24 @@ def test_resume_reproduces_the_uninterrupted_run(run, corpus_dir, tmp_path):
   assert steps == [2, 4, 6, 8]  # events after the restored step rewritten once
 
 
+def test_resume_between_records_keeps_the_metrics_of_the_run(corpus_dir,
+                                                              tmp_path):
+  """Checkpoints at 3 and 6, records every 2 steps: the record at step 4
+  averages steps 3 and 4. Resumed from step 3, it averaged step 4 alone."""
+  config = _config(corpus_dir, checkpoint_every=3, num_steps=6,
+                   eval_every=0)
+  whole, cut = tmp_path / "whole", tmp_path / "cut"
+  trainer.train(config, str(whole))
+  trainer.train(config, str(cut))
+  shutil.rmtree(cut / "checkpoints" / "6")  # "crashed" after step 3's save
+  _, resumed = trainer.train(config, str(cut))
+  assert resumed["start_step"] == 3
+  read = lambda d: [json.loads(l) for l in open(d / trainer.METRICS_FILE)]
+  losses = lambda d: [(r["step"], r["loss"]) for r in read(d) if "loss" in r]
+  assert losses(cut) == losses(whole)
+  assert [s for s, _ in losses(cut)] == [2, 4, 6]
+
+
 def test_checkpoint_of_another_model_is_refused(run, corpus_dir, tmp_path):
   workdir = _copy_run(run, tmp_path)
   config = _config(corpus_dir, **{"model.d_model": 48,

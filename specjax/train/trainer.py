@@ -341,6 +341,10 @@ def evaluate(eval_step, params, windows: list) -> float:
 # -- the loop ------------------------------------------------------------------
 
 
+# Checkpoint metadata: the losses since the last metrics record (`_loop`).
+_UNLOGGED = "unlogged_losses"
+
+
 class _MetricsLog:
   """`metrics.jsonl`, truncated on (re)start to the events up to `step`."""
 
@@ -532,6 +536,11 @@ def _loop(config, workdir, ckpt, state, template, model_config, metadata,
     _warn_config_changes(stored, metadata, ckpt.step_dir(int(state["step"])))
     logging.info("Resumed from %s", ckpt.step_dir(int(state["step"])))
   start_step = int(state["step"])
+  # Losses of the steps before the checkpoint that no metrics record holds
+  # yet: the first record after the resume averages them too, as the
+  # uninterrupted run's did (checkpoint_every need not be a multiple of
+  # log_every).
+  carried = list(stored.get(_UNLOGGED, ())) if resumed else []
   if start_step > config.num_steps:
     raise ValueError(
         f"The checkpoint in {ckpt.directory!r} is at step {start_step}, past "
@@ -595,7 +604,9 @@ def _loop(config, workdir, ckpt, state, template, model_config, metadata,
       step_losses.append(float(m["loss"]))
     last = fetched[-1]
     rate = (timed_steps * tokens_per_step / train_time) if train_time else None
-    log.write(step=done, loss=float(np.mean([m["loss"] for m in fetched])),
+    window = carried + [float(m["loss"]) for m in fetched]
+    carried.clear()
+    log.write(step=done, loss=float(np.mean(window)),
               grad_norm=float(last["grad_norm"]), lr=float(last["lr"]),
               tokens_per_s=rate)
     bar.set_postfix(loss=f"{step_losses[-1]:.4f}",
@@ -634,12 +645,13 @@ def _loop(config, workdir, ckpt, state, template, model_config, metadata,
         sync(count=True)
         # The losses not yet flushed, and the parameters themselves (the
         # last update may diverge after a finite loss): one fetch per save.
-        for (s, _), loss in zip(pending, jax.device_get(
-            [m["loss"] for _, m in pending])):
-          check_finite(s, float(loss))
+        unlogged = [float(loss) for loss in jax.device_get(
+            [m["loss"] for _, m in pending])]
+        for (s, _), loss in zip(pending, unlogged):
+          check_finite(s, loss)
         if not bool(all_finite(state["params"])):
           raise diverged(f"The parameters after {done} updates are not finite")
-        ckpt.save(done, state, metadata)
+        ckpt.save(done, state, {**metadata, _UNLOGGED: carried + unlogged})
         sync(count=False)
   finally:
     bar.close()
