@@ -365,8 +365,15 @@ def test_training_lowers_the_loss_and_restores(tmp_path):
   assert meta["extra"]["kind"] == "eagle-head"
   assert (checkpoint_lib.tree_checksum(restored.head)
           == checkpoint_lib.tree_checksum(draft.head))
-  with pytest.raises(checkpoint_lib.CheckpointError):
-    checkpoint_lib.load_model(str(tmp_path / "w"))  # a head, not a Transformer
+  # A head, not a Transformer: the restore said the files were corrupt and
+  # to delete the checkpoint; a head's loader refuses a Transformer.
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match=r"holds an eagle-head(.|\n)*load_head"):
+    checkpoint_lib.load_model(str(tmp_path / "w"))
+  transformer_meta = {"model_config": dataclasses.asdict(target.config)}
+  with pytest.raises(checkpoint_lib.CheckpointError,
+                     match=r"holds a transformer(.|\n)*load_model"):
+    checkpoint_lib.check_stored_kind(transformer_meta, "eagle-head", "dir")
   with pytest.raises(ValueError, match="d_model"):
     eagle_train.load_head(str(tmp_path / "w"), _target(vocab=259))
   # Same width and vocabulary, another architecture.

@@ -13,6 +13,7 @@ import pytest
 
 import specjax as sj
 from specjax import data
+from specjax.train import checkpoint
 from specjax import zoo
 from specjax.models import ExitAdapterConfig, TransformerConfig, TransformerLM
 from specjax.train import exit_adapter as exit_adapter_train
@@ -169,3 +170,13 @@ def test_zoo_trains_an_adapter_once_then_loads_it(tmp_path, capsys):
   entry = zoo.entry_dir("exit-adapter-1@tiny", **kw)
   with pytest.raises(ValueError, match="different target"):
     exit_adapter_train.load_exit_adapter(entry, _target(layers=2, d_model=32))
+  # An adapter is no Transformer: the restore said "unexpected keyword
+  # argument 'target'"; now each loader names the other.
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r"holds an exit-adapter(.|\n)*load_exit_adapter"):
+    checkpoint.load_model(entry)
+  teacher = zoo.entry_dir("tiny", cache_dir=kw["cache_dir"], corpus=corpus,
+                          overrides=kw["teacher_overrides"])
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r"holds a transformer(.|\n)*load_model"):
+    exit_adapter_train.load_exit_adapter(teacher, target)

@@ -428,6 +428,38 @@ def abstract_model(config: transformer_lib.TransformerConfig
   return nnx.split(module)
 
 
+# What a training workdir can hold, and the function that loads each.
+LOADERS = {"transformer": "specjax.train.load_model(workdir)",
+           "eagle-head": "specjax.train.load_head(workdir, target)",
+           "exit-adapter": "specjax.train.load_exit_adapter(workdir, target)"}
+
+
+def stored_kind(metadata: dict) -> str:
+  """What a checkpoint holds, from its metadata: "eagle-head" (recorded in
+  `extra.kind`), "exit-adapter" (its model config names a `target`),
+  "transformer" (any other)."""
+  kind = (metadata.get("extra") or {}).get("kind")
+  if kind:
+    return kind
+  model_config = metadata.get("model_config")
+  if isinstance(model_config, dict) and "target" in model_config:
+    return "exit-adapter"
+  return "transformer"
+
+
+def check_stored_kind(metadata: dict, kind: str, where: str) -> None:
+  """Raises `CheckpointError` naming what `where` holds and its loader when
+  it is not a `kind` (e.g. an EAGLE head given to `load_model`): the
+  restore would fail on the arrays' structure, and say the files were
+  corrupt."""
+  found = stored_kind(metadata)
+  if found != kind:
+    raise CheckpointError(
+        f"{where!r} holds {'an' if found[0] in 'aeiou' else 'a'} {found}, "
+        f"not {'an' if kind[0] in 'aeiou' else 'a'} {kind}: load it with "
+        f"{LOADERS.get(found, 'the loader of its kind')}.")
+
+
 def load_model(directory: str, step: int | None = None, *, mesh: Any = None,
                rules: Any = None
                ) -> tuple[transformer_lib.TransformerLM, dict]:
@@ -451,6 +483,7 @@ def load_model(directory: str, step: int | None = None, *, mesh: Any = None,
   try:
     metadata = ckpt.read_metadata(step)
     step = metadata["step"]
+    check_stored_kind(metadata, "transformer", ckpt.step_dir(step))
     try:
       config = transformer_lib.TransformerConfig(**metadata["model_config"])
     except (TypeError, ValueError, KeyError) as e:

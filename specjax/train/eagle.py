@@ -274,11 +274,8 @@ def load_head(directory: str, target: TransformerLM, step: int | None = None
       checkpoint_lib.checkpoints_dir(os.fspath(directory)))
   try:
     metadata = ckpt.read_metadata(step)
-    if (metadata.get("extra") or {}).get("kind") != KIND:
-      raise checkpoint_lib.CheckpointError(
-          f"{ckpt.step_dir(metadata['step'])!r} is not an EagleHead "
-          "checkpoint (its metadata lacks extra.kind = "
-          f"{KIND!r}); load a Transformer with specjax.train.load_model.")
+    checkpoint_lib.check_stored_kind(metadata, KIND,
+                                     ckpt.step_dir(metadata["step"]))
     config = TransformerConfig(**metadata["model_config"])
     # Heads saved before the record was kept (None) are checked by config.
     recorded = metadata["extra"].get("target_config")

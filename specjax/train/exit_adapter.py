@@ -147,6 +147,8 @@ def load_exit_adapter(directory: str, target: transformer_lib.TransformerLM,
       checkpoint_lib.checkpoints_dir(os.fspath(directory)))
   try:
     metadata = ckpt.read_metadata(step)
+    checkpoint_lib.check_stored_kind(metadata, "exit-adapter",
+                                     ckpt.step_dir(metadata["step"]))
     try:
       config = exit_adapter_lib.ExitAdapterConfig(**metadata["model_config"])
     except (TypeError, ValueError, KeyError) as e:
