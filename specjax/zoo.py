@@ -51,6 +51,7 @@ The cache lives in `~/.cache/specjax`, or `$SPECJAX_CACHE`, or `cache_dir=`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -62,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from specjax import data
+from specjax.models import eagle as eagle_models
 from specjax.models.exit_adapter import ExitAdapterConfig
 from specjax.models.ngram import NGramLM
 from specjax.train import checkpoint as checkpoint_lib
@@ -234,6 +236,20 @@ def _config(size: str, overrides: dict[str, Any] | None,
     losses.check_vocab_size(
         model_config.vocab_size, "overrides: model.vocab_size",
         f"the zoo trains on the byte corpus; use {data.BYTE_VOCAB_SIZE}.")
+  if kind == "eagle":
+    # A model.* override meant for the teacher (overrides serve both when
+    # teacher_overrides is None) reshaped the head too, which train_head
+    # refused only after the teacher had trained.
+    head = trainer.model_config_from(config)
+    want = eagle_models.head_config(
+        trainer.model_config_from(teacher_config), mlp_dim=head.mlp_dim)
+    if head != want:
+      raise ValueError(
+          "overrides: the head's config follows its teacher (one block of "
+          "its width and flavour; model.mlp_dim alone is the head's own): "
+          + "; ".join(checkpoint_lib.config_diff(
+              dataclasses.asdict(head), dataclasses.asdict(want)))
+          + ". Give the teacher's model.* fields as teacher_overrides.")
   return config
 
 
@@ -289,6 +305,7 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
         checkpoint_lib.model_config_dict(ExitAdapterConfig(
             target=target_config, layers=tuple(range(int(size))),
             mlp_dim=config.model.mlp_dim))))
+    _check_teacher_window(name, config, out["teacher"])
     return out
   out["model_config"] = checkpoint_lib.model_config_dict(
       trainer.model_config_from(config))
@@ -296,10 +313,23 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
     out["teacher"] = recipe(
         teacher_name, corpus=corpus,
         overrides=_teacher_overrides(overrides, teacher_overrides))
+    _check_teacher_window(name, config, out["teacher"])
   elif teacher_overrides is not None:
     raise ValueError(f"teacher_overrides apply to distilled and eagle-head "
                      f"names only, not {name!r}.")
   return out
+
+
+def _check_teacher_window(name: str, config, teacher: dict) -> None:
+  """The teacher scores every training window: a seq_len past its
+  max_positions failed at the first step, after the teacher had trained."""
+  positions = teacher["model_config"].get("max_positions")
+  if positions is not None and config.seq_len > positions:
+    raise ValueError(
+        f"{name}: seq_len {config.seq_len} (overrides) is longer than the "
+        f"teacher's max_positions {positions} (teacher_overrides): the "
+        "teacher scores every training window. Set overrides' seq_len to at "
+        f"most {positions}, or the teacher's model.max_positions higher.")
 
 
 def key(recipe_: dict) -> str:

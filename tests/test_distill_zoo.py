@@ -206,6 +206,19 @@ def test_zoo_bad_names_and_overrides(cache, capsys):
        r"'model' is a block of fields.*'model.d_model'")):
     with pytest.raises(error, match=match):
       zoo.load("tiny", cache_dir=cache, overrides=overrides)
+  # Both were refused only after the teacher trained (audit): a student
+  # window past the teacher's positions, and a teacher's model.* override
+  # that reshaped the head it also reached.
+  for name in ("distilled-tiny@tiny", "exit-adapter-1@tiny",
+               "eagle-head@tiny"):
+    with pytest.raises(ValueError, match="longer than the teacher's "
+                       "max_positions 16"):
+      zoo.load(name, cache_dir=cache, overrides={"seq_len": 32},
+               teacher_overrides={"model.max_positions": 16, "seq_len": 16})
+  with pytest.raises(ValueError, match="the head's config follows its "
+                     "teacher(.|\n)*num_layers"):
+    zoo.load("eagle-head@tiny", cache_dir=cache,
+             overrides={"model.num_layers": 3})
   with pytest.raises(TypeError, match="corpus must be a specjax.data.Corpus"):
     zoo.entry_dir("tiny", cache_dir=cache, corpus="/some/path")
   # str.isdigit takes "²", which int() does not.

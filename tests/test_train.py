@@ -769,6 +769,20 @@ def test_checks_teacher_corpus_names_its_arguments(corpus_dir, tmp_path):
                            **dict(args, prompt_len=12, new_tokens=8))
 
 
+def test_a_teacher_shorter_than_the_windows_is_refused_before_work(
+    corpus_dir, tmp_path):
+  """The first step refused the batch, after the workdir was made."""
+  teacher = transformer_lib.TransformerLM.create(
+      transformer_lib.TransformerConfig(vocab_size=data.BYTE_VOCAB_SIZE,
+                                        d_model=16, num_layers=1, num_heads=2,
+                                        max_positions=16), 0)
+  with pytest.raises(ValueError, match="seq_len=32 is longer than aux's "
+                     "max_positions=16"):
+    trainer.train(_config(corpus_dir), str(tmp_path / "w"),
+                  loss_fn=distill.distillation_loss("tv"), aux=teacher)
+  assert not (tmp_path / "w").exists()
+
+
 def test_checks_make_optimizer_names_missing_fields():
   from specjax.train import optim  # pylint: disable=g-import-not-at-top
   with pytest.raises(TypeError, match=r"lacks \['lr'"):

@@ -458,6 +458,14 @@ def train(config: Any, workdir: str, *,
   losses.check_vocab_size(
       losses.module_limits(aux)[0], "aux's vocab_size",
       "give aux (e.g. the teacher or target) the byte vocabulary.")
+  aux_positions = losses.module_limits(aux)[1]
+  if aux_positions is not None and config.seq_len > aux_positions:
+    # Else the first step refused the batch, after the workdir was made.
+    raise ValueError(
+        f"config.seq_len={config.seq_len} is longer than aux's "
+        f"max_positions={aux_positions} (the teacher or target reads every "
+        f"training window). Fix: set --config.seq_len to at most "
+        f"{aux_positions}.")
   # A loss may say what its aux must be (`distill.distillation_loss`: a
   # teacher of the student's vocabulary), checked here before any work.
   check_aux = getattr(loss_fn, "check_aux", None)
