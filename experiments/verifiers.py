@@ -36,6 +36,7 @@ Draft trees against the chain (same draft, same depth = gamma):
 from __future__ import annotations
 
 import csv
+import functools
 import os
 import time
 
@@ -46,7 +47,6 @@ import numpy as np
 
 import specjax as sj
 from specjax import distributed
-from specjax import jit_memory
 from specjax import lab
 from specjax import measure
 from specjax import sharding
@@ -108,15 +108,16 @@ def _models(kind):
   return target, draft, None
 
 
-def _timed(fn):
-  jit_memory.relieve_if_needed("experiments.verifiers")
-  with jit_memory.deferred():  # no cache clearing between the two calls
-    jax.block_until_ready(fn().tokens)  # compile
-    with measure.no_compiles("experiments.verifiers"):
-      start = time.perf_counter()
-      out = fn()
-      jax.block_until_ready(out.tokens)
-  return out, time.perf_counter() - start
+# Timed calls per decoder; each keeps its fewest seconds (`measure`, "Noise").
+_REPEATS = 3
+
+
+def _side_by_side(fn, beside):
+  """(fn()'s result, {name: fewest seconds}) for `fn` (named "this") and
+  the decoders `beside` ({name: fn}), the calls taking turns: a ratio of
+  two of them is measured side by side (`measure.best_times`)."""
+  out = fn()  # compiles; the timed calls reuse the program
+  return out, measure.best_times({**beside, "this": fn}, _REPEATS)
 
 
 def run(kind, verifiers, gammas, rows, max_new_tokens):
@@ -124,16 +125,17 @@ def run(kind, verifiers, gammas, rows, max_new_tokens):
   rng = np.random.default_rng(1)
   prompts = rng.integers(0, target.vocab_size, (rows, 4)).astype(np.int32)
   lengths = np.full(rows, 4, np.int32)
-  base, base_s = _timed(lambda: sj.generate(
-      target, prompts, lengths, jax.random.key(0),
-      max_new_tokens=max_new_tokens))
+  base = lambda: sj.generate(target, prompts, lengths, jax.random.key(0),
+                             max_new_tokens=max_new_tokens)
   records = []
   for spec in verifiers:
     v = vf.get_verifier(spec)
     for gamma in gammas:
-      out, secs = _timed(lambda: sj.speculative_generate(
-          target, draft, prompts, lengths, jax.random.key(gamma),
-          gamma=gamma, max_new_tokens=max_new_tokens, verifier=v))
+      out, secs = _side_by_side(
+          lambda: sj.speculative_generate(
+              target, draft, prompts, lengths, jax.random.key(gamma),
+              gamma=gamma, max_new_tokens=max_new_tokens, verifier=v),
+          {"generate": base})
       s = out.summary()
       per_row = (np.asarray(out.lengths)
                  / np.maximum(np.asarray(out.stats.target_calls), 1))
@@ -145,7 +147,8 @@ def run(kind, verifiers, gammas, rows, max_new_tokens):
           tokens_per_target_call_se=float(per_row.std(ddof=1)
                                           / np.sqrt(len(per_row))),
           alpha_hat=s["alpha_hat"], one_minus_tv=s["one_minus_tv"],
-          speedup=base_s / secs, lab_exact_tv_4_tokens=lab_tv))
+          speedup=secs["generate"] / secs["this"],
+          lab_exact_tv_4_tokens=lab_tv))
       print({k: (round(x, 4) if isinstance(x, float) else x)
              for k, x in records[-1].items()}, flush=True)
   return records
@@ -233,7 +236,7 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
   sampling = sj.SamplingConfig(temperature=1.0)
   records = []
   for name, draft in loaded.items():
-    chains = {}
+    chains, chain_fns = {}, {}
     for spec in ["token"] + list(trees):
       v, depth = (vf.get_verifier("token"), None) if spec == "token" else (
           _at_depth(spec))
@@ -241,10 +244,15 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
                 else [depth])
       for depth in dict.fromkeys(depths):
         tree = isinstance(v, vf.TreeVerifier)
-        out, secs = _timed(lambda: sj.speculative_generate(
-            target, draft, prompts, lengths, jax.random.key(depth),
-            gamma=None if tree else depth,
-            max_new_tokens=max_new_tokens, sampling=sampling, verifier=v))
+        fn = functools.partial(
+            sj.speculative_generate, target, draft, prompts, lengths,
+            jax.random.key(depth), gamma=None if tree else depth,
+            max_new_tokens=max_new_tokens, sampling=sampling, verifier=v)
+        # Timed by turns with the chain of its depth, for seconds_vs_chain.
+        out, secs = _side_by_side(
+            fn, {} if spec == "token" else {"chain": chain_fns[depth]})
+        if spec == "token":
+          chain_fns[depth] = fn
         s = out.summary()
         per_row = (np.asarray(out.lengths)
                    / np.maximum(np.asarray(out.stats.target_calls), 1))
@@ -254,7 +262,7 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
             nodes=v.topology.num_nodes if tree else depth,
             tokens_per_target_call=s["tokens_per_target_call"],
             tokens_per_target_call_ci95=_ci95(per_row),
-            alpha_hat=s["alpha_hat"], seconds=secs,
+            alpha_hat=s["alpha_hat"], seconds=secs["this"],
             draft_calls_per_round=s["draft_calls"] / s["rounds"])
         if spec == "token":
           chains[depth] = rec
@@ -271,7 +279,7 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
                          chain["tokens_per_target_call_ci95"]
                          / chain["tokens_per_target_call"])
           rec.update(vs_chain=ratio, vs_chain_ci95=float(ratio * rel),
-                     seconds_vs_chain=chain["seconds"] / secs)
+                     seconds_vs_chain=secs["chain"] / secs["this"])
         records.append(rec)
         print({k: (round(x, 4) if isinstance(x, float) else x)
                for k, x in rec.items()}, flush=True)
