@@ -30,7 +30,8 @@ Draft trees against the chain (same draft, same depth = gamma):
   (';'-separated registry strings) and the chain "token" at the tree's depth,
   writes `trees_quick.csv` (tokens per target call with a 95% interval, the
   ratio tree / chain with its interval, wall-clock seconds of the compiled
-  call: noise on a shared box) and `fig_trees_quick.png`.
+  call, the fewest of 3 timed by turns with the chain's: noise on a shared
+  box) and `fig_trees_quick.png`.
 """
 
 from __future__ import annotations
