@@ -24,6 +24,7 @@ import pytest
 import specjax as sj
 from specjax import sampling as sampling_lib
 from specjax import testing
+from specjax.decode import draft_length
 from specjax.decode import loop
 from specjax.lab import controls
 from specjax.models import TransformerConfig, TransformerLM
@@ -161,6 +162,54 @@ def test_block_verification_generations_are_exact(models):
   gamma = 3
   k = 2 * (gamma + 1)
   out = _run(target, draft, sampling, gamma, k, verifier="block")
+  for result in _check(target, out, sampling, k):
+    assert result.passed, str(result)
+  _assert_covers_full_accepts_and_eos(out, gamma, k)
+
+
+@pytest.mark.big_batch
+@pytest.mark.parametrize("rule", [
+    # The stop-rule path run to gamma_max (no row stops: q is near uniform,
+    # its max well above 0.05): the audit's repeated token fails both
+    # prompts here. The planned path at width 3 runs the fixed gamma loop's
+    # round (checked above), so it is opt-in.
+    draft_length.Confidence(threshold=0.05, gamma_max=3),
+    pytest.param(draft_length.Goodput(c=0.01, r=(1.0, 1.0, 1.0), widths=(3,)),
+                 marks=pytest.mark.slow),
+])
+def test_adaptive_generations_past_full_accepts_are_exact(models, rule):
+  """tests/test_draft_length.py checks the rules over 3 tokens at
+  gamma_max 3, which never reaches the token after a full accept, nor the
+  rounds after it: an audit made that token repeat the last draft in the
+  adaptive path and those tests passed. Here, over 2 (gamma_max + 1)
+  tokens with EOS."""
+  target, draft = models
+  sampling = sj.SamplingConfig(temperature=1.0)
+  k = 2 * (rule.gamma_max + 1)
+  out = _run(target, draft, sampling, rule, k)
+  for result in _check(target, out, sampling, k):
+    assert result.passed, str(result)
+  _assert_covers_full_accepts_and_eos(out, rule.gamma_max, k)
+
+
+@pytest.mark.big_batch
+@pytest.mark.optimized
+def test_self_draft_generations_past_full_accepts_are_exact():
+  """A self-draft reading the target's cache, over 2 (gamma + 1) tokens:
+  after a full accept the bonus token's keys and values are not yet in the
+  shared cache when the next round drafts. tests/test_self_draft.py checks
+  3 tokens at gamma 2, which never reach that round."""
+  config = TransformerConfig(vocab_size=V, d_model=16, num_layers=2,
+                             num_heads=2, max_positions=32)
+  target = TransformerLM.create(config, 2)
+  target = target.replace(state=jax.tree_util.tree_map_with_path(
+      lambda path, x: 4.0 * x if "embed" in jax.tree_util.keystr(path) else x,
+      target.state))
+  draft = sj.SelfDraft(target, layers=1, share_cache=True)
+  sampling = sj.SamplingConfig(temperature=1.0)
+  gamma = 2
+  k = 2 * (gamma + 1)
+  out = _run(target, draft, sampling, gamma, k)
   for result in _check(target, out, sampling, k):
     assert result.passed, str(result)
   _assert_covers_full_accepts_and_eos(out, gamma, k)
