@@ -4,6 +4,7 @@ lab's Markov chains, with negative controls that must fail the same tests."""
 
 import collections
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import steps
 from specjax.decode import verifiers as vf
+from specjax.decode.verifiers import block as block_lib
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lv
 
@@ -205,6 +207,97 @@ def _round_against_law(sampled, law):
   assert np.all(emitted[:, :gamma][kept]
                 == np.broadcast_to(x_G, (N_ROUNDS, gamma))[kept])
   return testing.check_distribution(tau * 8 + y, expected)
+
+
+def _block_round_law_on_a_grid(verifier, p_G1xV, q_GxV, x_G, grid=2**14):
+  """The law of `verifier`'s block round (a `BlockVerifier`), float64
+  `[G + 1, V]` over (tau, emitted token), computed without sampling.
+
+  tau depends on the uniforms only through eta_i < h_i, with h the
+  verifier's own `stop_probabilities`: each of the 2^G stop patterns is
+  run at etas inside its cell (weighted by its probability under h), and
+  the token after tau at every residual/bonus uniform of a midpoint grid
+  (an inverse-CDF draw: each token's share of the grid is its probability
+  to 1 / grid).
+  """
+  gamma, v = len(x_G), p_G1xV.shape[-1]
+  take = lambda a: a[np.arange(gamma), x_G][None]
+  w = block_lib.block_weights(take(p_G1xV[:gamma]), take(q_GxV))
+  h_G = np.asarray(block_lib.stop_probabilities(
+      w, p_G1xV[None], q_GxV[None]), np.float64)[0]
+  u_R = (np.arange(grid) + 0.5) / grid
+  sampling = sj.SamplingConfig()
+  verify = jax.jit(lambda u, p, q, x: verifier.verify(
+      u, p, q, x, lambda uu, pp: steps._sample(uu, pp, sampling)))
+  law = np.zeros((gamma + 1, v))
+  for stops in itertools.product((True, False), repeat=gamma):
+    stops = np.array(stops)
+    weight = np.prod(np.where(stops, h_G, 1.0 - h_G))
+    if weight == 0:
+      continue
+    etas = np.where(stops, h_G / 2, (1.0 + h_G) / 2)
+    u_RxN = np.concatenate([np.tile(etas, (grid, 1)), u_R[:, None],
+                            u_R[:, None]], axis=1).astype(np.float32)
+    tile = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.float32),
+                                      (grid,) + a.shape)
+    emitted, tau = verify(jnp.asarray(u_RxN), tile(p_G1xV), tile(q_GxV),
+                          jnp.broadcast_to(jnp.asarray(x_G, jnp.int32),
+                                           (grid, gamma)))
+    emitted, tau = np.asarray(emitted), np.asarray(tau)
+    y = emitted[np.arange(grid), tau]
+    np.add.at(law, (tau, y), weight / grid)
+  return law
+
+
+def test_block_round_law_matches_the_lab_without_sampling():
+  """The chi-square round check above (10^5 rounds) passed a block
+  verifier whose residual dropped w_tau, (p - q)+ for (w_tau p - q)+
+  (audit: p = .09). Here the round's law is computed to 1 / 2^14 and
+  compared entry by entry; the control is that mutant."""
+  # Rounds whose kept drafts q overstates (w_tau < 1, where the residual's
+  # weight matters; each block has q-probability .01-.05) and one other.
+  worst = 0.0
+  for setting, contexts in (((2.0, 0.4, 1), (3, 3, 6, 3)),
+                            ((3.0, 0.2, 2), (7, 7, 2, 7)),
+                            ((3.0, 0.2, 2), (1, 1, 2, 7)),
+                            ((1.5, 0.5, 0), (0, 1, 2, 3))):
+    pair = lab.make_markov_pair(*setting)
+    contexts = np.array(contexts)
+    p, q, x = (pair.target_trans_VxV[contexts],
+               pair.draft_trans_VxV[contexts[:-1]], contexts[1:])
+    tau_law, corr_law = lv.verifier_law("block", p, q, x)
+    want = tau_law[:, None] * corr_law
+    got = _block_round_law_on_a_grid(vf.get_verifier("block"), p, q, x)
+    np.testing.assert_allclose(got, want, atol=5e-4)
+    worst = max(worst, np.abs(
+        _block_round_law_on_a_grid(_BlockNoWeight(), p, q, x) - want).max())
+  assert worst > 5e-3, worst
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlockNoWeight(block_lib.BlockVerifier):
+  """Negative control: the residual after tau drafts is (p - q)+, not
+  (w_tau p - q)+ (a subtle bug: TV .004 over 6 tokens)."""
+  name = "block-no-weight"
+
+  def verify(self, u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG, sample):
+    gamma = drafts_BxG.shape[1]
+    w_BxG = block_lib.block_weights(
+        vf.base.gather(p_BxG1xV[:, :gamma], drafts_BxG),
+        vf.base.gather(q_BxGxV, drafts_BxG))
+    h_BxG = block_lib.stop_probabilities(w_BxG, p_BxG1xV, q_BxGxV)
+    stop_BxG = u_BxN[:, :gamma] < h_BxG
+    tau_B = jnp.max(jnp.where(stop_BxG, jnp.arange(1, gamma + 1), 0),
+                    axis=1).astype(jnp.int32)
+    p_tau_BxV = vf.base.take_position(p_BxG1xV, tau_B)
+    q_tau_BxV = vf.base.take_position(q_BxGxV, jnp.minimum(tau_B, gamma - 1))
+    excess_BxV = jnp.maximum(p_tau_BxV - q_tau_BxV, 0.0)
+    residual_BxV = jnp.where(
+        jnp.sum(excess_BxV, axis=-1, keepdims=True) > 0, excess_BxV,
+        p_tau_BxV)
+    last_B = jnp.where(tau_B < gamma, sample(u_BxN[:, gamma], residual_BxV),
+                       sample(u_BxN[:, gamma + 1], p_BxG1xV[:, gamma]))
+    return vf.base.emit(drafts_BxG, tau_B, last_B), tau_B
 
 
 def test_block_keeps_more_than_token_in_the_loop():
