@@ -626,6 +626,13 @@ def check_law_values(name: str, x: np.ndarray, *, normalised: bool,
   elif (total <= 0).any():
     raise ValueError(f"every row of {name} needs positive mass; a row is all "
                      "zeros.")
+  elif total.min() < np.finfo(np.float32).tiny:
+    # XLA on CPU flushes float32 denormals to 0: the CDF of such a row is
+    # all zeros, and every draw was token 0.
+    raise ValueError(f"a row of {name} has total mass {total.min():g}, below "
+                     "float32's smallest normal number "
+                     f"({np.finfo(np.float32).tiny:g}): rescale the rows "
+                     "(e.g. divide each by its max).")
   elif total.max() > np.finfo(np.float32).max:
     # The float32 CDF's total would be inf, and every draw the last token.
     raise ValueError(f"a row of {name} has total mass {total.max():g}, past "

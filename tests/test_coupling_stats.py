@@ -143,7 +143,10 @@ def test_invalid_probabilities_and_draft_tokens_are_refused():
   for match, bad in (("positive mass", jnp.zeros((2, 3))),
                      ("negative", jnp.asarray([0.5, -0.1, 0.6])),
                      ("NaN or inf", jnp.asarray([jnp.inf, 0.5, 0.5])),
-                     ("empty vocabulary", jnp.zeros((2, 0)))):
+                     ("empty vocabulary", jnp.zeros((2, 0))),
+                     # Positive but denormal: XLA on CPU flushes it to 0,
+                     # and every draw was token 0.
+                     ("smallest normal", jnp.asarray([1e-40, 1e-40]))):
     with pytest.raises(ValueError, match=match):
       specjax.sample(key, bad)
 

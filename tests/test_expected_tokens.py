@@ -64,6 +64,21 @@ def test_expected_accepted_of_the_paper_example_tells_token_from_block():
   assert got["block"] == pytest.approx(11 / 9, abs=1e-6)
 
 
+@pytest.mark.parametrize("spec", ["token", "block"])
+def test_expected_accepted_refuses_what_is_not_a_law(spec):
+  """Shapes were checked, values not: logits as p gave -3.6 drafts kept."""
+  v = vf.get_verifier(spec)
+  q = jnp.full((1, 1, 2), 0.5)
+  drafts = jnp.zeros((1, 1), jnp.int32)
+  for p, match in ((jnp.asarray([[[2.0, -1.0], [0.3, -2.0]]]), "negative"),
+                   (jnp.full((1, 2, 2), jnp.nan), "NaN"),
+                   (jnp.full((1, 2, 2), 0.3), "sum to 1")):
+    with pytest.raises(ValueError, match=match):
+      v.expected_accepted(p, q, drafts)
+  with pytest.raises(TypeError, match="p"):
+    v.expected_accepted(jnp.ones((1, 2, 2), jnp.int32), q, drafts)
+
+
 @pytest.mark.parametrize("spec", ["lenient:0.5", "typical:0.09,0.3",
                                   "wrong_fallback", "always_accept"])
 def test_verifiers_without_a_closed_form_say_so(spec):

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import _checks
+from specjax import sampling
 from specjax import coupling
 
 # sample(u_x, probs_xV) -> int32 [...]: the loop's sampler (inverse CDF, with
@@ -128,6 +129,10 @@ def check_round(p_BxG1xV, q_BxGxV, drafts_BxG) -> None:
                     f"{drafts_BxG.dtype}.")
   if _checks.is_concrete(drafts_BxG):
     _checks.check_token_range("drafts", drafts_BxG, vocab)
+  # Values too, where concrete: logits passed as p priced a negative
+  # expected count.
+  for name, probs in (("p", p_BxG1xV), ("q", q_BxGxV)):
+    sampling.check_probs(name, probs, normalised=True)
 
 
 def gather(probs_xV: jax.Array, token_x: jax.Array) -> jax.Array:
