@@ -587,17 +587,21 @@ def per_device_bytes(tree: Any) -> dict[Any, int]:
 
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
                "collective-permute")
-_ELEMENT_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2,
-                  "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8,
-                  "f64": 8}
 _COLLECTIVE_RE = re.compile(r"=\s*(.+?)\s+(" + "|".join(COLLECTIVES) +
                             r")(-start)?\(")
-_SHAPE_RE = re.compile(r"\b(pred|bf16|[suf]\d+)\[([\d,]*)\]")
+# HLO element types: pred, bf16, s4..s64, u4..u64, f16..f64, the fp8 kinds
+# (f8e4m3fn, f8e5m2, ...) and c64 / c128. fp8 and complex shapes were not
+# parsed (0 bytes), and an unknown type was priced at 4 bytes (s4 at 4x).
+_SHAPE_RE = re.compile(
+    r"\b(pred|bf16|[suf]\d+(?:e\d+m\d+[a-z]*)?|c\d+)\[([\d,]*)\]")
 
 
 def _shape_bytes(dtype: str, dims: str) -> int:
-  return _ELEMENT_BYTES.get(dtype, 4) * int(np.prod(
-      [int(d) for d in dims.split(",") if d] or [1]))
+  bits = {"pred": 8, "bf16": 16}.get(dtype)
+  if bits is None:
+    bits = int(re.match(r"[sufc](\d+)", dtype).group(1))
+  count = int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
+  return (bits * count + 7) // 8
 
 
 def collectives(hlo_text: str) -> list[dict]:

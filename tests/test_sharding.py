@@ -40,6 +40,17 @@ def _run_worker(*args, devices=8, timeout=1800):
 MESH_2X4 = AbstractMesh((2, 4), ("data", "model"))
 
 
+
+def test_collectives_price_every_element_type():
+  """fp8 and complex shapes went unparsed (0 bytes), and s4 was priced at
+  4 bytes an element."""
+  hlo = ("%a = (f8e4m3fn[4096], c64[10]) all-gather-start(%x)\n"
+         "%b = s4[4096]{0} all-reduce(%y)\n"
+         "%c = (bf16[2,2], pred[3]) all-to-all(%z)\n")
+  got = [(x["op"], x["bytes"]) for x in sharding.collectives(hlo)]
+  assert got == [("all-gather", 4096), ("all-reduce", 2048),
+                 ("all-to-all", 11)]
+
 def test_parse_mesh_spec_and_errors():
   assert sharding.parse_mesh_spec("data:2,model:4") == (("data", "model"),
                                                         (2, 4))
