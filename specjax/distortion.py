@@ -55,6 +55,7 @@ import numpy as np
 from specjax import _checks
 from specjax import coupling
 from specjax import sampling as sampling_lib
+from specjax.decode import validation
 from specjax.decode import verifiers as verifiers_lib
 from specjax.decode.verifiers import base
 from specjax.decode.verifiers import lossy
@@ -133,10 +134,12 @@ def per_token_tv(target, draft, verifier, sampling: sampling_lib.SamplingConfig,
 
   Returns:
     {"tv_per_token": mean of d_t over all generated tokens (module
-    docstring), "tv_per_token_se": its standard error over rows (None for
-    one row), "positions": the number of tokens}. Each model scores every
-    row's prompt + generation in one teacher-forced pass.
+    docstring; NaN when no row generated a token, a mean over nothing),
+    "tv_per_token_se": its standard error over rows (None for one row),
+    "positions": the number of tokens}. Each model scores every row's
+    prompt + generation in one teacher-forced pass.
   """
+  validation.check_pair(target, draft)  # else errors from inside tracing
   v = verifiers_lib.get_verifier(verifier)
   if not has_position_law(v):
     raise ValueError(f"verifier {v.spec!r} has no per-position law; "

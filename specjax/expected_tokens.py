@@ -42,6 +42,7 @@ import numpy as np
 from specjax import _checks
 from specjax import sampling as sampling_lib
 from specjax.decode import steps
+from specjax.decode import validation
 from specjax.decode import verifiers as verifiers_lib
 
 
@@ -122,6 +123,13 @@ def expected_tokens_per_round(
     paired ratio's standard error over rows (delta method), "contexts":
     contexts judged, "blocks": draft blocks judged (contexts x samples)}.
   """
+  # A non-model failed inside tracing, another vocabulary after both
+  # prefills, and a bare "token" read as the verifiers "t", "o", ...
+  validation.check_pair(target, draft)
+  if isinstance(verifiers, (str, verifiers_lib.Verifier)):
+    raise TypeError(f"verifiers must be a sequence of verifiers, e.g. "
+                    f"('token', 'block'), got the single {verifiers!r}: "
+                    "pass it in a tuple.")
   verifiers = tuple(verifiers_lib.get_verifier(v) for v in verifiers)
   if not verifiers:
     raise ValueError("verifiers must name at least one verifier, e.g. "

@@ -72,6 +72,7 @@ from specjax import sampling as sampling_lib
 from specjax import stats
 from specjax.decode import draft_length
 from specjax.decode import loop as loop_lib
+from specjax.decode import validation
 from specjax.decode import verifiers as verifiers_lib
 
 # Relative error beyond which `decompose` calls a component off.
@@ -581,6 +582,9 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
   gamma = _checks.check_int("gamma", gamma, low=1)
   if not isinstance(sampling, sampling_lib.SamplingConfig):
     raise TypeError("sampling must be a specjax.SamplingConfig.")
+  # A pair the loop refuses (another vocabulary, a self-draft of another
+  # target) was priced all the same.
+  validation.check_pair(target, draft)
   seconds, repeats = check_timing(seconds, repeats)  # before any compile
   spec = LoopShape(batch_size, prompt_len, max_new_tokens, gamma)
   ar = LoopShape(batch_size, prompt_len, max_new_tokens, 0)

@@ -74,6 +74,12 @@ def test_bad_inputs_are_named():
   assert not distortion.has_position_law("block")
   with pytest.raises(ValueError, match="no per-position law"):
     distortion.per_token_tv(target, draft, "block", sampling, **ok)
+  # A non-model draft failed inside tracing, another vocabulary late.
+  with pytest.raises(TypeError, match="draft"):
+    distortion.per_token_tv(target, "x", "lenient:0.5", sampling, **ok)
+  with pytest.raises(ValueError, match="vocab"):
+    distortion.per_token_tv(target, sj.NGramLM.uniform(3),
+                            "lenient:0.5", sampling, **ok)
   with pytest.raises(ValueError, match="row count"):
     distortion.per_token_tv(target, draft, "lenient:0.5", sampling,
                             **{**ok, "lengths_B": np.ones(3, np.int32)})

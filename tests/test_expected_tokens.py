@@ -171,6 +171,10 @@ def test_the_cut_context_is_the_prefix_alone():
     (dict(gamma=40), ValueError, "at most 64 positions"),
     (dict(lengths_B=np.zeros(48, np.int64)), ValueError, "all 0"),
     (dict(sampling="T=1"), TypeError, "SamplingConfig"),
+    # These failed inside tracing, after both prefills, or as verifier 't'.
+    (dict(draft="not a model"), TypeError, "draft"),
+    (dict(draft=sj.NGramLM.uniform(3)), ValueError, "vocab"),
+    (dict(verifiers="token"), TypeError, "pass it in a tuple"),
     # Ids outside the vocabulary [0, 2) read as the last token; fractional
     # lengths were truncated.
     (dict(tokens_BxN=np.full((48, 24), 2, np.int32)), ValueError,

@@ -326,6 +326,14 @@ def test_costs_and_measurements_are_checked_before_any_work(tiny):
   with pytest.raises(ValueError, match="seconds"):
     measure.loop_costs(target, draft, batch_size=1, prompt_len=8,
                        max_new_tokens=4, gamma=2, seconds=-1.0)
+  # A pair the loop refuses was priced (audit: c .00013, r 1.48).
+  other_vocab = sj.NGramLM.uniform(target.vocab_size // 2)
+  with pytest.raises(ValueError, match="vocab"):
+    measure.loop_costs(target, other_vocab, batch_size=1, prompt_len=8,
+                       max_new_tokens=4, gamma=2)
+  with pytest.raises(TypeError, match="draft"):
+    measure.loop_costs(target, None, batch_size=1, prompt_len=8,
+                       max_new_tokens=4, gamma=2)
   with pytest.raises(ValueError, match="repeats must be >= 1"):
     measure.null_loop_seconds(target, draft, shape, t1, repeats=0)
   with pytest.raises(ValueError, match="calls must be >= 1"):
