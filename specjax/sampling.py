@@ -472,6 +472,7 @@ def cdf_chunks(vocab: int) -> int:
   -> 64). A function of V alone, never of the device mesh, so that every
   mesh runs the same additions in the same order.
   """
+  vocab = _checks.check_int("vocab", vocab, low=1)
   chunks = 1
   while (chunks * 2 <= _MAX_CDF_CHUNKS and vocab % (chunks * 2) == 0
          and (chunks * 2) ** 2 <= vocab):

@@ -311,6 +311,15 @@ def test_verify_fast_path_emits_what_the_generic_path_emits(config, gamma):
           config.greedy)
 
 
+def test_cdf_chunks_takes_a_vocabulary_size():
+  assert sampling.cdf_chunks(256) == 16 and sampling.cdf_chunks(259) == 1
+  # 0, -4, 2.5 and True returned 1; "256" failed in string formatting.
+  for bad, error in ((0, ValueError), (-4, ValueError), (2.5, TypeError),
+                     (True, TypeError), ("256", TypeError)):
+    with pytest.raises(error, match="vocab"):
+      sampling.cdf_chunks(bad)
+
+
 def test_temperature_range_keeps_masked_logits_finite():
   """At MAX_TEMPERATURE a masked (-inf) logit stays probability 0 (above it
   XLA's 1 / T is a flushed denormal and -inf * 0 is NaN), and the laws are

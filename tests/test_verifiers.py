@@ -40,6 +40,12 @@ def test_registry_builds_every_verifier_and_labels_lossy_ones():
     assert not v.exact, spec
     assert vf.get_verifier(v.spec) == v  # spec round-trips
   assert hash(vf.get_verifier("lenient:0.5")) == hash(vf.LenientVerifier(0.5))
+  # numpy scalars were refused ("must be a number ..., got np.float32(0.5)").
+  assert vf.LenientVerifier(np.float32(0.5)) == vf.LenientVerifier(0.5)
+  assert vf.TypicalVerifier(np.float64(0.09), 0.3).spec == "typical:0.09,0.3"
+  assert vf.TreeVerifier((np.int64(2), 1)).spec == "tree:2,1"
+  with pytest.raises(ValueError, match=r"\(0, 1\]"):
+    vf.LenientVerifier(np.bool_(True))
 
 
 @pytest.mark.parametrize("spec, match", [

@@ -18,8 +18,10 @@ their exact TV to the target's law on the lab.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.decode.verifiers import base
 
@@ -44,8 +46,10 @@ class LenientVerifier(base.Verifier):
 
   def __post_init__(self):
     l = self.lenience
-    if isinstance(l, bool) or not isinstance(l, (int, float)) or not (
-        0.0 < float(l) <= 1.0):
+    # numbers.Real: numpy scalars too (np.float32(0.5) was refused, as
+    # "must be a number ..., got np.float32(0.5)").
+    if isinstance(l, (bool, np.bool_)) or not isinstance(l, numbers.Real) or (
+        not 0.0 < float(l) <= 1.0):
       raise ValueError(f"lenient: the lenience l must be a number in (0, 1] "
                        f"(1 = token verification), got {l!r}; e.g. "
                        "'lenient:0.5'.")
@@ -88,8 +92,9 @@ class TypicalVerifier(base.Verifier):
 
   def __post_init__(self):
     for field, value in (("epsilon", self.epsilon), ("delta", self.delta)):
-      if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-          0.0 < float(value) <= 1.0):
+      if (isinstance(value, (bool, np.bool_))
+          or not isinstance(value, numbers.Real)
+          or not 0.0 < float(value) <= 1.0):
         raise ValueError(f"typical: {field} must be a number in (0, 1], got "
                          f"{value!r}; e.g. 'typical:0.09,0.3' (Medusa's "
                          "posterior_threshold, posterior_alpha).")

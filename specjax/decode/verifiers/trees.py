@@ -17,7 +17,10 @@ Registry strings:
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import ClassVar
+
+import numpy as np
 
 from specjax.decode import tree as tree_lib
 from specjax.decode.verifiers import base
@@ -40,8 +43,10 @@ class TreeVerifier(base.Verifier):
   def __post_init__(self):
     topology = self.topology
     if isinstance(topology, (tuple, list)) and topology and all(
-        isinstance(b, int) and b >= 1 for b in topology):
-      topology = tree_lib.TreeTopology.from_branching(tuple(topology))
+        isinstance(b, numbers.Integral) and not isinstance(b, (bool, np.bool_))
+        and b >= 1 for b in topology):  # numpy ints too, as from_branching
+      topology = tree_lib.TreeTopology.from_branching(
+          tuple(int(b) for b in topology))
     if not isinstance(topology, tree_lib.TreeTopology):
       raise TypeError("TreeVerifier needs topology=a TreeTopology or a "
                       "branching tuple like (3, 2, 1, 1), got "
