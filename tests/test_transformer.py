@@ -152,6 +152,22 @@ def test_writes_beyond_max_len_are_dropped():
   np.testing.assert_array_equal(cache.k[0][:, :, :3], k_before[:, :, :3])
 
 
+def test_negative_and_out_of_range_cache_slots_are_dropped():
+  """.at[-1] wraps even with mode="drop": a write at -1 landed in the last
+  slot, a move to -1 overwrote it, and a move from past the end copied the
+  last slot."""
+  cache = KVCache.create(num_layers=1, batch_size=1, max_len=4,
+                         num_kv_heads=1, head_dim=1)
+  one = jnp.ones((1, 1, 1, 1))
+  written = cache.write(0, one, one, jnp.asarray([[-1]]))
+  np.testing.assert_array_equal(written.k[0].ravel(), [0, 0, 0, 0])
+  filled = cache.write(0, jnp.arange(4.0).reshape(1, 4, 1, 1),
+                       jnp.arange(4.0).reshape(1, 4, 1, 1),
+                       jnp.arange(4)[None])
+  moved = filled.move(jnp.asarray([[0, 9, 1]]), jnp.asarray([[-1, 0, 2]]))
+  np.testing.assert_array_equal(moved.k[0].ravel(), [0, 1, 1, 3])
+
+
 @pytest.mark.parametrize("flavour", ["gpt2", "llama"])
 def test_empty_cache_and_stale_entries_make_no_nan(flavour):
   model = _model(flavour)

@@ -94,6 +94,10 @@ class KVCache:
     not changed (the model advances it once, after all layers). Inside a
     jitted loop that carries the cache the update is in place.
     """
+    # A negative index would wrap (-1 wrote the last slot): send it past
+    # the end, where mode="drop" drops it.
+    positions_BxT = jnp.where(positions_BxT < 0, self.max_len, positions_BxT)
+
     # One scatter per row (vmapped, so the batch is a scatter batching
     # dimension): under a mesh each device writes its own rows, where an
     # explicit batch index made XLA all-gather every row's keys and values.
@@ -112,11 +116,15 @@ class KVCache:
 
     Used after a draft tree: the kept path's entries (scattered over the
     tree's slots) move to the row's contiguous positions. All reads happen
-    before any write, so overlapping ranges are safe; out-of-range
-    destinations are dropped. `lengths` is not changed.
+    before any write, so overlapping ranges are safe; a pair whose source
+    or destination is outside `[0, max_len)` is dropped (a negative index
+    wrapped, a source past the end was clamped). `lengths` is not changed.
     """
     if not self.k:  # no layers (a zero-block self-draft): nothing to move
       return self
+    outside_BxK = ((src_BxK < 0) | (src_BxK >= self.max_len) | (dst_BxK < 0))
+    dst_BxK = jnp.where(outside_BxK, self.max_len, dst_BxK)
+    src_BxK = jnp.clip(src_BxK, 0, self.max_len - 1)  # read, then dropped
     batch_Bx1x1 = jnp.arange(self.batch_size, dtype=jnp.int32)[:, None, None]
     num_kv_heads = self.k[0].shape[1]
     head_1xKx1 = jnp.arange(num_kv_heads, dtype=jnp.int32)[None, :, None]
