@@ -589,12 +589,20 @@ def check_probs(name: str, probs_xV: Any, *, normalised: bool) -> jax.Array:
     raise ValueError(f"{name} has an empty vocabulary axis: shape "
                      f"{tuple(probs_xV.shape)}.")
   eps = float(jnp.finfo(probs_xV.dtype).eps)
+  if _checks.is_concrete(probs_xV):
+    # On the values as given, before the cast to float32: 1e300 read as
+    # "NaN or inf", and 1e-300 as "a row is all zeros".
+    host = np.asarray(probs_xV, np.float64)
+    if host.size and np.isfinite(host).all() and (
+        np.abs(host).max() > np.finfo(np.float32).max):
+      raise ValueError(f"{name} holds {np.abs(host).max():g}, past float32's "
+                       "range: rescale the rows (e.g. divide each by its "
+                       "max).")
+    check_law_values(name, host, normalised=normalised,
+                     tol=max(SUM_TOLERANCE, eps))
   probs_xV = jnp.asarray(probs_xV)  # float64 only under x64
   if jnp.finfo(probs_xV.dtype).bits < 32:
     probs_xV = probs_xV.astype(jnp.float32)
-  if _checks.is_concrete(probs_xV):
-    check_law_values(name, np.asarray(probs_xV, np.float64),
-                     normalised=normalised, tol=max(SUM_TOLERANCE, eps))
   return probs_xV
 
 

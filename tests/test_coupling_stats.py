@@ -146,7 +146,11 @@ def test_invalid_probabilities_and_draft_tokens_are_refused():
                      ("empty vocabulary", jnp.zeros((2, 0))),
                      # Positive but denormal: XLA on CPU flushes it to 0,
                      # and every draw was token 0.
-                     ("smallest normal", jnp.asarray([1e-40, 1e-40]))):
+                     ("smallest normal", jnp.asarray([1e-40, 1e-40])),
+                     # float64 values past float32's range read as "NaN or
+                     # inf" and "all zeros" (checked after the cast).
+                     ("past float32's range", np.array([1e300, 1.0])),
+                     ("smallest normal", np.array([1e-300, 1e-300]))):
     with pytest.raises(ValueError, match=match):
       specjax.sample(key, bad)
 

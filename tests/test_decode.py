@@ -250,7 +250,10 @@ def test_steps_refuse_tokens_caches_and_laws_they_would_misuse(target):
       (ValueError, r"cache.lengths has shape \(2,\); the step feeds 1 rows",
        target.init_cache(2, 8)),
       (ValueError, "cache.lengths must be >= 0",
-       cache.replace(lengths=jnp.asarray([-4])))):
+       cache.replace(lengths=jnp.asarray([-4]))),
+      # Float lengths failed inside flax's trace.
+      (TypeError, "cache.lengths must be integer positions",
+       cache.replace(lengths=jnp.asarray([2.0])))):
     with pytest.raises(error, match=match):
       sj.draft_step(target, bad_cache, jnp.asarray([[1, 2]]), keys, t)
     with pytest.raises(error, match=match):

@@ -326,6 +326,11 @@ def _check_step_tokens(model, cache, named_tokens, fed):
   if tuple(lengths.shape) != (batch,):
     raise ValueError(f"cache.lengths has shape {tuple(lengths.shape)}; the "
                      f"step feeds {batch} rows: one length per row.")
+  if not jnp.issubdtype(lengths.dtype, jnp.integer):
+    # Else flax failed deep in the trace ("Input type must be an integer").
+    raise TypeError(f"cache.lengths must be integer positions, got dtype "
+                    f"{lengths.dtype}; build the cache with "
+                    "model.init_cache(batch, max_len).")
   if not _checks.is_concrete(lengths) or not np.size(lengths):
     return
   if np.min(np.asarray(lengths)) < 0:
