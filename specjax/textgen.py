@@ -75,6 +75,12 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
     # Checked for every kind, though only a checkpoint draft reads it: a
     # typo must not pass because the draft kind ignores it.
     dtype = transformer_lib.float_dtype_name("dtype", dtype)
+  if not isinstance(target, transformer_lib.TransformerLM) and not (
+      spec in ("prompt_lookup", "bigram")):
+    # self:N views the target's blocks; a checkpoint is reconciled with it.
+    raise TypeError(f"target must be a specjax TransformerLM (from "
+                    f"load_target) for the draft {spec!r}, got "
+                    f"{type(target).__name__}.")
   kind, _, arg = spec.partition(":")
   if kind == "self":
     num_layers = target.config.num_layers
@@ -98,6 +104,13 @@ def make_draft(spec: str, target, tokenizer, prompt_ids, *,
           f"above {MAX_BIGRAM_VOCAB}. Use prompt_lookup or self:N.")
     # One sequence per prompt: no pair joins a prompt's end to the next
     # one's start, a transition the draft never sees.
+    if prompt_ids is None or (
+        not prompt_ids if isinstance(prompt_ids, (list, tuple))
+        else np.ndim(prompt_ids) > 2 or not np.size(prompt_ids)):
+      raise ValueError(
+          "prompt_ids: --draft=bigram counts the prompts' token pairs; give "
+          "one integer array per prompt (a list, or a [B, P] array padded "
+          f"with -1), got {prompt_ids!r:.80}.")
     if isinstance(prompt_ids, (list, tuple)):  # prompts, or one prompt's ids
       one = bool(prompt_ids) and np.isscalar(prompt_ids[0])
       rows = [prompt_ids] if one else prompt_ids

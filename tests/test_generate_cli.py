@@ -64,6 +64,12 @@ def test_draft_specs_are_checked():
                        "bigram"):
       textgen.make_draft(spec, target, tok, ids)
   assert "first 1 of" in textgen.make_draft("self:01", target, tok, ids)[2]
+  # Comparison errors and AttributeErrors named nothing (audit).
+  for bad in (None, [], np.zeros((2, 2, 2), np.int32)):
+    with pytest.raises(ValueError, match="prompt_ids"):
+      textgen.make_draft("bigram", target, tok, bad)
+  with pytest.raises(TypeError, match="target must be a specjax"):
+    textgen.make_draft("self:1", sj.NGramLM.uniform(8), tok, ids)
   # The bigram counts pairs within each prompt, never from one prompt's end
   # to the next one's start, however the prompts come.
   a, b = tok.encode("ab"), tok.encode("cd")
