@@ -49,6 +49,12 @@ def test_tokenizer_errors():
     TOK.decode([1, 259])
   with pytest.raises(TypeError, match="text must be"):
     TOK.encode(3)
+  # A file name that is not UTF-8, as os.fsdecode gives it: a raw
+  # UnicodeEncodeError before; its bytes encode.
+  name = os.fsdecode(b"\xff.txt")
+  with pytest.raises(ValueError, match="lone surrogate.*os.fsencode"):
+    TOK.encode(name)
+  assert TOK.decode_bytes(TOK.encode(os.fsencode(name))) == b"\xff.txt"
   # "no" is truthy: it added BOS.
   with pytest.raises(TypeError, match="add_bos must be a bool"):
     TOK.encode("x", add_bos="no")

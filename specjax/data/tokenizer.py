@@ -66,7 +66,14 @@ class ByteTokenizer:
     Returns `[BOS]? + bytes + [EOS]?`; never contains PAD.
     """
     if isinstance(text, str):
-      data = text.encode("utf-8")
+      try:
+        data = text.encode("utf-8")
+      except UnicodeEncodeError as e:  # a lone surrogate has no UTF-8 bytes
+        raise ValueError(
+            f"text holds {text[e.start:e.end]!r} at {e.start}, a lone "
+            "surrogate with no UTF-8 encoding (e.g. from os.fsdecode of a "
+            "name that is not UTF-8); pass the bytes instead (os.fsencode("
+            "text)).") from None
     elif isinstance(text, (bytes, bytearray, memoryview)):
       data = bytes(text)
     else:
