@@ -220,6 +220,7 @@ def pass_seconds(model, *, batch_size: int, num_tokens: int, capacity: int,
   num_tokens - 1. A prefill is the pass with fill = 0 and num_tokens = the
   prompt bucket. See the module docstring for the method.
   """
+  validation.check_model("model", model)  # not an AttributeError later
   batch_size, num_tokens, capacity, fill = _check_pass(batch_size, num_tokens,
                                                        capacity, fill)
   check_timing(seconds, repeats)  # before a memo hit hides a bad argument
@@ -389,6 +390,11 @@ def loop_round_steps(target, draft, shape: LoopShape,
   program the rule's calls run (its rounds are the fixed loop's, plus the
   rule's planning).
   """
+  _check_shape(shape)
+  if isinstance(widths, (int, np.integer, str)) or not hasattr(widths,
+                                                               "__iter__"):
+    raise TypeError(f"widths must be a sequence of round widths, e.g. "
+                    f"(1, 2, 4), got {widths!r}.")
   widths = tuple(_checks.check_int("widths[i]", g, low=1) for g in widths)
   if not widths:
     raise ValueError("widths is empty: name the round widths to time.")
@@ -428,6 +434,13 @@ def loop_round_steps(target, draft, shape: LoopShape,
 _SURE = 1e4
 
 
+def _check_shape(shape) -> None:
+  if not isinstance(shape, LoopShape):
+    raise TypeError(f"shape must be a measure.LoopShape(batch_size, "
+                    f"prompt_len, max_new_tokens, gamma), got "
+                    f"{type(shape).__name__}.")
+
+
 def null_loop_seconds(target, draft, shape: LoopShape,
                       sampling: sampling_lib.SamplingConfig, *,
                       repeats: int = 5, memo: dict | None = None,
@@ -451,6 +464,7 @@ def null_loop_seconds(target, draft, shape: LoopShape,
   elementwise ops on `[B, 1]`.
   """
   repeats = _checks.check_int("repeats", repeats, low=1)  # before compiling
+  _check_shape(shape)
   vocab = target.vocab_size
   one_hot = bool(getattr(draft, "one_hot_q", False)) if draft is not None else None
   verifier = verifiers_lib.get_verifier(verifier)
@@ -755,6 +769,7 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
   draft's in-loop cost, and minus `costs.other_s` the verify pass's.
   """
   repeats = _checks.check_int("repeats", repeats, low=1)  # before compiling
+  _check_shape(shape)
   _check_costs(costs)
   # The memo key holds the shape, not the prompts: a wrong batch would be
   # timed and then served for this shape.

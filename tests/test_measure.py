@@ -336,6 +336,13 @@ def test_costs_and_measurements_are_checked_before_any_work(tiny):
                        max_new_tokens=4, gamma=2)
   with pytest.raises(ValueError, match="repeats must be >= 1"):
     measure.null_loop_seconds(target, draft, shape, t1, repeats=0)
+  # AttributeErrors and "'int' object is not iterable" named nothing.
+  with pytest.raises(TypeError, match="model must implement"):
+    measure.pass_seconds("x", batch_size=1, num_tokens=1, capacity=8, fill=0)
+  with pytest.raises(TypeError, match="shape must be a measure.LoopShape"):
+    measure.null_loop_seconds(target, draft, (1, 8, 4, 2), t1)
+  with pytest.raises(TypeError, match="widths must be a sequence"):
+    measure.loop_round_steps(target, draft, shape, t1, widths=2)
   with pytest.raises(ValueError, match="calls must be >= 1"):
     measure.loop_round_steps(target, draft, shape, t1, widths=(1,), calls=0)
   with pytest.raises(ValueError, match="widths is empty"):
