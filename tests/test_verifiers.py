@@ -215,53 +215,79 @@ def _round_against_law(sampled, law):
   return testing.check_distribution(tau * 8 + y, expected)
 
 
-def _block_round_law_on_a_grid(verifier, p_G1xV, q_GxV, x_G, grid=2**14):
-  """The law of `verifier`'s block round (a `BlockVerifier`), float64
-  `[G + 1, V]` over (tau, emitted token), computed without sampling.
+def _round_law_on_a_grid(verifier, h_G, p_G1xV, q_GxV, x_G, grid=2**14):
+  """The law of one round of `verifier`, float64 `[G + 1, V]` over (drafts
+  kept, emitted token), computed without sampling.
 
-  tau depends on the uniforms only through eta_i < h_i, with h the
-  verifier's own `stop_probabilities`: each of the 2^G stop patterns is
-  run at etas inside its cell (weighted by its probability under h), and
-  the token after tau at every residual/bonus uniform of a midpoint grid
-  (an inverse-CDF draw: each token's share of the grid is its probability
-  to 1 / grid).
+  The verdict depends on each position's judging uniform only through
+  u_i < h_i (token: keep, h = min(1, p / q); block: stop, h its
+  `stop_probabilities`): each of the 2^G patterns is run at uniforms inside
+  its cells, weighted by its probability under h, and the emitted token at
+  every other uniform (residual, bonus) set to each point of a midpoint
+  grid (an inverse-CDF draw: each token's share of the grid is its
+  probability to 1 / grid).
   """
   gamma, v = len(x_G), p_G1xV.shape[-1]
-  take = lambda a: a[np.arange(gamma), x_G][None]
-  w = block_lib.block_weights(take(p_G1xV[:gamma]), take(q_GxV))
-  h_G = np.asarray(block_lib.stop_probabilities(
-      w, p_G1xV[None], q_GxV[None]), np.float64)[0]
+  others = verifier.num_uniforms(gamma) - gamma
   u_R = (np.arange(grid) + 0.5) / grid
   sampling = sj.SamplingConfig()
   verify = jax.jit(lambda u, p, q, x: verifier.verify(
       u, p, q, x, lambda uu, pp: steps._sample(uu, pp, sampling)))
+  tile = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.float32),
+                                    (grid,) + a.shape)
   law = np.zeros((gamma + 1, v))
-  for stops in itertools.product((True, False), repeat=gamma):
-    stops = np.array(stops)
-    weight = np.prod(np.where(stops, h_G, 1.0 - h_G))
+  for below in itertools.product((True, False), repeat=gamma):
+    below = np.array(below)
+    weight = np.prod(np.where(below, h_G, 1.0 - h_G))
     if weight == 0:
       continue
-    etas = np.where(stops, h_G / 2, (1.0 + h_G) / 2)
-    u_RxN = np.concatenate([np.tile(etas, (grid, 1)), u_R[:, None],
-                            u_R[:, None]], axis=1).astype(np.float32)
-    tile = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.float32),
-                                      (grid,) + a.shape)
-    emitted, tau = verify(jnp.asarray(u_RxN), tile(p_G1xV), tile(q_GxV),
-                          jnp.broadcast_to(jnp.asarray(x_G, jnp.int32),
-                                           (grid, gamma)))
+    judging = np.where(below, h_G / 2, (1.0 + h_G) / 2)
+    u_RxN = np.concatenate([np.tile(judging, (grid, 1)),
+                            np.tile(u_R[:, None], (1, others))], axis=1)
+    emitted, tau = verify(jnp.asarray(u_RxN, jnp.float32), tile(p_G1xV),
+                          tile(q_GxV), jnp.broadcast_to(
+                              jnp.asarray(x_G, jnp.int32), (grid, gamma)))
     emitted, tau = np.asarray(emitted), np.asarray(tau)
-    y = emitted[np.arange(grid), tau]
-    np.add.at(law, (tau, y), weight / grid)
+    np.add.at(law, (tau, emitted[np.arange(grid), tau]), weight / grid)
   return law
 
 
-def test_block_round_law_matches_the_lab_without_sampling():
-  """The chi-square round check above (10^5 rounds) passed a block
-  verifier whose residual dropped w_tau, (p - q)+ for (w_tau p - q)+
-  (audit: p = .09). Here the round's law is computed to 1 / 2^14 and
-  compared entry by entry; the control is that mutant."""
-  # Rounds whose kept drafts q overstates (w_tau < 1, where the residual's
-  # weight matters; each block has q-probability .01-.05) and one other.
+def _thresholds(spec, p_G1xV, q_GxV, x_G):
+  """h of `_round_law_on_a_grid`, from the verifier's own functions where
+  it has them (block), else from p and q (token)."""
+  gamma = len(x_G)
+  p_at, q_at = p_G1xV[np.arange(gamma), x_G], q_GxV[np.arange(gamma), x_G]
+  if spec == "token":
+    return np.minimum(1.0, p_at / q_at)
+  w = block_lib.block_weights(p_at[None], q_at[None])
+  return np.asarray(block_lib.stop_probabilities(
+      w, p_G1xV[None], q_GxV[None]), np.float64)[0]
+
+
+def _residual_097(u_accept_x, u_residual_x, p_xV, q_xV, draft_token_x):
+  """Negative control: the maximal coupling with its residual drawn from
+  (p - 0.97 q)+ (the audit's 0.97 mutant: TV .0096 over 8 tokens, passed
+  every sampling check)."""
+  p_x = jnp.take_along_axis(p_xV, draft_token_x[..., None], -1)[..., 0]
+  q_x = jnp.take_along_axis(q_xV, draft_token_x[..., None], -1)[..., 0]
+  accepted_x = u_accept_x * q_x < p_x
+  fallback_x = sampling_lib.sample_from_probs(
+      u_residual_x, jnp.maximum(p_xV - 0.97 * q_xV, 0.0))
+  return jnp.where(accepted_x, draft_token_x, fallback_x), accepted_x
+
+
+@pytest.mark.parametrize("spec", ["token", "block"])
+def test_round_law_matches_the_lab_without_sampling(spec):
+  """The chi-square round check above (10^5 rounds) passed subtle bugs: a
+  block residual without its weight, (p - q)+ for (w_tau p - q)+ (p =
+  .09), and a token residual from (p - 0.97 q)+ (p = .15). Here the
+  round's law is computed to 1 / 2^14 and compared entry by entry; the
+  controls are those two bugs."""
+  control = {"token": vf.TokenVerifier(coupling_rule=_residual_097),
+             "block": _BlockNoWeight()}[spec]
+  # Rounds whose kept drafts q overstates (w_tau < 1, where the block
+  # residual's weight matters; each block has q-probability .01-.05) and
+  # one other.
   worst = 0.0
   for setting, contexts in (((2.0, 0.4, 1), (3, 3, 6, 3)),
                             ((3.0, 0.2, 2), (7, 7, 2, 7)),
@@ -271,12 +297,13 @@ def test_block_round_law_matches_the_lab_without_sampling():
     contexts = np.array(contexts)
     p, q, x = (pair.target_trans_VxV[contexts],
                pair.draft_trans_VxV[contexts[:-1]], contexts[1:])
-    tau_law, corr_law = lv.verifier_law("block", p, q, x)
+    tau_law, corr_law = lv.verifier_law(spec, p, q, x)
     want = tau_law[:, None] * corr_law
-    got = _block_round_law_on_a_grid(vf.get_verifier("block"), p, q, x)
+    h = _thresholds(spec, p, q, x)
+    got = _round_law_on_a_grid(vf.get_verifier(spec), h, p, q, x)
     np.testing.assert_allclose(got, want, atol=5e-4)
     worst = max(worst, np.abs(
-        _block_round_law_on_a_grid(_BlockNoWeight(), p, q, x) - want).max())
+        _round_law_on_a_grid(control, h, p, q, x) - want).max())
   assert worst > 5e-3, worst
 
 
