@@ -466,6 +466,14 @@ def shard_model(model: Any, mesh: Mesh | str, *,
   cheap). Works in multi-process runs when every process holds the same
   values (e.g. the same seed or checkpoint).
   """
+  # Else jax's "Argument 'x' ... is not a valid JAX type" named no argument.
+  odd = sorted({type(x).__name__ for x in jax.tree.leaves(model)
+                if not hasattr(x, "shape")
+                and not isinstance(x, (int, float, complex, np.generic))})
+  if odd:
+    raise TypeError(f"model must be a model whose leaves are arrays (a "
+                    f"TransformerLM, a draft), got a {type(model).__name__} "
+                    f"holding {', '.join(odd)}.")
   mesh = as_mesh(mesh)
   check_mesh_axes(mesh, rules)
   return place(model, model_shardings(model, mesh, rules=rules))

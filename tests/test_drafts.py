@@ -78,6 +78,12 @@ def test_ngram_forward_ragged_and_rollback():
 def test_ngram_errors():
   with pytest.raises(ValueError, match="order must be 1 .* or 2"):
     ngram.NGramLM.fit(np.array([0, 1]), 2, 3)
+  # Outside jit, ids off the table read another row (7 and -1 with V = 4
+  # gave token 3's), as TransformerLM.check_inputs refuses.
+  lm = ngram.NGramLM.uniform(4)
+  for bad in (7, -1):
+    with pytest.raises(ValueError, match=f"= {bad} is outside"):
+      lm(jnp.asarray([[bad]]), lm.init_cache(1, 4))
   with pytest.raises(ValueError, match="smoothing must be > 0"):
     ngram.NGramLM.fit(np.array([0, 1]), 2, 2, smoothing=0.0)
   # k V overflowed float64 (1e308), or an unseen token's k / (counts + k V)
@@ -212,6 +218,20 @@ def test_prompt_lookup_fallback():
   logits, cache = _forward(draft, jnp.array([[1]]),
                            cache.replace(lengths=jnp.array([2], jnp.int32)))
   np.testing.assert_array_equal(cache.fallback_cache.lengths, [3])
+
+
+def test_prompt_lookup_refuses_another_drafts_cache():
+  """A cache without the fallback's cache failed as "'NoneType' object has
+  no attribute 'replace'"; one with a fallback cache given to a draft
+  without a fallback was read as is."""
+  with_fallback = prompt_lookup.PromptLookupDraft(
+      vocab_size=4, fallback=ngram.NGramLM.uniform(4))
+  plain = prompt_lookup.PromptLookupDraft(vocab_size=4)
+  tokens = jnp.zeros((1, 2), jnp.int32)
+  with pytest.raises(ValueError, match="holds no fallback cache"):
+    with_fallback(tokens, plain.init_cache(1, 8))
+  with pytest.raises(ValueError, match="holds a fallback cache"):
+    plain(tokens, with_fallback.init_cache(1, 8))
 
 
 def test_prompt_lookup_errors():

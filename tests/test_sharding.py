@@ -41,6 +41,11 @@ MESH_2X4 = AbstractMesh((2, 4), ("data", "model"))
 
 
 
+def test_shard_model_names_what_is_not_a_model():
+  with pytest.raises(TypeError, match="holding str"):
+    sharding.shard_model("x", "data:1")
+
+
 def test_collectives_price_every_element_type():
   """fp8 and complex shapes went unparsed (0 bytes), and s4 was priced at
   4 bytes an element."""

@@ -168,6 +168,8 @@ class NGramLM(struct.PyTreeNode):
     masking.
     """
     tokens_BxT = _checks.check_array("tokens", tokens_BxT, rank=2, kind="i")
+    if _checks.is_concrete(tokens_BxT):  # an id off the table read another
+      _checks.check_token_range("tokens", tokens_BxT, self.vocab_size)
     batch, length = tokens_BxT.shape
     if cache.lengths.shape != (batch,):
       raise ValueError(f"cache.lengths has shape {tuple(cache.lengths.shape)} "

@@ -162,6 +162,15 @@ class PromptLookupDraft(struct.PyTreeNode):
         jnp.float32)
 
     fallback_cache = cache.fallback_cache
+    if (self.fallback is None) != (fallback_cache is None):
+      # A cache made by another PromptLookupDraft (with or without a
+      # fallback) failed as "'NoneType' object has no attribute 'replace'".
+      raise ValueError(
+          "cache does not match this draft: it "
+          + ("holds no" if fallback_cache is None else "holds a")
+          + " fallback cache, and the draft has "
+          + ("a" if self.fallback is not None else "no") + " fallback. Make "
+          "it with this draft's init_cache(batch, max_len).")
     if self.fallback is not None:
       # The fallback sees the same tokens at the same positions; syncing its
       # lengths from ours makes rollback of our cache roll it back too.
