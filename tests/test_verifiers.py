@@ -264,16 +264,19 @@ def _thresholds(spec, p_G1xV, q_GxV, x_G):
       w, p_G1xV[None], q_GxV[None]), np.float64)[0]
 
 
-def _residual_097(u_accept_x, u_residual_x, p_xV, q_xV, draft_token_x):
+def _scaled_residual(scale):
   """Negative control: the maximal coupling with its residual drawn from
-  (p - 0.97 q)+ (the audit's 0.97 mutant: TV .0096 over 8 tokens, passed
-  every sampling check)."""
-  p_x = jnp.take_along_axis(p_xV, draft_token_x[..., None], -1)[..., 0]
-  q_x = jnp.take_along_axis(q_xV, draft_token_x[..., None], -1)[..., 0]
-  accepted_x = u_accept_x * q_x < p_x
-  fallback_x = sampling_lib.sample_from_probs(
-      u_residual_x, jnp.maximum(p_xV - 0.97 * q_xV, 0.0))
-  return jnp.where(accepted_x, draft_token_x, fallback_x), accepted_x
+  (p - scale q)+ (the audit's mutants: at 0.97, TV .0096 over 8 tokens,
+  passed every sampling check; at 0.9, TV .027, the whole-sequence law)."""
+  def rule(u_accept_x, u_residual_x, p_xV, q_xV, draft_token_x):
+    p_x = jnp.take_along_axis(p_xV, draft_token_x[..., None], -1)[..., 0]
+    q_x = jnp.take_along_axis(q_xV, draft_token_x[..., None], -1)[..., 0]
+    accepted_x = u_accept_x * q_x < p_x
+    fallback_x = sampling_lib.sample_from_probs(
+        u_residual_x, jnp.maximum(p_xV - scale * q_xV, 0.0))
+    return jnp.where(accepted_x, draft_token_x, fallback_x), accepted_x
+  rule.__name__ = f"residual_{scale:g}q"
+  return rule
 
 
 @pytest.mark.parametrize("spec", ["token", "block"])
@@ -283,7 +286,7 @@ def test_round_law_matches_the_lab_without_sampling(spec):
   .09), and a token residual from (p - 0.97 q)+ (p = .15). Here the
   round's law is computed to 1 / 2^14 and compared entry by entry; the
   controls are those two bugs."""
-  control = {"token": vf.TokenVerifier(coupling_rule=_residual_097),
+  control = {"token": vf.TokenVerifier(coupling_rule=_scaled_residual(0.97)),
              "block": _BlockNoWeight()}[spec]
   # Rounds whose kept drafts q overstates (w_tau < 1, where the block
   # residual's weight matters; each block has q-probability .01-.05) and
@@ -412,8 +415,38 @@ def _run_loop(lab_loop, spec, gamma, eos_id):
       target, draft, prompts, lengths, jax.random.key(gamma), gamma=gamma,
       max_new_tokens=k, eos_id=eos_id, pad_id=vocab, verifier=spec)
   law, base = _loop_law(pair, gamma, k, contexts, weights, eos_id)
-  ids = which * (vocab + 1) ** k + np.asarray(out.tokens) @ base
-  return testing.check_distribution(ids, law), out
+  tokens = np.asarray(out.tokens)
+  ids = which * (vocab + 1) ** k + tokens @ base
+  checks = [testing.check_distribution(ids, law)]
+  # The whole-sequence law spreads 10^5 samples over 4 (V + 1)^k outcomes,
+  # so its TV bound passes a residual from (p - 0.9 q)+ (p = 9e-4); each
+  # prompt group's law of every position and adjacent pair rejects it.
+  law_GxS = law.reshape(len(contexts), -1)
+  digits = (np.arange(law_GxS.shape[1])[:, None] // base) % (vocab + 1)
+  for g, law_S in enumerate(law_GxS / law_GxS.sum(1, keepdims=True)):
+    rows = tokens[which == g]
+    for i in range(k):
+      for j in ([i] if i == k - 1 else [i, i + 1]):
+        exact = digits[:, i] * (vocab + 1) ** (j - i) + digits[:, j] * (j > i)
+        sampled = rows[:, i] * (vocab + 1) ** (j - i) + rows[:, j] * (j > i)
+        checks.append(testing.check_distribution(sampled, np.bincount(
+            exact, weights=law_S, minlength=(vocab + 1) ** (1 + (j > i)))))
+  return _AllOf(tuple(checks)), out
+
+
+@dataclasses.dataclass(frozen=True)
+class _AllOf:
+  """Several checks of one generation: passed only if every one passed."""
+  results: tuple
+
+  @property
+  def passed(self) -> bool:
+    return all(r.passed for r in self.results)
+
+  def __str__(self) -> str:
+    failed = [str(r) for r in self.results if not r.passed]
+    return (f"{len(failed)} of {len(self.results)} checks failed:\n"
+            + "\n".join(failed[:3]) if failed else str(self.results[0]))
 
 
 @pytest.mark.big_batch
@@ -434,6 +467,15 @@ def test_real_loop_on_the_lab_is_exact(lab_loop, spec, gamma, eos_id):
 def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
   result, _ = _run_loop(lab_loop, spec, 2, EOS)
   assert not result.passed, f"{spec}: {result}"
+
+
+@pytest.mark.big_batch
+def test_real_loop_rejects_a_subtle_residual(lab_loop):
+  """A residual from (p - 0.9 q)+: the whole-sequence law alone passes it
+  (p = 9e-4), the per-position and pair laws reject it."""
+  result, _ = _run_loop(
+      lab_loop, vf.TokenVerifier(coupling_rule=_scaled_residual(0.9)), 2, EOS)
+  assert any(not r.passed for r in result.results[1:]), str(result)
 
 
 # ------------------------------------ trees in the REAL loop on the lab
