@@ -292,14 +292,26 @@ def test_round_law_matches_the_lab_without_sampling(spec):
   # residual's weight matters; each block has q-probability .01-.05) and
   # one other.
   worst = 0.0
+  cases = []
   for setting, contexts in (((2.0, 0.4, 1), (3, 3, 6, 3)),
                             ((3.0, 0.2, 2), (7, 7, 2, 7)),
                             ((3.0, 0.2, 2), (1, 1, 2, 7)),
                             ((1.5, 0.5, 0), (0, 1, 2, 3))):
     pair = lab.make_markov_pair(*setting)
     contexts = np.array(contexts)
-    p, q, x = (pair.target_trans_VxV[contexts],
-               pair.draft_trans_VxV[contexts[:-1]], contexts[1:])
+    cases.append((pair.target_trans_VxV[contexts],
+                  pair.draft_trans_VxV[contexts[:-1]], contexts[1:]))
+  # Truncated laws (top-3 of each, as top-k leaves them): drafts the target
+  # gives probability 0 (always rejected), and residuals on a cut support.
+  def top3(a):
+    kept = np.where(a >= np.sort(a, -1)[..., -3:-2], a, 0.0)
+    return kept / kept.sum(-1, keepdims=True)
+  p, q, _ = cases[1]
+  p, q = top3(p), top3(q)
+  x = np.argmax(np.where(q > 0, q / np.maximum(p[:-1], 1e-9), -1.0), -1)
+  assert (p[np.arange(3), x] == 0).any() and (q[np.arange(3), x] > 0).all()
+  cases.append((p, q, x))
+  for p, q, x in cases:
     tau_law, corr_law = lv.verifier_law(spec, p, q, x)
     want = tau_law[:, None] * corr_law
     h = _thresholds(spec, p, q, x)
