@@ -434,23 +434,26 @@ def _check_quick_drafts(names):
   return True
 
 
-# Flags read by one mode only; given with another they were ignored.
-_ONLY_FOR = {"trees": "--models=quick", "quick_drafts": "--models=quick",
-             "paired_gammas": "--models=quick",
-             "samples": "--models=quick --paired_gammas=...",
-             "verifiers": "--models=lab or tiny",
-             "gammas": "--models=lab or tiny"}
+# Flags read by one mode only (given with another they were ignored): the
+# mode, and whether (quick, paired) is it.
+_READ_WITH = {
+    "trees": ("--models=quick without --paired_gammas",
+              lambda quick, paired: quick and not paired),
+    "quick_drafts": ("--models=quick", lambda quick, paired: quick),
+    "paired_gammas": ("--models=quick", lambda quick, paired: quick),
+    "samples": ("--models=quick --paired_gammas=...",
+                lambda quick, paired: quick and paired),
+    "verifiers": ("--models=lab or tiny", lambda quick, paired: not quick),
+    "gammas": ("--models=lab or tiny", lambda quick, paired: not quick),
+}
 
 
 def _check_modes():
   """A usage error for a flag the chosen mode does not read."""
   quick, paired = _MODELS.value == "quick", bool(_PAIRED.value)
-  reads = {"trees": quick and not paired, "quick_drafts": quick,
-           "paired_gammas": quick, "samples": quick and paired,
-           "verifiers": not quick, "gammas": not quick}
-  unread = [f"--{name} (read with {_ONLY_FOR[name]})"
-            for name, read in reads.items()
-            if flags.FLAGS[name].present and not read]
+  unread = [f"--{name} (read with {mode})"
+            for name, (mode, reads) in _READ_WITH.items()
+            if flags.FLAGS[name].present and not reads(quick, paired)]
   if unread:
     mode = f"--models={_MODELS.value}" + (" --paired_gammas=..."
                                           if quick and paired else "")

@@ -77,7 +77,7 @@ BAD = [
       "--draft=foo"], "--draft takes a checkpoint directory"),
     (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
       "--max_new_tokens=0"], "flag --max_new_tokens=0"),
-    # These five came as tracebacks (audit); --seed only after loading.
+    # These came as tracebacks (audit); --seed only after loading.
     (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
       "--seed=-1"], "flag --seed=-1"),
     (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
@@ -102,9 +102,15 @@ BAD = [
 ]
 
 
+def _env(tmp_path):
+  """The commands' environment: the checkout importable, and an empty zoo
+  cache (a check that came after loading a model would start training)."""
+  return dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+              SPECJAX_CACHE=str(tmp_path / "empty-zoo"))
+
+
 def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-             SPECJAX_CACHE=str(tmp_path / "empty-zoo"))
+  env = _env(tmp_path)
   afile = tmp_path / "afile"
   afile.write_text("not a directory")
   out = tmp_path / "out"
@@ -142,8 +148,7 @@ def test_bad_config_overrides_are_usage_errors(tmp_path):
   """A bad --config.<field> came as a traceback (its message was clear).
   Run as `python -m`: config_flags defines the override flags from the
   process's command line, so flag_worker.py's one process cannot."""
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-             SPECJAX_CACHE=str(tmp_path / "empty-zoo"))
+  env = _env(tmp_path)
   out = tmp_path / "out"
   commands = [
       (["experiments.sweep", "--config=configs/reproduce.py:tiny",
