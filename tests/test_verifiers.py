@@ -4,6 +4,7 @@ lab's Markov chains, with negative controls that must fail the same tests."""
 
 import collections
 import dataclasses
+import functools
 import itertools
 
 import jax
@@ -215,6 +216,15 @@ def _round_against_law(sampled, law):
   return testing.check_distribution(tau * 8 + y, expected)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _verify(verifier, u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG):
+  """`verifier.verify` with the loop's sampler at T = 1: one compile per
+  verifier (and shape) for every round law below."""
+  sampling = sj.SamplingConfig()
+  return verifier.verify(u_BxN, p_BxG1xV, q_BxGxV, drafts_BxG,
+                         lambda u, probs: steps._sample(u, probs, sampling))
+
+
 def _round_law_on_a_grid(verifier, h_G, p_G1xV, q_GxV, x_G, grid=2**14):
   """The law of one round of `verifier`, float64 `[G + 1, V]` over (drafts
   kept, emitted token), computed without sampling.
@@ -230,9 +240,6 @@ def _round_law_on_a_grid(verifier, h_G, p_G1xV, q_GxV, x_G, grid=2**14):
   gamma, v = len(x_G), p_G1xV.shape[-1]
   others = verifier.num_uniforms(gamma) - gamma
   u_R = (np.arange(grid) + 0.5) / grid
-  sampling = sj.SamplingConfig()
-  verify = jax.jit(lambda u, p, q, x: verifier.verify(
-      u, p, q, x, lambda uu, pp: steps._sample(uu, pp, sampling)))
   tile = lambda a: jnp.broadcast_to(jnp.asarray(a, jnp.float32),
                                     (grid,) + a.shape)
   law = np.zeros((gamma + 1, v))
@@ -244,9 +251,9 @@ def _round_law_on_a_grid(verifier, h_G, p_G1xV, q_GxV, x_G, grid=2**14):
     judging = np.where(below, h_G / 2, (1.0 + h_G) / 2)
     u_RxN = np.concatenate([np.tile(judging, (grid, 1)),
                             np.tile(u_R[:, None], (1, others))], axis=1)
-    emitted, tau = verify(jnp.asarray(u_RxN, jnp.float32), tile(p_G1xV),
-                          tile(q_GxV), jnp.broadcast_to(
-                              jnp.asarray(x_G, jnp.int32), (grid, gamma)))
+    emitted, tau = _verify(verifier, jnp.asarray(u_RxN, jnp.float32),
+                           tile(p_G1xV), tile(q_GxV), jnp.broadcast_to(
+                               jnp.asarray(x_G, jnp.int32), (grid, gamma)))
     emitted, tau = np.asarray(emitted), np.asarray(tau)
     np.add.at(law, (tau, emitted[np.arange(grid), tau]), weight / grid)
   return law
