@@ -438,8 +438,8 @@ def _run_loop(lab_loop, spec, gamma, eos_id):
   ids = which * (vocab + 1) ** k + tokens @ base
   checks = [testing.check_distribution(ids, law)]
   # The whole-sequence law spreads 10^5 samples over 4 (V + 1)^k outcomes,
-  # so its TV bound passes a residual from (p - 0.9 q)+ (p = 9e-4); each
-  # prompt group's law of every position and adjacent pair rejects it.
+  # so its TV bound passed a residual from (p - 0.9 q)+ (audit: p = 9e-4);
+  # each prompt group's law of every position and adjacent pair rejects it.
   law_GxS = law.reshape(len(contexts), -1)
   digits = (np.arange(law_GxS.shape[1])[:, None] // base) % (vocab + 1)
   for g, law_S in enumerate(law_GxS / law_GxS.sum(1, keepdims=True)):
@@ -490,8 +490,8 @@ def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
 
 @pytest.mark.big_batch
 def test_real_loop_rejects_a_subtle_residual(lab_loop):
-  """A residual from (p - 0.9 q)+: the whole-sequence law alone passes it
-  (p = 9e-4), the per-position and pair laws reject it."""
+  """A residual from (p - 0.9 q)+: the whole-sequence law alone passed it
+  (audit: p = 9e-4), the per-position and pair laws reject it."""
   result, _ = _run_loop(
       lab_loop, vf.TokenVerifier(coupling_rule=_scaled_residual(0.9)), 2, EOS)
   assert any(not r.passed for r in result.results[1:]), str(result)
