@@ -15,7 +15,8 @@ pays a fixed host cost (argument checks, dispatch).
 
 How each part is timed (`loop_costs`; the shapes are those `_generate`
 builds: prompt bucket, cache capacity bucket + max_new_tokens + gamma + 1
-capped at the model's max_positions, batch size):
+rounded up to a multiple of `loop.CACHE_BLOCK` and capped at the model's
+max_positions, batch size):
 
 * passes and prefills (`pass_seconds`): jitted `fori_loop`s of n and 2n
   cached passes, each pass fed the argmax of the last (so XLA can neither drop
@@ -290,7 +291,7 @@ class LoopShape:
 
   @property
   def buffer_len(self) -> int:
-    return self.width + self.max_new_tokens + self.gamma + 1
+    return loop_lib._buffer_len(self.width, self.max_new_tokens, self.gamma)
 
   def capacity(self, model) -> int:
     limit = getattr(model, "max_positions", None)

@@ -346,19 +346,21 @@ def test_caches_that_cannot_fit_are_refused_before_anything_is_allocated(
   config = TransformerConfig(vocab_size=V, d_model=32, num_layers=1,
                              num_heads=2, max_positions=16384)
   model = TransformerLM.create(config, 0)
-  rows = 1 << 20  # x 10,017 positions x 2 x 32 float32: 2.4 TiB per model
+  # x 10,032 positions (16 + 10,000 + the lookahead + 1, rounded up to a
+  # multiple of loop.CACHE_BLOCK) x 2 x 32 float32: 2.4 TiB per model.
+  rows = 1 << 20
   prompts, lengths = np.ones((rows, 1), np.int32), np.ones((rows,), np.int32)
   share = sj.SelfDraft(model, layers=1, share_cache=True)
   for call, match in (
       (lambda: sj.generate(model, prompts, lengths, jax.random.key(0),
-                           max_new_tokens=10_000), r"model 2,504\.3 GiB"),
+                           max_new_tokens=10_000), r"model 2,508\.0 GiB"),
       (lambda: sj.speculative_generate(
           model, model, prompts, lengths, jax.random.key(0), gamma=3,
-          max_new_tokens=10_000), r"target 2,505\.0 GiB, draft 2,505\.0"),
+          max_new_tokens=10_000), r"target 2,508\.0 GiB, draft 2,508\.0"),
       # A draft that reads the target's cache holds none of its own.
       (lambda: sj.speculative_generate(
           model, share, prompts, lengths, jax.random.key(0), gamma=3,
-          max_new_tokens=10_000), r"\(target 2,505\.0 GiB; 1048576 rows")):
+          max_new_tokens=10_000), r"\(target 2,508\.0 GiB; 1048576 rows")):
     with pytest.raises(MemoryError, match=match + ".*free on .*lower "
                        "max_new_tokens"):
       call()

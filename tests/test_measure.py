@@ -104,9 +104,15 @@ def test_loop_shape_mirrors_the_loop(tiny):
   shape = measure.LoopShape(batch_size=2, prompt_len=20, max_new_tokens=40,
                             gamma=3)
   assert shape.width == loop.prompt_bucket(20) == 32
-  assert shape.buffer_len == 32 + 40 + 3 + 1
-  assert shape.capacity(target) == 76
-  assert shape.capacity(sj.NGramLM.uniform(40)) == 76  # no limit
+  # 32 + 40 + 3 + 1 = 76 positions, rounded up to a multiple of 16: every
+  # gamma up to 7 shares the cache shape, and with it each timed pass.
+  assert loop.CACHE_BLOCK == 16
+  assert shape.buffer_len == 80
+  assert {measure.LoopShape(2, 20, 40, g).buffer_len for g in range(1, 8)
+          } == {80}
+  assert measure.LoopShape(2, 20, 40, 8).buffer_len == 96
+  assert shape.capacity(target) == 80
+  assert shape.capacity(sj.NGramLM.uniform(40)) == 80  # no limit
   big = measure.LoopShape(1, 20, 60, 8)
   assert big.capacity(target) == target.max_positions
   assert big.fill(target, 9) + 9 <= target.max_positions

@@ -39,6 +39,13 @@ from specjax.models import protocol
 # share one compiled program.
 MIN_PROMPT_BUCKET = 16
 
+# The token buffer, and so every cache, is rounded up to a multiple of this
+# many positions (as paged KV caches allocate blocks of 16). The gammas of a
+# sweep then share one cache shape: each pass of the cost model is compiled
+# and timed once per sweep rather than once per gamma (`measure.loop_costs`),
+# for at most 15 more masked slots of attention per pass.
+CACHE_BLOCK = 16
+
 # gamma="auto": the Goodput rule's largest draft length. It plans widths 1,
 # 2, 4, ... up to it (`draft_length.doubling_widths`).
 AUTO_GAMMA_MAX = 8
@@ -520,8 +527,9 @@ def _buffer_len(width, max_new_tokens, gamma, verifier=None):
   """Positions of a generation's token buffer: room for the prompt, the
   budget, and the lookahead plus one that a final round scores past the
   last committed token (a tree: its root and every node; `generate`:
-  gamma 0)."""
-  return width + max_new_tokens + _lookahead(gamma, verifier) + 1
+  gamma 0), rounded up to a multiple of `CACHE_BLOCK`."""
+  needed = width + max_new_tokens + _lookahead(gamma, verifier) + 1
+  return -(-needed // CACHE_BLOCK) * CACHE_BLOCK
 
 
 def _check_decode_mesh(caller, mesh, models, batch_size, buffer_len):
