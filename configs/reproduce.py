@@ -7,7 +7,7 @@ r"""The paper-figure reproduction: which models, which grid, how much text.
   python -m experiments.sweep --config=configs/reproduce.py:quick \
       --results_dir=results/quick                  # the sweep alone
 
-quick  (the README's main job; about 6 min on 2 idle CPU cores once installed):
+quick  (the README's main job; 8-11 min on 2 CPU cores from an empty cache):
        trains target-3m for 150 steps of 16 x 256 bytes, draft-0.1m for 300,
        and draft-0.1m distilled from that target (forward KL) for 300; fits the
        unigram and bigram; then sweeps gamma in {1, 2, 4, 8} at T = 0 and 1

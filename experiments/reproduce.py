@@ -1,6 +1,6 @@
 r"""The main job: train or load the models, sweep, draw every figure and table.
 
-  python -m experiments.reproduce                     # quick, ~8 min, 2 cores
+  python -m experiments.reproduce                     # quick, 8-11 min, 2 cores
   python -m experiments.reproduce --config=configs/reproduce.py:full
 
 Writes into the config's results_dir (results/quick by default): the sweep
