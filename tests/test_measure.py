@@ -157,6 +157,30 @@ def test_pass_memo_is_keyed_by_everything_that_sets_the_cost(tiny):
                          **{**kw, "repeats": 0})
 
 
+def test_a_grids_gammas_share_every_pass_but_the_verify(tiny, monkeypatch):
+  """A 16-position prompt bucket and 40 new tokens need 58-64 positions at
+  gammas 1-7, one capacity once rounded up to loop.CACHE_BLOCK: over that
+  grid the cost model times each prefill and draft pass once, and one
+  verify pass per gamma (before the rounding: every pass per gamma)."""
+  target, draft = tiny
+  monkeypatch.setattr(measure, "passes_seconds",
+                      lambda model, *, passes, **kw: [1e-4] * len(passes))
+  monkeypatch.setattr(measure, "null_loop_seconds",
+                      lambda *a, **kw: (1e-5, 1e-4))
+  memo = {}
+  for gamma in range(1, 8):
+    measure.loop_costs(target, draft, batch_size=1, prompt_len=8,
+                       max_new_tokens=40, gamma=gamma, seconds=1e-3,
+                       repeats=1, memo=memo)
+  passes = [k for k in memo if k[0] == "pass"]
+  assert {k[4] for k in passes} == {64}  # capacity
+  tokens = lambda model: sorted(k[3] for k in passes
+                                if k[1] == measure.model_key(model))
+  assert tokens(target) == [1, 2, 3, 4, 5, 6, 7, 8, 16]  # + the prefill
+  assert tokens(draft) == [1, 2, 16]  # step, window, prefill
+  assert len(passes) == 12
+
+
 def test_passes_are_timed_together_and_checked(tiny, monkeypatch):
   target, _ = tiny
   kw = dict(batch_size=1, capacity=40, seconds=1e-3, repeats=1)
