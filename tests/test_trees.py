@@ -334,7 +334,7 @@ def test_one_level_wor_round_law_without_sampling():
                           ("no_update", dict(update_residual=False))):
       misses[name] = max(misses[name], np.abs(
           _one_level_wor_law(pair, k, ctx, **control) - want).max())
-  assert min(misses.values()) > 1e-2, misses
+  assert min(misses.values()) > 2e-2, misses
 
 
 def _wrong_mode(pair, topo):
