@@ -1,6 +1,7 @@
 """Exact draft trees: the lab's enumeration (worst TV over >= 1,000 settings)
 and the JAX recursive rejection sampling (`specjax.decode.tree`) against it."""
 
+import functools
 import itertools
 
 import jax
@@ -246,95 +247,139 @@ def test_jax_tree_negative_control_is_rejected():
   assert not testing.check_distribution(ids, expected).passed
 
 
-def _one_level_wor_law(pair, k, ctx, judge_mode="wor", update_residual=True,
-                       grid=2**12):
-  """The law of a one-level round (topology (k,), children drawn without
-  replacement from q) as `tree_verify` judges it, computed without
-  sampling: float64 `[V + V * V]`, the lab's `blocks[0][ctx]` (no child
-  kept: the emitted token) then `blocks[1][ctx]` (kept child, bonus).
+@functools.partial(jax.jit, static_argnums=(4, 5, 6))
+def _verify_tree(u, p, q, x, topo, mode, update_residual):
+  """`tree_verify` compiled once per topology, mode and shape."""
+  return tree_lib.tree_verify(u, p, q, x, jnp.ones(x.shape, bool), topo, mode,
+                              sampling_lib.sample_from_probs,
+                              update_residual=update_residual)
 
-  Every ordered draw of k distinct children is enumerated with its Gumbel-
-  top-k probability. Child j is kept iff u_j q'(x_j) < r(x_j), a threshold
-  in its own uniform once the earlier children are rejected, so each
-  threshold h_j is found by bisection on `tree_verify` itself (earlier
-  uniforms at 1 - 2^-24, rejecting unless their h is 1). Each pattern
-  (first kept child, or none) is weighted by the h's and its emitted
-  token's law read off a midpoint grid of its draw's uniform."""
-  vocab = pair.vocab_size
+
+def _wor_tree_law(pair, topo, ctx, judge_mode="wor", update_residual=True,
+                  grid=2**12):
+  """The law of one round of a tree whose children are drawn without
+  replacement from q, as `tree_verify` judges it, computed without
+  sampling: float64, the lab's `blocks[k][ctx]` for k = 0..depth, flattened
+  and concatenated (k + 1 emitted tokens: k kept nodes, then the last).
+
+  Every draw (an ordered draw of distinct children at each node) is
+  enumerated with its Gumbel-top-k probability, and every walk: at each
+  node, the first kept child (after rejecting the ones before it) or none.
+  A child is kept iff u q'(x) < r(x), a threshold in its own uniform once
+  the walk's earlier decisions are fixed, so each threshold h is found by
+  bisection on `tree_verify` itself (a rejection's uniform at 1 - 2^-24, a
+  keep's at h / 2). Each walk is weighted by its h's, and the token it
+  ends with is read off a midpoint grid of that draw's uniform."""
+  vocab, depth = pair.vocab_size, topo.max_depth
   p_rows = np.asarray(pair.target_trans_VxV, np.float64)
   q_rows = np.asarray(pair.draft_trans_VxV, np.float64)
-  q = q_rows[ctx]
-  draws = [t for t in itertools.permutations(range(vocab), k)
-           if all(q[x] > 0 for x in t)]
-  weight_D = np.array([np.prod([q[x] / (1.0 - q[list(t[:j])].sum())
-                                for j, x in enumerate(t)]) for t in draws])
-  topo = tree_lib.TreeTopology.from_branching((k,))
-  tokens_DxK = np.array(draws, np.int32)
-  ctx_DxK1 = np.concatenate([np.full((len(draws), 1), ctx), tokens_DxK], 1)
-  laws = (jnp.asarray(p_rows[ctx_DxK1], jnp.float32),
-          jnp.asarray(q_rows[ctx_DxK1], jnp.float32))
-  verify = jax.jit(lambda u, p, q, x: tree_lib.tree_verify(
-      u, p, q, x, jnp.ones(x.shape, bool), topo, judge_mode,
-      sampling_lib.sample_from_probs, update_residual=update_residual))
-  tile = lambda a, n: jnp.repeat(a, n, axis=0)
+  draws = [({}, 1.0)]  # (node -> token, probability)
+  for node in range(-1, topo.num_nodes):
+    kids = topo.children(node)
+    if not kids:
+      continue
+    grown = []
+    for tokens, prob in draws:
+      q = q_rows[ctx if node < 0 else tokens[node]]
+      for xs in itertools.permutations(range(vocab), len(kids)):
+        if all(q[x] > 0 for x in xs):
+          grown.append(({**tokens, **dict(zip(kids, xs))}, prob * np.prod(
+              [q[x] / (1.0 - q[list(xs[:j])].sum()) for j, x in
+               enumerate(xs)])))
+    draws = grown
+  n, num = topo.num_nodes, len(draws)
+  tokens_DxN = np.array([[t[i] for i in range(n)] for t, _ in draws],
+                        np.int32)
+  weight_D = np.array([w for _, w in draws])
+  ctx_DxN1 = np.concatenate([np.full((num, 1), ctx), tokens_DxN], 1)
+  laws = (jnp.asarray(p_rows[ctx_DxN1], jnp.float32),
+          jnp.asarray(q_rows[ctx_DxN1], jnp.float32))
+  verify = lambda u, p, q, x: _verify_tree(u, p, q, x, topo, judge_mode,
+                                           update_residual)
   reject = 1.0 - 2.0**-24
-  h_DxK = np.zeros((len(draws), k))
-  for j in range(k):
-    lo, hi = np.zeros(len(draws)), np.ones(len(draws))
-    for _ in range(30):
-      mid = (lo + hi) / 2
-      u = np.full((len(draws), k + 1, 2), 0.5)
-      u[:, :j, 0], u[:, j, 0] = reject, mid
-      path, _, _ = verify(jnp.asarray(u, jnp.float32), *laws, tokens_DxK)
-      kept = np.asarray(path)[:, 0] == j
-      lo, hi = np.where(kept, mid, lo), np.where(kept, hi, mid)
-    h_DxK[:, j] = lo
-  law = np.zeros(vocab + vocab * vocab)
+
+  def walks(node, decisions):
+    """(decisions [(node, kept)], the node the walk stops at)."""
+    kids = topo.children(node)
+    for j, kid in enumerate(kids):
+      yield from walks(kid, decisions + [(k, False) for k in kids[:j]]
+                       + [(kid, True)])
+    yield decisions + [(k, False) for k in kids], node
+
+  thresholds = {}  # (decisions before, node) -> h_D
+
+  def uniforms(decisions, rows):
+    u = np.full((rows, n + 1, 2), 0.5)
+    for i, (node, kept) in enumerate(decisions):
+      u[:, node, 0] = (threshold(decisions[:i], node)[:rows] / 2
+                       if kept else reject)
+    return u
+
+  def threshold(before, node):
+    key = (tuple(before), node)
+    if key not in thresholds:
+      lo, hi = np.zeros(num), np.ones(num)
+      level = len([1 for _, kept in before if kept])
+      for _ in range(30):
+        mid = (lo + hi) / 2
+        u = uniforms(before, num)
+        u[:, node, 0] = mid
+        path, _, _ = verify(jnp.asarray(u, jnp.float32), *laws, tokens_DxN)
+        kept = np.asarray(path)[:, level] == node
+        lo, hi = np.where(kept, mid, lo), np.where(kept, hi, mid)
+      thresholds[key] = lo
+    return thresholds[key]
+
+  offsets = np.cumsum([0] + [vocab ** (k + 1) for k in range(depth + 1)])
+  law = np.zeros(offsets[-1])
   u_G = (np.arange(grid) + 0.5) / grid
-  for first in list(range(k)) + [None]:  # the first kept child, or none
-    stop = k if first is None else first
-    pattern_D = np.prod(1.0 - h_DxK[:, :stop], axis=1) * (
-        1.0 if first is None else h_DxK[:, first])
-    u = np.full((len(draws), grid, k + 1, 2), 0.5)
-    u[:, :, :stop, 0] = reject
-    if first is None:
-      u[:, :, 0, 1] = u_G
-    else:
-      u[:, :, first, 0] = h_DxK[:, first, None] / 2
-      u[:, :, first + 1, 1] = u_G  # the bonus draw at the kept child
+  tile = lambda a: jnp.repeat(a, grid, axis=0)
+  for decisions, stop in walks(-1, []):
+    walk_D = np.ones(num)
+    for i, (node, kept) in enumerate(decisions):
+      h = threshold(decisions[:i], node)
+      walk_D *= h if kept else 1.0 - h
+    u = np.repeat(uniforms(decisions, num)[:, None], grid, axis=1)
+    u[:, :, stop + 1, 1] = u_G  # the draw where the walk stops
     _, emitted, accepted = verify(
-        jnp.asarray(u.reshape(-1, k + 1, 2), jnp.float32),
-        *(tile(a, grid) for a in laws), tile(tokens_DxK, grid))
-    emitted = np.asarray(emitted).reshape(len(draws), grid, 2)
-    accepted = np.asarray(accepted).reshape(len(draws), grid)
-    ids = np.where(accepted == 0, emitted[..., 0],
-                   vocab + emitted[..., 0] * vocab + emitted[..., 1])
-    np.add.at(law, ids, (weight_D * pattern_D)[:, None] / grid)
+        jnp.asarray(u.reshape(-1, n + 1, 2), jnp.float32),
+        *(tile(a) for a in laws), tile(tokens_DxN))
+    emitted = np.asarray(emitted).reshape(num, grid, depth + 1)
+    accepted = np.asarray(accepted).reshape(num, grid)
+    ids = offsets[accepted].copy()
+    for t in range(depth + 1):
+      live = t <= accepted
+      ids[live] += emitted[..., t][live] * vocab ** (accepted[live] - t)
+    np.add.at(law, ids, (weight_D * walk_D)[:, None] / grid)
   return law
 
 
-def test_one_level_wor_round_law_without_sampling():
-  """tree-wor's round law for three children, to grid precision (about
-  1e-4 here), against the lab's enumeration in two contexts: the sampled
-  check above resolves about 1e-2 per outcome at N = 1e5. Its controls,
-  judged by the same computation, are the audit's mutant (raw q where the
-  renormalised q' belongs: 'iid' judging of 'wor' draws) and a residual
-  never updated; each misses by more than 2e-2 in one of the contexts."""
-  pair = lab.make_markov_pair(2.0, 0.4, 1, vocab_size=4)
-  k = 3
-  blocks, _ = lt.tree_round_law(pair, tree_lib.TreeTopology.from_branching(
-      (k,)), "wor")
+@pytest.mark.parametrize("branching, vocab", [
+    ((3,), 4),
+    # 216 draws x 7 walks x a 4,096-point grid: 47 s on the 2-core box.
+    pytest.param((2, 2), 3, marks=pytest.mark.slow)])
+def test_wor_tree_round_law_without_sampling(branching, vocab):
+  """tree-wor's round law to grid precision (about 1e-4), against the lab's
+  enumeration in two contexts, for three children and (opt-in) for a
+  two-level tree: the sampled check above resolves about 1e-2 per outcome
+  at N = 1e5. Its controls, judged by the same computation, are the
+  audit's mutant (raw q where the renormalised q' belongs: 'iid' judging
+  of 'wor' draws) and a residual never updated; each misses by more than
+  1e-2 in one of the contexts (the mutant by 1.3e-2 on the two-level tree,
+  by 5.6e-2 on three children)."""
+  pair = lab.make_markov_pair(2.0, 0.4, 1, vocab_size=vocab)
+  topo = tree_lib.TreeTopology.from_branching(branching)
+  blocks, _ = lt.tree_round_law(pair, topo, "wor")
   misses = {"iid": 0.0, "no_update": 0.0}
   for ctx in (0, 2):
-    want = np.concatenate([blocks[0][ctx].reshape(-1),
-                           blocks[1][ctx].reshape(-1)])
-    np.testing.assert_allclose(_one_level_wor_law(pair, k, ctx), want,
+    want = np.concatenate([b[ctx].reshape(-1) for b in blocks])
+    np.testing.assert_allclose(_wor_tree_law(pair, topo, ctx), want,
                                atol=5e-4)
     for name, control in (("iid", dict(judge_mode="iid")),
                           ("no_update", dict(update_residual=False))):
       misses[name] = max(misses[name], np.abs(
-          _one_level_wor_law(pair, k, ctx, **control) - want).max())
-  assert min(misses.values()) > 2e-2, misses
+          _wor_tree_law(pair, topo, ctx, **control) - want).max())
+  assert min(misses.values()) > 1e-2, misses
 
 
 def _wrong_mode(pair, topo):
