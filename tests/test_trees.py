@@ -308,21 +308,20 @@ def _wor_tree_law(pair, topo, ctx, judge_mode="wor", update_residual=True,
 
   thresholds = {}  # (decisions before, node) -> h_D
 
-  def uniforms(decisions, rows):
-    u = np.full((rows, n + 1, 2), 0.5)
+  def uniforms(decisions):
+    u = np.full((num, n + 1, 2), 0.5)
     for i, (node, kept) in enumerate(decisions):
-      u[:, node, 0] = (threshold(decisions[:i], node)[:rows] / 2
-                       if kept else reject)
+      u[:, node, 0] = threshold(decisions[:i], node) / 2 if kept else reject
     return u
 
   def threshold(before, node):
     key = (tuple(before), node)
     if key not in thresholds:
       lo, hi = np.zeros(num), np.ones(num)
-      level = len([1 for _, kept in before if kept])
+      level = sum(kept for _, kept in before)  # the node's depth - 1
       for _ in range(30):
         mid = (lo + hi) / 2
-        u = uniforms(before, num)
+        u = uniforms(before)
         u[:, node, 0] = mid
         path, _, _ = verify(jnp.asarray(u, jnp.float32), *laws, tokens_DxN)
         kept = np.asarray(path)[:, level] == node
@@ -339,7 +338,7 @@ def _wor_tree_law(pair, topo, ctx, judge_mode="wor", update_residual=True,
     for i, (node, kept) in enumerate(decisions):
       h = threshold(decisions[:i], node)
       walk_D *= h if kept else 1.0 - h
-    u = np.repeat(uniforms(decisions, num)[:, None], grid, axis=1)
+    u = np.repeat(uniforms(decisions)[:, None], grid, axis=1)
     u[:, :, stop + 1, 1] = u_G  # the draw where the walk stops
     _, emitted, accepted = verify(
         jnp.asarray(u.reshape(-1, n + 1, 2), jnp.float32),
