@@ -105,25 +105,36 @@ def no_compiles(what: str):
         "arguments on every call.")
 
 
-def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int
-                      ) -> dict[str, list[float]]:
+def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, *,
+                      min_seconds: float | None = None,
+                      outputs: dict | None = None) -> dict[str, list[float]]:
   """Seconds of each call, `repeats` times, the calls taking turns (so a
   slow spell of a shared machine hits all of them), after one warm-up call
   of each. Compilation is never timed: a timed call that compiles raises
-  (`no_compiles`)."""
+  (`no_compiles`).
+
+  `min_seconds`: stop after the first turn by which every call has run
+  that long in total (`repeats` is then the most turns): one
+  millisecond-long call says more about the timer than the program.
+  `outputs`: a dict that receives each warm-up call's result by name."""
   repeats = _checks.check_int("repeats", repeats, low=1)
   times = {name: [] for name in fns}
   # Before the warm-ups compile: a gamma="auto" call runs a dozen timers.
   jit_memory.relieve_if_needed("measure.interleaved_times")
   with jit_memory.deferred():
-    for fn in fns.values():
-      jax.block_until_ready(fn())
+    for name, fn in fns.items():
+      out = jax.block_until_ready(fn())
+      if outputs is not None:
+        outputs[name] = out
     with no_compiles("measure.interleaved_times"):
       for _ in range(repeats):
         for name, fn in fns.items():
           start = time.perf_counter()
           jax.block_until_ready(fn())
           times[name].append(time.perf_counter() - start)
+        if min_seconds is not None and min(
+            sum(t) for t in times.values()) >= min_seconds:
+          break
   return times
 
 

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 
 from specjax import _checks
-from specjax import jit_memory
 from specjax import measure
 from specjax import sampling as sampling_lib
 from specjax.data.hf_tokenizer import read_json
@@ -183,28 +181,12 @@ class TextRun:
 def _timed(fns: dict, *, min_seconds: float = 0.5, max_calls: int = 25
            ) -> tuple[dict, dict]:
   """`({name: fn()}, {name: median seconds of a call})` after one untimed
-  (compiling) call of each.
-
-  The calls take turns, so a slow spell of the machine hits every one of
-  them and their ratio is measured side by side. Short calls repeat until
-  each has run `min_seconds` (at most `max_calls` turns): one
-  millisecond-long call says more about the timer and the machine's load
-  than about the program.
-  """
-  jit_memory.relieve_if_needed("textgen.run")  # before the warm-ups compile
-  times = {name: [] for name in fns}
-  # No cache clearing between the calls: a timed call must not recompile.
-  with jit_memory.deferred():
-    outs = {name: jax.block_until_ready(fn()) for name, fn in fns.items()}
-    with measure.no_compiles("textgen.run's timed calls"):
-      while True:
-        for name, fn in fns.items():
-          start = time.perf_counter()
-          jax.block_until_ready(fn())
-          times[name].append(time.perf_counter() - start)
-        if (len(times[name]) >= max_calls
-            or min(sum(t) for t in times.values()) >= min_seconds):
-          break
+  (compiling) call of each, the calls taking turns until each has run
+  `min_seconds` (at most `max_calls` turns; `measure.interleaved_times`):
+  their ratio is measured side by side."""
+  outs = {}
+  times = measure.interleaved_times(fns, max_calls, min_seconds=min_seconds,
+                                    outputs=outs)
   return outs, {name: float(np.median(t)) for name, t in times.items()}
 
 
