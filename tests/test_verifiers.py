@@ -16,6 +16,7 @@ import specjax as sj
 from specjax import lab
 from specjax import sampling as sampling_lib
 from specjax import testing
+from specjax.decode import draft_length
 from specjax.decode import steps
 from specjax.decode import verifiers as vf
 from specjax.decode.verifiers import block as block_lib
@@ -426,14 +427,33 @@ def lab_loop():
       int(p[-1]) for p in groups], weights
 
 
-def _run_loop(lab_loop, spec, gamma, eos_id):
+def _transformed(pair, sampling):
+  """The pair's chains under `sampling` (temperature, top-k, top-p), as the
+  loop transforms both models' logits: the law it must then sample."""
+  def rows(table):
+    p = np.asarray(sampling_lib.probabilities(
+        jnp.asarray(np.log(table), jnp.float32), sampling), np.float64)
+    return p / p.sum(-1, keepdims=True)
+  return lab.MarkovPair(rows(pair.target_init_V), rows(pair.target_trans_VxV),
+                        rows(pair.draft_init_V), rows(pair.draft_trans_VxV))
+
+
+def _run_loop(lab_loop, spec, gamma, eos_id, sampling=None, law_pair=None,
+              rule=None):
+  """The loop on 10^5 ragged rows (`rule`, if given, in gamma's place) under
+  `sampling` (None: T = 1), judged against `law_pair`'s target (default:
+  the lab pair, transformed by `sampling`)."""
   pair, target, draft, prompts, lengths, which, contexts, weights = lab_loop
   k = 2 * (gamma + 1)  # covers rounds after full accepts
   vocab = pair.vocab_size
   out = sj.speculative_generate(
-      target, draft, prompts, lengths, jax.random.key(gamma), gamma=gamma,
-      max_new_tokens=k, eos_id=eos_id, pad_id=vocab, verifier=spec)
-  law, base = _loop_law(pair, gamma, k, contexts, weights, eos_id)
+      target, draft, prompts, lengths, jax.random.key(gamma),
+      gamma=gamma if rule is None else rule, max_new_tokens=k, eos_id=eos_id,
+      pad_id=vocab, verifier=spec,
+      sampling=sampling or sampling_lib.SamplingConfig())
+  if law_pair is None:
+    law_pair = pair if sampling is None else _transformed(pair, sampling)
+  law, base = _loop_law(law_pair, gamma, k, contexts, weights, eos_id)
   tokens = np.asarray(out.tokens)
   ids = which * (vocab + 1) ** k + tokens @ base
   checks = [testing.check_distribution(ids, law)]
@@ -525,6 +545,53 @@ def test_real_loop_trees_on_the_lab_are_exact(lab_loop, spec):
                                   "tree-skip-residual:9,1"])
 def test_real_loop_rejects_the_tree_control(lab_loop, spec):
   result, _ = _run_loop(lab_loop, spec, 2, EOS)
+  assert not result.passed, f"{spec}: {result}"
+
+
+# ------------------------ top-k and top-p in the REAL loop on the lab
+
+# Temperature, top-k and top-p at once: every row of either chain keeps one
+# to three of its four tokens (no cumulative mass within .02 of top_p, so
+# float32 rounding cannot move a cut), and q keeps tokens p drops (row 0:
+# q keeps {0, 3}, p keeps {0, 2}).
+TOP_K_P = sj.SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)
+
+
+@pytest.mark.big_batch
+@pytest.mark.parametrize("spec", EXACT + TREES[:2] + ("tree-wor:3,1",))
+def test_real_loop_under_top_k_top_p_is_exact(lab_loop, spec):
+  """The transform runs at one site for a chain's drafts and verify pass
+  (`decode/steps.py`) and at another for a tree's levels and tree pass
+  (`decode/tree_round.py`), and the zeros it leaves in p and q reach every
+  verifier: tree-wor:3,1 draws three distinct children where q keeps two
+  tokens. The rows follow the transformed target's law."""
+  depth = getattr(vf.get_verifier(spec), "depth", None) or 2
+  result, _ = _run_loop(lab_loop, spec, depth, EOS, TOP_K_P)
+  assert result.passed, f"{spec}: {result}"
+
+
+@pytest.mark.big_batch
+def test_real_loop_under_top_k_top_p_with_a_stopping_rule_is_exact(lab_loop):
+  """A row stops drafting after a q whose max (after the transform) is
+  under .6: rows 2 and 3 of the draft's chain."""
+  rule = draft_length.Confidence(threshold=0.6, gamma_max=2)
+  result, out = _run_loop(lab_loop, "token", 2, EOS, TOP_K_P, rule=rule)
+  assert result.passed, str(result)
+  hist_L = np.asarray(out.stats.length_hist).sum(0)  # rounds by drafts kept
+  assert hist_L[1] > 0.1 * hist_L.sum() and hist_L[2] > 0.1 * hist_L.sum()
+
+
+@pytest.mark.big_batch
+@pytest.mark.parametrize("spec, sampling", [
+    ("token", None), ("wrong_fallback", TOP_K_P),
+    ("tree-skip-residual:2,1", TOP_K_P)])
+def test_real_loop_under_top_k_top_p_rejects_controls(lab_loop, spec,
+                                                      sampling):
+  """The check above tells the transformed law from T = 1's (the exact loop
+  without the transform), and rejects a chain and a tree control run under
+  it."""
+  result, _ = _run_loop(lab_loop, spec, 2, EOS, sampling,
+                        law_pair=_transformed(lab_loop[0], TOP_K_P))
   assert not result.passed, f"{spec}: {result}"
 
 
