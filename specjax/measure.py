@@ -145,11 +145,12 @@ def median_times(fns: dict[str, Callable[[], Any]], repeats: int
           for name, t in interleaved_times(fns, repeats).items()}
 
 
-def best_times(fns: dict[str, Callable[[], Any]], repeats: int
-               ) -> dict[str, float]:
+def best_times(fns: dict[str, Callable[[], Any]], repeats: int, *,
+               outputs: dict | None = None) -> dict[str, float]:
   """Fewest seconds per call of `interleaved_times`: the cost model's
-  estimator (module docstring, "Noise")."""
-  return {name: min(t) for name, t in interleaved_times(fns, repeats).items()}
+  estimator (module docstring, "Noise"). `outputs`: as there."""
+  return {name: min(t) for name, t in
+          interleaved_times(fns, repeats, outputs=outputs).items()}
 
 
 def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -431,12 +432,13 @@ def loop_round_steps(target, draft, shape: LoopShape,
   fns[0] = lambda: loop_lib.generate(
       target, prompts_BxP, lengths_B, key,
       max_new_tokens=shape.max_new_tokens, sampling=sampling)
-  rounds = {g: max(int(jax.device_get(fn().stats.rounds).max()), 1)
-            for g, fn in fns.items()}
+  outputs = {}  # the first trial's warm-up results: each call's rounds
   trials = []
   for _ in range(repeats):
-    per_round = {g: statistics.median(t) / rounds[g]
-                 for g, t in interleaved_times(fns, calls).items()}
+    times = interleaved_times(fns, calls, outputs=None if trials else outputs)
+    rounds = {g: max(int(jax.device_get(out.stats.rounds).max()), 1)
+              for g, out in outputs.items()}
+    per_round = {g: statistics.median(t) / rounds[g] for g, t in times.items()}
     trials.append([per_round[g] / per_round[0] for g in widths])
   return [statistics.median(column) for column in zip(*trials)]
 
@@ -505,9 +507,11 @@ def null_loop_seconds(target, draft, shape: LoopShape,
           gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
           sampling=sampling, verifier=verifier)
     long, short = call(-null_target.table), call(null_target.table)
-  iters = lambda out: int(jax.device_get(out.stats.rounds).max())
-  rounds_long, rounds_short = iters(long()), iters(short())
-  t = best_times({"long": long, "short": short}, repeats)
+  outputs = {}  # the warm-up calls' results: their loop iterations
+  t = best_times({"long": long, "short": short}, repeats, outputs=outputs)
+  rounds_long, rounds_short = (
+      int(jax.device_get(outputs[n].stats.rounds).max())
+      for n in ("long", "short"))
   per_round = (max(t["long"] - t["short"], 0.0)
                / max(rounds_long - rounds_short, 1))
   fixed = max(t["short"] - rounds_short * per_round, 0.0)
@@ -797,8 +801,9 @@ def null_draft_round_seconds(target, draft, shape: LoopShape,
       target, null_draft, prompts_BxP, prompt_lengths_B, key,
       gamma=shape.gamma, max_new_tokens=shape.max_new_tokens,
       sampling=sampling, verifier=verifier)
-  rounds = int(jax.device_get(call().stats.rounds).max())
-  seconds = best_times({"": call}, repeats)[""]
+  outputs = {}
+  seconds = best_times({"": call}, repeats, outputs=outputs)[""]
+  rounds = int(jax.device_get(outputs[""].stats.rounds).max())
   out = (seconds - costs.call_s - costs.target_prefill_s) / rounds
   if memo is not None:
     memo[mkey] = out
