@@ -577,7 +577,7 @@ def test_real_loop_under_top_k_top_p_with_a_stopping_rule_is_exact(lab_loop):
   rule = draft_length.Confidence(threshold=0.6, gamma_max=2)
   result, out = _run_loop(lab_loop, "token", 2, EOS, TOP_K_P, rule=rule)
   assert result.passed, str(result)
-  hist_L = np.asarray(out.stats.length_hist).sum(0)  # rounds by drafts kept
+  hist_L = np.asarray(out.stats.length_hist).sum(0)  # rounds by drafts made
   assert hist_L[1] > 0.1 * hist_L.sum() and hist_L[2] > 0.1 * hist_L.sum()
 
 
