@@ -25,8 +25,11 @@ class RowStats:
   """
   rounds: jax.Array          # int32 [B]: rounds in which the row was active
   target_calls: jax.Array    # int32 [B]: target forward passes after prefill
-  draft_calls: jax.Array     # int32 [B]: draft forward passes after prefill,
-                             # one per proposed token (gamma per round)
+  draft_calls: jax.Array     # int32 [B]: draft forward passes after prefill
+                             # that the row's batch ran while it was active:
+                             # gamma per round at a fixed gamma; under a rule
+                             # that stops rows, the batch's longest draft
+                             # (the row's own length is in length_hist)
   verified: jax.Array        # int32 [B]: draft tokens judged by the target
   accepted: jax.Array        # int32 [B]: draft tokens kept
   overlap_sum: jax.Array     # float32 [B]: sum over verified of sum_x min(p, q)
