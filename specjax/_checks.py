@@ -110,6 +110,16 @@ def as_key(name: str, key: Any) -> jax.Array:
                   f"dtype {getattr(arr, 'dtype', None)}.")
 
 
+def as_single_key(name: str, key: Any) -> jax.Array:
+  """`as_key`, refusing a key array (one key per row): for functions that
+  draw everything from one key, where jax.random raised from inside."""
+  key = as_key(name, key)
+  if key.shape:
+    raise ValueError(f"{name} must be a single PRNG key (jax.random.key(seed)"
+                     f"), got a key array of shape {tuple(key.shape)}.")
+  return key
+
+
 def dir_or_creatable(path: Any) -> bool:
   """True if `path` is a directory or one can be made there: the nearest
   existing ancestor is a writable directory (not a file). For output

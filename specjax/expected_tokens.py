@@ -148,7 +148,7 @@ def expected_tokens_per_round(
   samples = _checks.check_int("samples", samples, low=1)
   chunk = _checks.check_int("chunk", chunk, low=1)
   _check_models(target, draft)
-  key = _checks.as_key("key", key)
+  key = _checks.as_single_key("key", key)
   # The last context (all generated tokens but the last) and G drafts.
   seq_BxT, p_len, n_len = _checks.check_texts(
       prompts_BxP, prompt_lengths_B, tokens_BxN, lengths_B,

@@ -458,7 +458,7 @@ def check_coupling(coupling_fn: CouplingFn, p_V: Any, q_V: Any, *,
                      f"{tuple(p_V.shape)} and {tuple(q_V.shape)}.")
   p64_V, q64_V = _normalised("p", p_V), _normalised("q", q_V)
   n = _checks.check_int("n", n, low=1)
-  key = _checks.as_key("key", key)
+  key = _checks.as_single_key("key", key)
   draft_key, coupling_key = jax.random.split(key)
   draft_N = _draw_categorical(draft_key, q64_V, n)
   token_N, accepted_N = coupling_fn(coupling_key, jnp.asarray(p_V),
@@ -487,7 +487,7 @@ def _control(name, key, p_xV, q_xV, draft_token_x):
   q_xV = jnp.asarray(_checks.check_array("q", q_xV, min_rank=1, kind="f"))
   draft_x = jnp.asarray(_checks.check_array("draft_token", draft_token_x,
                                             kind="i")).astype(jnp.int32)
-  u_x2 = jax.random.uniform(_checks.as_key("key", key), draft_x.shape + (2,),
+  u_x2 = jax.random.uniform(_checks.as_single_key("key", key), draft_x.shape + (2,),
                             dtype=p_xV.dtype)
   return controls.coupling_rule(name)(u_x2[..., 0], u_x2[..., 1], p_xV, q_xV,
                                       draft_x)

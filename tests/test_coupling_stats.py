@@ -351,3 +351,8 @@ def test_harness_input_validation():
     testing.check_coupling(_coupling, p.astype(np.float32),
                            np.full(3, 1 / 3, np.float32),
                            key=jax.random.key(0), n=10)
+  # A key array failed inside jax.random (one position, one key).
+  with pytest.raises(ValueError, match="single PRNG key"):
+    testing.check_coupling(_coupling, p.astype(np.float32),
+                           p.astype(np.float32),
+                           key=jax.random.split(jax.random.key(0), 2), n=10)

@@ -187,6 +187,9 @@ def test_the_cut_context_is_the_prefix_alone():
      "lengths_B must be an integer array"),
     (dict(prompt_lengths_B=np.full(48, 3.0)), TypeError,
      "prompt_lengths_B must be an integer array"),
+    # One key per row (as `generate` takes) failed inside jax.random.
+    (dict(key=jax.random.split(jax.random.key(0), 48)), ValueError,
+     r"key must be a single PRNG key .* shape \(48,\)"),
 ])
 def test_bad_input_is_refused_before_tracing(kwargs, error, match):
   pair, _ = lv.paper_example()
