@@ -11,6 +11,7 @@ from specjax.models import CausalLM
 from specjax.models import KVCache
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
+from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models import transformer as transformer_lib
 
 V = 13
@@ -443,6 +444,18 @@ def test_input_validation_names_the_argument():
   for bad in (V, -1):  # NaN logits, or silently another token's
     with pytest.raises(ValueError, match=r"tokens_BxT\[1, 2\] .* outside"):
       model.check_inputs(jnp.zeros((2, 3), jnp.int32).at[1, 2].set(bad), cache)
+  # An eager call checks the same values itself (an audit got NaN logits,
+  # another token's, and a cache with lengths past max_len); jitted calls
+  # cannot read them (test_writes_beyond_max_len_are_dropped).
+  for bad in (V, -1):
+    with pytest.raises(ValueError, match=r"tokens_BxT\[1, 2\] .* outside"):
+      model(jnp.zeros((2, 3), jnp.int32).at[1, 2].set(bad), cache)
+  with pytest.raises(ValueError, match="tokens_BxT: row 0"):
+    model(jnp.zeros((2, 3), jnp.int32),
+          cache.replace(lengths=jnp.array([6, 0], jnp.int32)))
+  lookup = PromptLookupDraft(V, max_ngram=2)
+  with pytest.raises(ValueError, match=r"tokens\[0, 1\] = -1 is outside"):
+    lookup(jnp.array([[1, -1]], jnp.int32), lookup.init_cache(1, 4))
 
 
 def test_kv_cache_layout():

@@ -140,8 +140,10 @@ class PromptLookupDraft(struct.PyTreeNode):
     prompt prefill) are processed in chunks of positions so that memory
     stays O(B max_len * chunk), not O(B T max_len).
     """
-    tokens_BxT = jnp.asarray(
-        _checks.check_array("tokens", tokens_BxT, rank=2, kind="i"), jnp.int32)
+    tokens_BxT = _checks.check_array("tokens", tokens_BxT, rank=2, kind="i")
+    if _checks.is_concrete(tokens_BxT):  # else an id off the table was copied
+      _checks.check_token_range("tokens", tokens_BxT, self.vocab_size)
+    tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
     batch, length = tokens_BxT.shape
     if cache.history.shape[0] != batch:
       raise ValueError(f"cache holds {cache.history.shape[0]} rows but tokens "

@@ -808,8 +808,10 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       `(logits_BxTxV, cache)`: float32 logits, where token t of row b sits at
       position `cache.lengths[b] + t` and attends to the row's positions
       `<= cache.lengths[b] + t`; and the cache with the new keys/values
-      written and `lengths` advanced by T. Writes at positions >= max_len are
-      dropped; use `check_inputs` (outside jit) to rule that out.
+      written and `lengths` advanced by T. Inside jit, writes at positions
+      >= max_len are dropped (`check_inputs` rules that out beforehand);
+      called eagerly, the call itself refuses them, and ids outside the
+      vocabulary, as `check_inputs` does.
     """
     self._check_static(tokens_BxT, cache)
     return self.module().decode(tokens_BxT, cache)
@@ -941,23 +943,11 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
     negative one as another token), and every row's `lengths[b] + T` must
     fit both `cache.max_len` and `max_positions`.
     """
-    self._check_static(tokens_BxT, cache)
     if not (_checks.is_concrete(cache.lengths)
             and _checks.is_concrete(tokens_BxT)):
       raise ValueError("check_inputs needs concrete tokens_BxT and "
                        "cache.lengths; call it outside jit.")
-    _checks.check_token_range("tokens_BxT", tokens_BxT, self.config.vocab_size)
-    t = np.shape(tokens_BxT)[1]
-    lengths_B = np.asarray(cache.lengths)
-    if lengths_B.min() < 0:
-      raise ValueError(f"cache.lengths must be >= 0, got {lengths_B}.")
-    limit = min(cache.max_len, self.config.max_positions)
-    if lengths_B.max() + t > limit:
-      b = int(lengths_B.argmax())
-      raise ValueError(
-          f"tokens_BxT: row {b} holds {lengths_B[b]} positions and T={t} more "
-          f"would exceed {limit} (cache.max_len={cache.max_len}, "
-          f"max_positions={self.config.max_positions}).")
+    self._check_static(tokens_BxT, cache)  # concrete: checks the values too
 
   def _check_static(self, tokens_BxT, cache):
     check_call(tokens_BxT, cache, self.config, self.config.num_layers)
@@ -968,7 +958,9 @@ def check_call(tokens_BxT: Any, cache: Any, config: TransformerConfig,
   """Raises ValueError/TypeError naming the argument unless `tokens_BxT` is an
   int `[B, T >= 1]` array and `cache` a `cache_type` of `num_layers` k/v
   layers `[B, num_kv_heads, max_len, head_dim]` of `config` and lengths
-  `[B]` (a Transformer's, a self-draft's kept blocks', a head's block)."""
+  `[B]` (a Transformer's, a self-draft's kept blocks', a head's block). On
+  concrete values (an eager call) also unless every id is in [0,
+  vocab_size) and every row's lengths + T fits max_len and max_positions."""
   tokens_BxT = _checks.check_array("tokens_BxT", tokens_BxT, rank=2, kind="i")
   if tokens_BxT.shape[1] < 1:
     raise ValueError("tokens_BxT must hold at least one token per row (T >= "
@@ -987,6 +979,27 @@ def check_call(tokens_BxT: Any, cache: Any, config: TransformerConfig,
         f"({want[0]},), got {len(cache.k)} layers of k/v "
         f"{sorted(set(got))}, lengths {tuple(cache.lengths.shape)}. The "
         "batch sizes of tokens_BxT and the cache must match.")
+  if _checks.is_concrete(tokens_BxT) and _checks.is_concrete(cache.lengths):
+    # An eager call (traced ones cannot read values): else an id past the
+    # table gave NaN logits, a negative one another token's, and writes past
+    # the cache were dropped, leaving lengths past max_len.
+    _check_call_values(tokens_BxT, cache, config)
+
+
+def _check_call_values(tokens_BxT, cache, config) -> None:
+  _checks.check_token_range("tokens_BxT", tokens_BxT, config.vocab_size)
+  t = np.shape(tokens_BxT)[1]
+  lengths_B = np.asarray(cache.lengths)
+  if lengths_B.min() < 0:
+    raise ValueError(f"cache.lengths must be >= 0, got {lengths_B}.")
+  limit = min(cache.max_len, config.max_positions)
+  if lengths_B.max() + t > limit:
+    b = int(lengths_B.argmax())
+    raise ValueError(
+        f"tokens_BxT: row {b} holds {lengths_B[b]} positions and T={t} more "
+        f"would exceed {limit} (cache.max_len={cache.max_len}, "
+        f"max_positions={config.max_positions}). Make the cache with a "
+        "larger init_cache max_len, or pass fewer tokens.")
 
 
 # Called eagerly (exact laws in tests, evaluation, a notebook cell), a
