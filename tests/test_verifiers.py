@@ -56,7 +56,12 @@ def test_registry_builds_every_verifier_and_labels_lossy_ones():
     ("tree:parents=-1,2", "earlier node"), ("lenient", "needs 1"),
     ("lenient:2", r"\(0, 1\]"), ("lenient:x", "numbers"),
     ("typical:0.1", "needs 2"), ("block:3", "takes no arguments"),
-    (3, "registry string")])
+    (3, "registry string"),
+    # int() and float() read these as 10, 3, 5.0 and 0.5.
+    ("tree:1_0", "integers"), ("tree:\u0663", "integers"),
+    ("lenient:0_5", "numbers"), ("lenient:\u0660.\u0665", "numbers"),
+    # Built 17M nodes in 10 s before the call refused them.
+    ("tree:64,64,64,64", "17,043,520 nodes is larger than 16,384")])
 def test_bad_verifier_names_the_fix(spec, match):
   with pytest.raises((ValueError, TypeError), match=match):
     vf.get_verifier(spec)

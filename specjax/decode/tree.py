@@ -46,6 +46,10 @@ import numpy as np
 from specjax import _checks
 
 MODES = ("iid", "wor")
+# A tree pass scores every node in one forward pass under a static
+# (N + 1) x (N + 1) ancestor mask built on the host (256 MiB at this size),
+# and the nodes must fit the cache beside the context.
+MAX_NODES = 16_384
 # Nodes of at most this many children have their children judged in
 # unrolled steps; wider ones in a loop (`tree_verify`).
 _UNROLL_CHILDREN = 8
@@ -65,6 +69,7 @@ class TreeTopology:
     parents = tuple(self.parents)
     if not parents:
       raise ValueError("a tree needs at least one node, e.g. parents=(-1,).")
+    _check_size(len(parents))
     for i, parent in enumerate(parents):
       if isinstance(parent, bool) or not isinstance(parent, (int, np.integer)):
         raise TypeError(f"parents[{i}] must be an int, got {parent!r}.")
@@ -80,6 +85,8 @@ class TreeTopology:
                       for d, b in enumerate(branching))
     if not branching:
       raise ValueError("branching must name at least one level, e.g. (2, 1).")
+    _check_size(sum(int(np.prod(branching[:d + 1], dtype=object))
+                    for d in range(len(branching))))  # before building it
     parents, frontier = [], [-1]
     for b in branching:
       level = []
@@ -145,6 +152,14 @@ class TreeTopology:
       kids = self.children(u)
       table[u + 1, :len(kids)] = kids
     return table
+
+
+def _check_size(num_nodes: int) -> None:
+  if num_nodes > MAX_NODES:
+    raise ValueError(f"a draft tree of {num_nodes:,} nodes is larger than "
+                     f"{MAX_NODES:,}: a tree pass scores every node at once "
+                     "under an (N + 1) x (N + 1) mask. Use fewer children "
+                     "per level or fewer levels.")
 
 
 def check_mode(mode: str) -> str:

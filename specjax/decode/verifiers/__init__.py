@@ -19,6 +19,7 @@ then add one `register_verifier` line below. The loop is not touched.
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from specjax import _checks
@@ -82,11 +83,12 @@ def _floats(name, args, count, example):
   if len(args) != count:
     raise ValueError(f"verifier {name!r} needs {count} comma-separated "
                      f"number(s), e.g. {example!r}; got {args!r}.")
-  try:
-    return [float(a) for a in args]
-  except ValueError:
+  # ASCII decimals only: float() also read "0_5" as 5.0 and "٠.٥" as 0.5.
+  if not all(re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?",
+                          a) for a in args):
     raise ValueError(f"verifier {name!r}: arguments must be numbers, e.g. "
-                     f"{example!r}; got {args!r}.") from None
+                     f"{example!r}; got {args!r}.")
+  return [float(a) for a in args]
 
 
 register_verifier("token", _no_args(TokenVerifier))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import re
 from typing import ClassVar
 
 import numpy as np
@@ -112,11 +113,11 @@ def factory(cls, mode):
     parents = args[0].startswith("parents=")
     if parents:
       args = [args[0][len("parents="):]] + args[1:]
-    try:
-      values = tuple(int(a) for a in args)
-    except ValueError:
+    # ASCII decimals only: int() also read "1_0" as 10 and "٣" as 3.
+    if not all(re.fullmatch(r"-?[0-9]+", a) for a in args):
       raise ValueError(f"tree verifier arguments must be integers, e.g. "
-                       f"{example!r}; got {args!r}.") from None
+                       f"{example!r}; got {args!r}.")
+    values = tuple(int(a) for a in args)
     topology = (tree_lib.TreeTopology(values) if parents
                 else tree_lib.TreeTopology.from_branching(values))
     return cls(topology, mode)
