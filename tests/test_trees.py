@@ -527,8 +527,9 @@ def test_trees_refuse_bad_inputs_before_tracing():
     run(target, verifier="tree-wor:2,1", gamma="auto")
   with pytest.raises(ValueError, match="more than the vocabulary"):
     run(target, verifier="tree-wor:17")
-  # A million nodes: refused at once (finding children was quadratic).
-  with pytest.raises(ValueError, match="more than the vocabulary"):
+  # A million nodes: refused at once, before they are built (finding
+  # children was quadratic).
+  with pytest.raises(ValueError, match="1,001,000 nodes is larger"):
     run(target, verifier="tree-wor:1000,1000")
   with pytest.raises(ValueError, match="gamma is required"):
     run(target, verifier="token")
