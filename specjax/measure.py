@@ -364,9 +364,12 @@ class NullLM(struct.PyTreeNode):
         lengths=cache.lengths + tokens_BxT.shape[1])
 
 
-def _prompts(shape: LoopShape):
+def _prompts(shape: LoopShape, vocab_size: int):
+  """Filler prompts of `shape` (a null loop's cost reads no token values),
+  ids cycling through at most 7 of the vocabulary."""
   prompts_BxP = (jnp.arange(shape.batch_size * shape.prompt_len, dtype=jnp.int32)
-                 .reshape(shape.batch_size, shape.prompt_len) % 7)
+                 .reshape(shape.batch_size, shape.prompt_len)
+                 % min(7, vocab_size))
   lengths_B = jnp.full((shape.batch_size,), shape.prompt_len, jnp.int32)
   return prompts_BxP, lengths_B
 
@@ -488,7 +491,7 @@ def null_loop_seconds(target, draft, shape: LoopShape,
   if memo is not None and key in memo:
     return memo[key]
   null_target = NullLM.like(target)
-  prompts_BxP, lengths_B = _prompts(shape)
+  prompts_BxP, lengths_B = _prompts(shape, vocab)
   rng = jax.random.key(0)
   if shape.gamma == 0:
     no_eos = null_target.table.at[:, 0].set(-_SURE)

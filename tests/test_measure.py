@@ -418,3 +418,16 @@ def test_held_out_best_has_no_winners_curse():
   assert abs(held.mean() - units) < 4 * se
   # The negative control: the same-units best is rejected as biased.
   assert naive.mean() < units - 10 * se
+
+
+def test_null_loops_run_on_a_vocabulary_of_two():
+  """Their filler prompts cycled through ids 0..6, which the loop refused
+  under a smaller vocabulary, so gamma="auto" failed there (audit: V = 4,
+  "prompts[1, 1] = 4 is outside the vocabulary [0, 4)")."""
+  tiny = sj.NGramLM.uniform(2)
+  for draft, gamma in ((tiny, 2), (None, 0)):  # speculative, autoregressive
+    shape = measure.LoopShape(batch_size=2, prompt_len=5, max_new_tokens=4,
+                              gamma=gamma)
+    per_round, fixed = measure.null_loop_seconds(
+        tiny, draft, shape, sj.SamplingConfig(), repeats=1)
+    assert per_round >= 0 and fixed >= 0
