@@ -318,8 +318,11 @@ def crossover_batch(batch_sizes, speedups) -> float | None:
   if not np.all(np.isfinite(s)):
     raise ValueError(f"speedups must be finite, got {s}; drop the batch sizes "
                      "without a measurement.")
-  if np.any(np.diff(b) <= 0) or np.any(b <= 0):
-    raise ValueError(f"batch_sizes must be positive and increasing, got {b}.")
+  if np.any(np.diff(b) <= 0) or np.any(b <= 0) or np.any(b != np.round(b)):
+    raise ValueError(f"batch_sizes must be increasing integers >= 1, got {b}.")
+  if np.any(s <= 0):  # as batch_speedups returns them: ratios of times
+    raise ValueError(f"speedups must be > 0 (autoregressive time over "
+                     f"speculative time), got {s}.")
   below = np.flatnonzero(s < 1.0)
   if below.size == 0:
     return None

@@ -278,6 +278,11 @@ def test_crossover_batch():
     accounting.crossover_batch(["1", "2"], [2.0, 0.5])
   with pytest.raises(TypeError, match="speedups must hold numbers, not bools"):
     accounting.crossover_batch([1, 2], [True, False])
+  # Accepted before: speedups are ratios of times, batch sizes counts.
+  with pytest.raises(ValueError, match="speedups must be > 0"):
+    accounting.crossover_batch([1, 2], [1.5, -0.5])
+  with pytest.raises(ValueError, match="increasing integers"):
+    accounting.crossover_batch([1, 2.5], [1.5, 0.5])
 
 
 def test_loop_accounting_refuses_bad_inputs_by_name():
