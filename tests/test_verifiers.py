@@ -562,8 +562,12 @@ def test_real_loop_rejects_the_tree_control(lab_loop, spec):
 TOP_K_P = sj.SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)
 
 
+# By default one chain verifier and one tree (each a compiled loop of its
+# own, about 5 s); the rest with -m slow.
 @pytest.mark.big_batch
-@pytest.mark.parametrize("spec", EXACT + TREES[:2] + ("tree-wor:3,1",))
+@pytest.mark.parametrize("spec", ["block", "tree-wor:3,1"] + [
+    pytest.param(spec, marks=pytest.mark.slow)
+    for spec in ("token", "tree:2,1", "tree-wor:2,1")])
 def test_real_loop_under_top_k_top_p_is_exact(lab_loop, spec):
   """The transform runs at one site for a chain's drafts and verify pass
   (`decode/steps.py`) and at another for a tree's levels and tree pass
@@ -576,6 +580,7 @@ def test_real_loop_under_top_k_top_p_is_exact(lab_loop, spec):
 
 
 @pytest.mark.big_batch
+@pytest.mark.slow
 def test_real_loop_under_top_k_top_p_with_a_stopping_rule_is_exact(lab_loop):
   """A row stops drafting after a q whose max (after the transform) is
   under .6: rows 2 and 3 of the draft's chain."""
@@ -588,8 +593,10 @@ def test_real_loop_under_top_k_top_p_with_a_stopping_rule_is_exact(lab_loop):
 
 @pytest.mark.big_batch
 @pytest.mark.parametrize("spec, sampling", [
-    ("token", None), ("wrong_fallback", TOP_K_P),
-    ("tree-skip-residual:2,1", TOP_K_P)])
+    # T = 1's token loop: the program test_real_loop_on_the_lab_is_exact ran.
+    ("token", None),
+    pytest.param("wrong_fallback", TOP_K_P, marks=pytest.mark.slow),
+    pytest.param("tree-skip-residual:2,1", TOP_K_P, marks=pytest.mark.slow)])
 def test_real_loop_under_top_k_top_p_rejects_controls(lab_loop, spec,
                                                       sampling):
   """The check above tells the transformed law from T = 1's (the exact loop
