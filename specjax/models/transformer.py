@@ -813,7 +813,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       called eagerly, the call itself refuses them, and ids outside the
       vocabulary, as `check_inputs` does.
     """
-    self._check_static(tokens_BxT, cache)
+    self._check_call(tokens_BxT, cache)
     return self.module().decode(tokens_BxT, cache)
 
   def features(self, tokens_BxT: jax.Array, cache: KVCache,
@@ -834,7 +834,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       and MLP and the final norm run at the Q tokens alone; every block
       still writes keys and values at all T.
     """
-    self._check_static(tokens_BxT, cache)
+    self._check_call(tokens_BxT, cache)
     if at_BxQ is not None:
       at_BxQ = check_token_indices(at_BxQ, tokens_BxT)
     return self._features(tokens_BxT, cache, at_BxQ)
@@ -879,7 +879,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       last Q positions (the decode loop, for `Goodput.prompt_prior`) costs
       Q positions of them, not T.
     """
-    self._check_static(tokens_BxT, cache)
+    self._check_call(tokens_BxT, cache)
     at_BxQ = check_token_indices(at_BxQ, tokens_BxT)  # None is refused here
     hidden_BxQxD, cache = self._features(tokens_BxT, cache, at_BxQ)
     return self.head_logits(hidden_BxQxD), cache
@@ -914,7 +914,7 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
       a node equal the causal forward of the root-to-node path. Move the
       kept path's entries with `KVCache.move` before the next call.
     """
-    self._check_static(tokens_BxL, cache)
+    self._check_call(tokens_BxL, cache)
     depth_T, ancestor_TxT, nodes = check_tree_call(tokens_BxL, depth_T,
                                                    ancestor_TxT, nodes)
     return self.module().tree_decode(tokens_BxL, cache, depth_T, ancestor_TxT,
@@ -937,19 +937,20 @@ class TransformerLM(wrapped.WrapsModule, struct.PyTreeNode):
   def check_inputs(self, tokens_BxT: Any, cache: KVCache) -> None:
     """Raises ValueError/TypeError naming the argument if a call would misbehave.
 
-    Beyond the static checks `__call__` does itself, this reads the concrete
-    `cache.lengths` and `tokens_BxT` (so call it outside jit): every token
-    must be in [0, vocab_size) (an id past the table embeds as NaN, a
-    negative one as another token), and every row's `lengths[b] + T` must
-    fit both `cache.max_len` and `max_positions`.
+    Beyond the shape checks, this reads the concrete `cache.lengths` and
+    `tokens_BxT` (so call it outside jit, before a jitted call; an eager
+    `__call__` runs it itself): every token must be in [0, vocab_size) (an
+    id past the table embeds as NaN, a negative one as another token), and
+    every row's `lengths[b] + T` must fit both `cache.max_len` and
+    `max_positions`.
     """
     if not (_checks.is_concrete(cache.lengths)
             and _checks.is_concrete(tokens_BxT)):
       raise ValueError("check_inputs needs concrete tokens_BxT and "
                        "cache.lengths; call it outside jit.")
-    self._check_static(tokens_BxT, cache)  # concrete: checks the values too
+    self._check_call(tokens_BxT, cache)  # concrete: checks the values too
 
-  def _check_static(self, tokens_BxT, cache):
+  def _check_call(self, tokens_BxT, cache):
     check_call(tokens_BxT, cache, self.config, self.config.num_layers)
 
 
