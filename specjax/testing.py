@@ -487,8 +487,8 @@ def _control(name, key, p_xV, q_xV, draft_token_x):
   q_xV = jnp.asarray(_checks.check_array("q", q_xV, min_rank=1, kind="f"))
   draft_x = jnp.asarray(_checks.check_array("draft_token", draft_token_x,
                                             kind="i")).astype(jnp.int32)
-  u_x2 = jax.random.uniform(_checks.as_single_key("key", key), draft_x.shape + (2,),
-                            dtype=p_xV.dtype)
+  u_x2 = jax.random.uniform(_checks.as_single_key("key", key),
+                            draft_x.shape + (2,), dtype=p_xV.dtype)
   return controls.coupling_rule(name)(u_x2[..., 0], u_x2[..., 1], p_xV, q_xV,
                                       draft_x)
 

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -85,8 +87,8 @@ class TreeTopology:
                       for d, b in enumerate(branching))
     if not branching:
       raise ValueError("branching must name at least one level, e.g. (2, 1).")
-    _check_size(sum(int(np.prod(branching[:d + 1], dtype=object))
-                    for d in range(len(branching))))  # before building it
+    # Nodes per level are the running products: counted before building.
+    _check_size(sum(itertools.accumulate(branching, operator.mul)))
     parents, frontier = [], [-1]
     for b in branching:
       level = []
