@@ -30,7 +30,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
-from specjax import data, sweep  # noqa: E402
+from specjax import data  # noqa: E402
+from specjax.harness import sweep  # noqa: E402
 from configs import reproduce  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 

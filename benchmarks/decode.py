@@ -21,7 +21,7 @@ the `--mesh` table's tokens/s from their median):
 
 * tokens/s of whole `generate` and `speculative_generate` calls;
 * alpha (accepted / judged drafts) of the speculative run;
-* every cost of both loops on their own shapes (`specjax.measure.loop_costs`:
+* every cost of both loops on their own shapes (`specjax.harness.measure.loop_costs`:
   the draft's 2-token window and 1-token steps, the verify pass, the target's
   autoregressive step, the prefills, each at the loop's cache capacity; the
   per-round work outside the passes and the fixed per-call cost from the
@@ -86,12 +86,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sharded  # pylint: disable=g-import-not-at-top,wrong-import-position
 import specjax as sj
 from specjax import distributed
-from specjax import figures
-from specjax import measure
 from specjax import stats
+from specjax.harness import figures
+from specjax.harness import measure
+from specjax.models import transformer as transformer_lib
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
-from specjax.models import transformer as transformer_lib
 
 _TARGET = flags.DEFINE_string("target", "byte-85m", "Target preset name.")
 _DRAFT = flags.DEFINE_string(
@@ -302,7 +302,7 @@ def single(target, draft, draft_desc, sampling):
   load_after = os.getloadavg()[0]
   # The fastest call of each, as measure.compare takes it for the speeds
   # and speedups: the per-call times and bandwidths printed beside them
-  # must be the same calls' (see specjax.measure, "Noise").
+  # must be the same calls' (see specjax.harness.measure, "Noise").
   t = {k: min(v) for k, v in times.items()}
   s = stats.summarize(spec_out)
   param_bytes = sum(x.nbytes for x in params)

@@ -30,8 +30,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 
 import specjax as sj  # noqa: E402
-from specjax import data, measure, sweep  # noqa: E402
+from specjax import data  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
+from specjax.harness import measure, sweep  # noqa: E402
 from configs import reproduce  # noqa: E402
 
 

@@ -3,7 +3,7 @@ r"""Each part of a round timed alone and inside the real loop, side by side.
   python benchmarks/loop_ablation.py                      # quick models, T = 1
   python benchmarks/loop_ablation.py --draft=bigram --gammas=2,4 --trials=3
 
-The cost model (`specjax.measure.loop_costs`) times every pass ALONE, in a
+The cost model (`specjax.harness.measure.loop_costs`) times every pass ALONE, in a
 jitted loop of passes on the decode loop's own shapes, and predicts a round as
 draft + verify + other. This script checks that sum against the real loop,
 part by part, by ablation: the same `speculative_generate` program run with
@@ -24,7 +24,7 @@ are not needed: the passes are re-timed, the programs are cached):
   and each part, alone | in loop.
 
 Every time is the fewest seconds of `--repeats` interleaved calls (see
-`specjax.measure`, "Noise"): the three loops of a row take turns call by
+`specjax.harness.measure`, "Noise"): the three loops of a row take turns call by
 call (before 2026-12-04 each loop's calls ran as a block of their own). On
 the 2-core CPU box this shows where the quick job's efficiency goes: the
 target's few-token verify pass costs 0.5 ms in one measurement and 1.0-1.3
@@ -46,10 +46,10 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
-from specjax import measure  # noqa: E402
-from specjax import sweep  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.decode import loop  # noqa: E402
+from specjax.harness import measure  # noqa: E402
+from specjax.harness import sweep  # noqa: E402
 from configs import reproduce  # noqa: E402
 
 _DRAFT = flags.DEFINE_string("draft", "draft-0.1m",

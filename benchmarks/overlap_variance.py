@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from absl import flags  # noqa: E402
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
-from specjax import distortion  # noqa: E402
+from specjax.harness import distortion  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
 

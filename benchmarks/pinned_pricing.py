@@ -35,8 +35,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
 from specjax import jit_memory  # noqa: E402
-from specjax import measure  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
+from specjax.harness import measure  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
 

@@ -38,8 +38,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
-from specjax import data, measure, sweep  # noqa: E402
+from specjax import data  # noqa: E402
 from specjax.decode import draft_length, loop  # noqa: E402
+from specjax.harness import measure, sweep  # noqa: E402
 from configs import reproduce  # noqa: E402
 
 

@@ -11,7 +11,7 @@ counted on the target's own samples (temperature 1 and greedy) from
 `--count_prompts` random prompts other than the ones timed.
 
 Prints, per draft: c = draft forward (T=1) / target forward (T=1) at the
-middle of the generation (specjax.measure.pass_seconds), alpha_hat of a greedy
+middle of the generation (specjax.harness.measure.pass_seconds), alpha_hat of a greedy
 and a temperature-1 speculative run on fresh random prompts, and tokens per
 target call. With random weights alpha says little about real text: a random
 GPT-2's argmax mostly repeats the current token, which a K-token head cannot
@@ -26,10 +26,10 @@ import jax
 import numpy as np
 
 import specjax as sj
-from specjax import measure
+from specjax.harness import measure
+from specjax.models import derived
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
-from specjax.models import derived
 from specjax.models import vocab
 
 _DRAFT_LAYERS = flags.DEFINE_integer("draft_layers", 2, "Draft blocks.")

@@ -21,7 +21,7 @@ cache layers. No second model is loaded. Per row:
   (1.96 binomial standard errors; drafts of one round are not independent,
   so read it as approximate);
 * c: the draft's 1-token pass / the target's 1-token pass, each timed on the
-  loop's own shapes (`specjax.measure.loop_costs`: cache capacity, fill,
+  loop's own shapes (`specjax.harness.measure.loop_costs`: cache capacity, fill,
   batch), which also gives `predicted`, the end-to-end speedup the cost
   model predicts at this alpha (`measure.predict`);
 * speedup: `generate` time / `speculative_generate` time over the same
@@ -46,9 +46,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
-from specjax import measure  # noqa: E402
 from specjax import stats as stats_lib  # noqa: E402
-from specjax import zoo  # noqa: E402
+from specjax.harness import measure  # noqa: E402
+from specjax.harness import zoo  # noqa: E402
 from specjax.models import TransformerConfig  # noqa: E402
 from specjax.models import TransformerLM  # noqa: E402
 

@@ -15,7 +15,7 @@ prefill scores no prompt window); "fixed 1" and `generate` run between them,
 as other programs do in an experiment's cycle. A NEW that changes a ratio
 says whether its cost is per call or per round. Three schedules, one after
 the other: the same order every cycle (as
-`specjax.measure.interleaved_times`), the order reversed every other cycle
+`specjax.harness.measure.interleaved_times`), the order reversed every other cycle
 (ABBA), and a seeded shuffle each cycle. Per schedule: the median over
 cycles of each pair's ratio, with a 95% bootstrap interval over cycles. The
 interval treats cycles as independent, which a drifting machine makes them not:
@@ -34,8 +34,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
-from specjax import data, sweep  # noqa: E402
+from specjax import data  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
+from specjax.harness import sweep  # noqa: E402
 from configs import reproduce  # noqa: E402
 
 SCHEDULES = ("same order", "ABBA", "shuffled")

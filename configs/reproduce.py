@@ -15,13 +15,13 @@ quick  (the README's main job; 8-11 min on 2 CPU cores from an empty cache):
 full   the recipes' 2,000-step target-3m and drafts 0.1m / 0.5m / 2m, their
        distilled twins, gamma 1..8, 16 prompts of 128 new bytes. Training is
        about 1.3 h (target) + 10 min to 1 h per draft on 2 CPU cores; the sweep
-       about 30 min. Models are cached (see `specjax.zoo`), so reruns skip
+       about 30 min. Models are cached (see `specjax.harness.zoo`), so reruns skip
        training.
 verifiers  issue 11: the verifier axis (token, block, and the LOSSY baselines
        lenient:0.5 and typical:0.09,0.3) x gamma {1, 2, 4, 8} at T = 1 on the
        quick models (bigram, draft-0.1m, its distilled twin, self:1), batch 1.
        Same draft and gamma = equal draft compute. Lossy rows carry an
-       estimated per-token TV (`specjax.distortion`).
+       estimated per-token TV (`specjax.harness.distortion`).
 adaptive   issue 12: gamma = auto (the Goodput rule) beside every fixed gamma
        {1, 2, 4, 8}, per draft (bigram, the distilled draft, self:1, self:2),
        at batch 1 and 8, T = 0 and 1, 16 prompts.
@@ -37,7 +37,7 @@ EAGLE head for the target (give it the target's overrides as
 teacher_overrides). Cells that cannot run (block or lossy verifier with
 gamma = auto) are skipped and listed in metadata.json's "skipped".
 
-Every model comes from `specjax.zoo`, trained on the interpreter's standard
+Every model comes from `specjax.harness.zoo`, trained on the interpreter's standard
 library when missing; prompts are cut from its held-out split.
 """
 

@@ -43,7 +43,7 @@ call's seconds (`seconds_UxN`), and the figure to `.png`.
 
 Drafts: `self:K` is `SelfDraft(target, layers=K, share_cache=True)`;
 `self:K+adapter` adds the zoo's trained exit adapter (quick target only);
-any other name is loaded from `specjax.zoo` (e.g. bigram,
+any other name is loaded from `specjax.harness.zoo` (e.g. bigram,
 distilled-draft-0.1m@target-3m, trained on first use). `--target=quick` is
 the quick job's trained target-3m; a preset name (byte-85m) has RANDOM
 weights.
@@ -64,10 +64,10 @@ import numpy as np
 import specjax as sj
 from specjax import data
 from specjax import distributed
-from specjax import measure
 from specjax import sharding
-from specjax import zoo
 from specjax.decode import draft_length
+from specjax.harness import measure
+from specjax.harness import zoo
 from specjax.models import transformer
 from specjax.train import recipes
 from experiments import flag_checks

@@ -43,7 +43,7 @@ import numpy as np
 import specjax as sj
 from specjax import data
 from specjax import distributed
-from specjax import zoo
+from specjax.harness import zoo
 from specjax.train import eagle as eagle_train
 from specjax.train import recipes
 from configs import reproduce

@@ -2,7 +2,7 @@ r"""Redraws every figure and table from a results directory.
 
   python -m experiments.figures --results_dir=results/quick
 
-See `specjax.figures` for what is drawn; this file parses the flag and prints
+See `specjax.harness.figures` for what is drawn; this file parses the flag and prints
 the summary.
 """
 
@@ -14,7 +14,7 @@ from absl import app
 from absl import flags
 
 from specjax import distributed
-from specjax import figures
+from specjax.harness import figures
 
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", "results/quick", "Directory holding sweep.jsonl and "

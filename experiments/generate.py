@@ -11,7 +11,7 @@ r"""Speculative text generation with Hugging Face checkpoints (absl entry point)
 Prints each row's text, then alpha_hat, tokens per target call, tokens/s
 and, with --compare, the speedup over target-only `generate`. Timings
 exclude compilation (each program runs once untimed). All logic lives in
-`specjax.textgen`.
+`specjax.harness.textgen`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from absl import flags
 from specjax import _checks
 from specjax import distributed
 from specjax import sampling as sampling_lib
-from specjax import textgen
+from specjax.harness import textgen
 from specjax.models import hf
 
 _TARGET = flags.DEFINE_string("target", None, "Target: DIR or hf:<repo_id>.")
@@ -142,7 +142,7 @@ def main(argv):
   result = textgen.run(target, draft, tok, texts, gamma=gamma,
                        max_new_tokens=_MAX_NEW_TOKENS.value,
                        sampling=sampling, seed=_SEED.value,
-                       compare=_COMPARE.value)
+                       compare=_COMPARE.value, progress=print)
   for row, (prompt, text) in enumerate(zip(texts, result.texts)):
     print(f"--- row {row}: {prompt!r}\n{prompt}{text}")
   s = result.summary

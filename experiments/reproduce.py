@@ -18,9 +18,9 @@ from absl import logging
 from ml_collections import config_flags
 
 from specjax import distributed
-from specjax import figures
 from specjax import sharding
-from specjax import sweep
+from specjax.harness import figures
+from specjax.harness import sweep
 from experiments import flag_checks
 
 _CONFIG = config_flags.DEFINE_config_file(

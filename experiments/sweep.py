@@ -4,10 +4,10 @@ r"""Sweeps drafts x temperatures x gamma for one target; writes the results.
       --results_dir=results/quick
 
 Writes into --results_dir (default: the config's): `sweep.jsonl` and
-`sweep.csv` (one row per cell, the schema of `specjax.sweep.run`) and
+`sweep.csv` (one row per cell, the schema of `specjax.harness.sweep.run`) and
 `metadata.json` (config, corpus fingerprint, jax version, device, seed, git
-commit). Models come from `specjax.zoo` (trained when missing). All logic is
-in `specjax.sweep`; this file parses flags.
+commit). Models come from `specjax.harness.zoo` (trained when missing). All logic is
+in `specjax.harness.sweep`; this file parses flags.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ml_collections import config_flags
 
 from specjax import distributed
 from specjax import sharding
-from specjax import sweep
+from specjax.harness import sweep
 from experiments import flag_checks
 
 _CONFIG = config_flags.DEFINE_config_file(

@@ -49,10 +49,11 @@ import numpy as np
 import specjax as sj
 from specjax import distributed
 from specjax import lab
-from specjax import measure
 from specjax import sharding
-from specjax import sweep
 from specjax.decode import verifiers as vf
+from specjax.harness import expected_tokens
+from specjax.harness import measure
+from specjax.harness import sweep
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
 from specjax.models.ngram import NGramLM
@@ -82,7 +83,7 @@ _RESULTS = flags.DEFINE_string("results_dir", "results/verifiers", "Output.")
 _PAIRED = flags.DEFINE_list(
     "paired_gammas", [],
     "--models=quick: instead of trees, block vs token on the same drafts at "
-    "these gammas, Rao-Blackwellised (specjax.expected_tokens).")
+    "these gammas, Rao-Blackwellised (specjax.harness.expected_tokens).")
 _SAMPLES = flags.DEFINE_integer(
     "samples", 4, "--paired_gammas: draft blocks per context.", lower_bound=1)
 distributed.define_flags()
@@ -199,7 +200,7 @@ def _quick_models(drafts, rows, prompt_len):
   reused, never retrained) and `rows` held-out prompts."""
   from configs import reproduce  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
-  from specjax import zoo  # pylint: disable=import-outside-toplevel
+  from specjax.harness import zoo  # pylint: disable=import-outside-toplevel
   config = reproduce.get_config("quick")
   recipes = {d.name: d for d in config.drafts}
 
@@ -290,7 +291,7 @@ def run_trees(trees, drafts, rows, max_new_tokens, prompt_len=64):
 def run_paired(gammas, drafts, rows, max_new_tokens, samples,
                prompt_len=64):
   """Block vs token verification on the same drafts, Rao-Blackwellised
-  (`specjax.expected_tokens`), on the zoo's quick models, T = 1: the
+  (`specjax.harness.expected_tokens`), on the zoo's quick models, T = 1: the
   contexts are every position of `rows` texts sampled from the target."""
   target, loaded, prompts, lengths = _quick_models(drafts, rows, prompt_len)
   sampling = sj.SamplingConfig(temperature=1.0)
@@ -300,7 +301,7 @@ def run_paired(gammas, drafts, rows, max_new_tokens, samples,
   for name, draft in loaded.items():
     for gamma in gammas:
       start = time.perf_counter()
-      out = sj.expected_tokens_per_round(
+      out = expected_tokens.expected_tokens_per_round(
           target, draft, ("token", "block"), sampling, gamma=gamma,
           prompts_BxP=prompts, prompt_lengths_B=lengths,
           tokens_BxN=text.tokens, lengths_B=text.lengths,

@@ -1,4 +1,24 @@
-"""specjax: exact speculative decoding in JAX/Flax."""
+"""specjax: exact speculative decoding in JAX/Flax.
+
+Layers, from the bottom up; a layer imports only from the layers below it
+(pyproject.toml's import-linter contracts, run by tests/test_layers.py):
+
+  core     the math (`coupling`, `accounting`, `stats`), `sampling`,
+           `models`, `decode`, `data`, `train`, `sharding`, `distributed`:
+           what a user decodes and trains with. It never times itself.
+  oracle   `lab` (exact enumeration on toy Markov models, negative controls)
+           and `testing` (the statistical harness): they reach the core only
+           through its public API and compute laws with their own code.
+  harness  `specjax.harness`: the zoo, the sweep, timers and the cost model,
+           goodput autotuning, figures and tables, expected-token and
+           distortion estimates, the draft registry, text generation.
+
+Above them, the entry points (`experiments/`, `configs/`, `benchmarks/`,
+`colab/`) parse flags or configs and call the library.
+"""
+
+import importlib.abc
+import sys
 
 from specjax.accounting import batch_speedups
 from specjax.accounting import crossover_batch
@@ -14,38 +34,72 @@ from specjax.coupling import acceptance_probability
 from specjax.coupling import coupling_sample
 from specjax.coupling import residual
 from specjax.coupling import tv_distance
+from specjax.decode import draft_step
+from specjax.decode import generate
 from specjax.decode import GenerationResult
 from specjax.decode import NonFiniteLogitsError
 from specjax.decode import RowStats
+from specjax.decode import speculative_generate
+from specjax.decode import verify_step
 from specjax.decode import VerifyOutput
 from specjax.decode.draft_length import Confidence
 from specjax.decode.draft_length import Goodput
-from specjax.decode.draft_length import measure_goodput
-from specjax.decode import draft_step
-from specjax.decode import generate
-from specjax.decode import speculative_generate
-from specjax.decode import verify_step
 from specjax.decode.tree import TreeTopology
-from specjax.decode.verifiers import TreeVerifier
-from specjax.decode.verifiers import Verifier
 from specjax.decode.verifiers import available_verifiers
 from specjax.decode.verifiers import get_verifier
 from specjax.decode.verifiers import register_verifier
-from specjax.expected_tokens import expected_tokens_per_round
+from specjax.decode.verifiers import TreeVerifier
+from specjax.decode.verifiers import Verifier
 from specjax.models import CausalLM
 from specjax.models import KVCache
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
-from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.eagle import EagleDraft
 from specjax.models.eagle import EagleHead
+from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.self_draft import SelfDraft
 from specjax.sampling import GREEDY
-from specjax.sampling import SamplingConfig
 from specjax.sampling import probabilities
 from specjax.sampling import sample
+from specjax.sampling import SamplingConfig
 from specjax.sharding import make_mesh
 
 __version__ = "0.1.0"
+
+# Names that moved to the harness: `import specjax.zoo` and
+# `specjax.measure_goodput` raise an error naming the new home.
+_MOVED_MODULES = {f"specjax.{name}": f"specjax.harness.{name}" for name in (
+    "zoo", "sweep", "measure", "figures", "expected_tokens", "distortion",
+    "textgen")}
+_MOVED_NAMES = {
+    "measure_goodput": "specjax.harness.autotune.measure_goodput",
+    "expected_tokens_per_round":
+        "specjax.harness.expected_tokens.expected_tokens_per_round",
+}
+
+
+def __getattr__(name):
+  new = _MOVED_NAMES.get(name) or _MOVED_MODULES.get(f"specjax.{name}")
+  if new is not None:
+    raise AttributeError(f"specjax.{name} moved to {new} (the research "
+                         "harness, above the core); import it from there.")
+  raise AttributeError(f"module 'specjax' has no attribute {name!r}")
+
+
+class _MovedFinder(importlib.abc.MetaPathFinder):
+  """Refuses `import specjax.<moved>` with the module's new home."""
+
+  def find_spec(self, fullname, path=None, target=None):
+    del path, target
+    new = _MOVED_MODULES.get(fullname)
+    if new is not None:
+      raise ImportError(f"{fullname} moved to {new} (the research harness, "
+                        "above the core); import it from there.",
+                        name=fullname)
+    return None
+
+
+if not any(isinstance(f, _MovedFinder) for f in sys.meta_path):
+  sys.meta_path.insert(0, _MovedFinder())

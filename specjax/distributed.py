@@ -17,7 +17,7 @@ Every experiment entry point calls `define_flags()` at import and
                                  rerun loads its compiled programs instead
                                  of compiling them again. Default "auto":
                                  $JAX_COMPILATION_CACHE_DIR when set, else
-                                 `xla/` in the model cache (`specjax.zoo`);
+                                 `xla/` in the model cache (`specjax.cache_dir`);
                                  "none" turns it off. Off in a process
                                  with several CPU devices.
 
@@ -44,6 +44,8 @@ import jax
 from absl import app
 from absl import flags
 from absl import logging
+
+from specjax import cache_dir
 
 FLAGS = flags.FLAGS
 
@@ -181,7 +183,7 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
 
   Args:
     directory: a directory path; "auto" (the default): $JAX_COMPILATION_CACHE_DIR
-      when set, else `xla/` in the model cache (`specjax.zoo.resolve_cache_dir`);
+      when set, else `xla/` in the model cache (`specjax.cache_dir`);
       None or "none": leave JAX's setting as it is (off unless configured).
 
   Returns:
@@ -197,9 +199,8 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
     raise ValueError("--compilation_cache must be a directory, 'auto' or "
                      "'none', got ''.")
   if directory == "auto":
-    from specjax import zoo  # pylint: disable=g-import-not-at-top
     directory = (os.environ.get("JAX_COMPILATION_CACHE_DIR")
-                 or os.path.join(zoo.resolve_cache_dir(), "xla"))
+                 or os.path.join(cache_dir.resolve_cache_dir(), "xla"))
   directory = os.path.abspath(os.path.expanduser(os.fspath(directory)))
   if os.path.exists(directory) and not os.path.isdir(directory):
     raise ValueError(f"--compilation_cache={directory} is a file; give a "

@@ -25,8 +25,8 @@ at 5,417 mappings, 5.7 ms at 10,652, in that benchmark):
 Clearing happens only at the start of those calls, never inside a
 compilation: a clear there leaves the program being compiled to compile a
 second time at its next call. Nor inside a timer: a clear between a timer's
-warm-up and its timed calls would time a compile. `specjax.measure`'s and
-`specjax.sweep`'s timers hold the clearing off (`deferred()`) from their
+warm-up and its timed calls would time a compile. `specjax.harness.measure`'s and
+`specjax.harness.sweep`'s timers hold the clearing off (`deferred()`) from their
 first warm-up to their last timed call, and check with `compiles()` that
 no timed call compiled.
 

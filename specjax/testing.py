@@ -42,7 +42,7 @@ sequence distribution as `expected_probs`.
 The module also holds two deliberately WRONG couplings, the negative controls
 that every exactness test must reject: `wrong_fallback_coupling` (resamples
 from p instead of the residual on rejection) and `always_accept_coupling`;
-both wrap the one definition in `specjax.lab.controls`.
+both run the decoder's control verifiers on one key (`specjax.get_verifier`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
-from specjax.lab import controls
+from specjax.decode import verifiers
 
 DEFAULT_SIGNIFICANCE = 1e-6
 MIN_EXPECTED = 5.0
@@ -479,7 +479,8 @@ def check_coupling(coupling_fn: CouplingFn, p_V: Any, q_V: Any, *,
 
 # Negative controls: deliberately wrong couplings that exactness tests must
 # reject, with the signature and shape rules of `specjax.coupling_sample`
-# (single key only). Their rules are defined once, in `specjax.lab.controls`.
+# (single key only): the decoder's own control verifiers
+# (`specjax.decode.verifiers.controls`), on one key's uniforms.
 
 
 def _control(name, key, p_xV, q_xV, draft_token_x):
@@ -489,8 +490,8 @@ def _control(name, key, p_xV, q_xV, draft_token_x):
                                             kind="i")).astype(jnp.int32)
   u_x2 = jax.random.uniform(_checks.as_single_key("key", key),
                             draft_x.shape + (2,), dtype=p_xV.dtype)
-  return controls.coupling_rule(name)(u_x2[..., 0], u_x2[..., 1], p_xV, q_xV,
-                                      draft_x)
+  rule = verifiers.get_verifier(name).coupling_rule
+  return rule(u_x2[..., 0], u_x2[..., 1], p_xV, q_xV, draft_x)
 
 
 def wrong_fallback_coupling(key: jax.Array, p_xV: jax.Array, q_xV: jax.Array,

@@ -17,7 +17,7 @@ compile_settings.apply()
 # the workers start, so they inherit it) and later runs: a program that
 # several files, or an earlier run, compiled is loaded, not compiled again.
 # It lives in the model cache's xla-tests/ ($SPECJAX_CACHE, else
-# ~/.cache/specjax: `specjax.zoo.resolve_cache_dir`'s rule, spelled out here
+# ~/.cache/specjax: `specjax.harness.zoo.resolve_cache_dir`'s rule, spelled out here
 # because the environment is set before anything imports jax);
 # JAX_COMPILATION_CACHE_DIR overrides it (.ci/run points
 # it at an empty directory, so CI times a cold run). Entries are keyed by the

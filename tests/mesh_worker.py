@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax as sj
-from specjax.lab import controls
 from specjax import sharding
 from specjax.decode import loop
+from specjax.decode.verifiers import controls
 
 # 4x2 is not among them: 2x4 already splits both axes, and the train
 # section restores a checkpoint onto 4x2 (colab/sharded_decoding.ipynb

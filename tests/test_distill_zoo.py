@@ -14,7 +14,7 @@ import pytest
 
 import specjax as sj
 from specjax import data
-from specjax import zoo
+from specjax.harness import zoo
 from specjax.train import distill
 from specjax.train import recipes
 from specjax.train import trainer
@@ -360,7 +360,8 @@ def test_zoo_writes_are_atomic(tmp_path, corpus, monkeypatch):
 _RACER = """
 import os, sys, time
 import numpy as np, jax
-from specjax import data, zoo
+from specjax import data
+from specjax.harness import zoo
 corpus_root, cache, sync, me = sys.argv[1:]
 corpus = data.text_corpus(corpus_root, heldout_fraction=0.2)
 corpus.fingerprint()

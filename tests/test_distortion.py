@@ -1,12 +1,12 @@
-"""specjax.distortion: the lossy verifiers' per-token TV, checked on the lab."""
+"""specjax.harness.distortion: the lossy verifiers' per-token TV, checked on the lab."""
 
 import jax
 import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import distortion
 from specjax import lab
+from specjax.harness import distortion
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
 

@@ -18,6 +18,7 @@ from specjax import testing
 from specjax.decode import draft_length
 from specjax.decode import loop
 from specjax.decode import verifiers
+from specjax.harness import autotune
 from specjax.lab import stopping
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models import vocab
@@ -475,7 +476,7 @@ def test_goodput_plans_only_its_widths(target):
                               widths=(4, 1, 2, 1), probe=1.0)
   assert rule.widths == (1, 2, 4)
   assert rule.planned_widths == (0, 1, 2, 4)
-  assert [draft_length.doubling_widths(g) for g in (1, 3, 6, 16)] == [
+  assert [autotune.doubling_widths(g) for g in (1, 3, 6, 16)] == [
       (1,), (1, 2, 3), (1, 2, 4, 6), (1, 2, 4, 8, 16)]
   assert draft_length.Goodput(c=0.1, r=(1.0, 1.1), widths=(2, 1)) == (
       draft_length.Goodput(c=0.1, r=(1.0, 1.1)))
@@ -587,7 +588,7 @@ def test_goodput_charges_the_whole_round():
 def test_monotone_fit_pools_a_slow_timing():
   """Measured costs are fitted non-decreasing by pooling, not a running max:
   one slow timing moves the fit by its share, not every wider width to it."""
-  fit = draft_length.monotone_fit
+  fit = autotune.monotone_fit
   assert fit([1.1, 1.3, 1.3, 2.0]) == (1.1, 1.3, 1.3, 2.0)  # already monotone
   # The 2-token pass timed slow (2.0): a running max would price widths 2..5
   # at 2.0; pooled, the violators share their mean.
@@ -610,7 +611,7 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   costs what the loop's own round of that width does, in `generate` steps
   (`measure.loop_round_steps`), whatever shape the passes timed alone have;
   without the loop's rounds (the control) the passes alone price them."""
-  from specjax import measure  # pylint: disable=import-outside-toplevel
+  from specjax.harness import measure  # pylint: disable=import-outside-toplevel
   # The target's passes on 1..5 tokens (a jump at 3 tokens, which the
   # loop's rounds do not have), then the draft's on 1 and 2 tokens.
   timed = {}  # calibrate -> the target's widths timed (its first call)
@@ -633,16 +634,16 @@ def test_measured_rounds_cost_what_the_loops_rounds_cost(target, monkeypatch):
   now = {}
   def measured(calibrate):
     now["calibrate"] = calibrate
-    return draft_length.measure_goodput(
+    return autotune.measure_goodput(
         target, target, batch_size=3, gamma_max=4, prompt_len=8,
         max_new_tokens=16, calibrate=calibrate)
   rule = measured(True)
   alone = measured(False)
   # The default, and so gamma="auto": the loop's own rounds (memoised).
-  default = draft_length.measure_goodput(
+  default = autotune.measure_goodput(
       target, target, batch_size=3, gamma_max=4, prompt_len=8,
       max_new_tokens=16)
-  draft_length._MEASURED.clear()  # stubbed: not for later calls
+  autotune._MEASURED.clear()  # stubbed: not for later calls
   assert default is rule
   assert asked == [(1, 2, 3, 4)]
   # The widths were timed on the measured rule's own loop (`pinned`), which
@@ -668,7 +669,7 @@ def test_measured_widths_time_only_those_rounds(target, monkeypatch):
   """`measure_goodput(widths=...)` (timings stubbed) times the loop's rounds
   of those widths alone, on a rule planning only them; r between them is
   interpolated, and the probe round is scaled as the narrowest one is."""
-  from specjax import measure  # pylint: disable=import-outside-toplevel
+  from specjax.harness import measure  # pylint: disable=import-outside-toplevel
   timed = []
   def stub(model, *, passes, **kwargs):
     del kwargs
@@ -684,10 +685,10 @@ def test_measured_widths_time_only_those_rounds(target, monkeypatch):
   monkeypatch.setattr(measure, "loop_round_steps",
                       lambda *a, widths, rule=None, **k: asked.append(
                           (tuple(widths), rule)) or [2.0, 3.0])
-  rule = draft_length.measure_goodput(
+  rule = autotune.measure_goodput(
       target, target, batch_size=1, gamma_max=4, prompt_len=8,
       max_new_tokens=16, widths=[4, 2])
-  draft_length._MEASURED.clear()  # stubbed: not for later calls
+  autotune._MEASURED.clear()  # stubbed: not for later calls
   assert rule.widths == (2, 4) and rule.planned_widths == (0, 2, 4)
   assert [w for w, _ in asked] == [(2, 4)]
   assert draft_length.split(asked[0][1])[0] == draft_length.split(rule)[0]
@@ -708,7 +709,7 @@ def test_pass_times_that_break_subadditivity_are_retimed(target, monkeypatch):
   1-token pass timed 5x too cheap, the unit of every cost), warns when every
   attempt breaks it, and refuses a 1-token pass of 0 s; sub-linear times
   (the control) are taken at once."""
-  from specjax import measure  # pylint: disable=import-outside-toplevel
+  from specjax.harness import measure  # pylint: disable=import-outside-toplevel
   good = [1.0, 1.05, 1.1, 1.6]  # the target's passes on 1..4 tokens
   bad = [0.2, 1.05, 1.1, 1.6]
   def measured(target_times):
@@ -723,11 +724,11 @@ def test_pass_times_that_break_subadditivity_are_retimed(target, monkeypatch):
     monkeypatch.setattr(measure, "null_loop_seconds",
                         lambda *a, **k: (0.25, 0.0))
     try:
-      rule = draft_length.measure_goodput(
+      rule = autotune.measure_goodput(
           target, target, batch_size=2, gamma_max=3, prompt_len=8,
           max_new_tokens=16, calibrate=False)
     finally:
-      draft_length._MEASURED.clear()  # stubbed: not for later calls
+      autotune._MEASURED.clear()  # stubbed: not for later calls
     return rule, len(calls)
   rule, attempts = measured([good])
   assert attempts == 1 and rule.r == pytest.approx((1.05, 1.1, 1.6))
@@ -745,20 +746,20 @@ def test_measured_rule_damps_width_changes_less_for_a_batch(target,
   """`measure_goodput` (timings stubbed) keeps the default margins at batch
   1 (no `hysteresis`, the default `switch_cost`) and gives a batch of more
   rows `BATCHED_HYSTERESIS`; the margins are what `keeps` reads."""
-  from specjax import measure  # pylint: disable=import-outside-toplevel
+  from specjax.harness import measure  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(measure, "passes_seconds",
                       lambda model, *, passes, **k: [1.0 + 0.1 * t
                                                      for t, _ in passes])
   monkeypatch.setattr(measure, "null_loop_seconds",
                       lambda *a, **k: (0.25, 0.0))
   try:
-    one, eight = (draft_length.measure_goodput(
+    one, eight = (autotune.measure_goodput(
         target, target, batch_size=b, gamma_max=3, prompt_len=8,
         max_new_tokens=16, calibrate=False) for b in (1, 8))
   finally:
-    draft_length._MEASURED.clear()  # stubbed: not for later calls
+    autotune._MEASURED.clear()  # stubbed: not for later calls
   assert one.hysteresis == draft_length.Goodput.hysteresis == 0.0
-  assert eight.hysteresis == draft_length.BATCHED_HYSTERESIS == 0.02
+  assert eight.hysteresis == autotune.BATCHED_HYSTERESIS == 0.02
   assert one.switch_cost == eight.switch_cost == 0.25
   # Width 1 is 3 passes over the best width's 10: left at batch 1 (0.25
   # over is the most kept), kept at batch 8 (0.2 + 0.25 over 10).
@@ -917,25 +918,28 @@ def test_warm_start_bad_input(previous, strength, error, match):
 
 
 @pytest.mark.slow  # ~15 s: times the models at 8 widths on one planned loop
-def test_auto_measures_costs_once(target):
+def test_auto_rule_measures_costs_once(target):
   prompts, lengths = _prompts(2)
   draft = sj.SelfDraft(target, layers=1)
-  known = set(draft_length._MEASURED)
+  known = set(autotune._MEASURED)
+  rule = autotune.auto_rule(target, draft, prompts, lengths,
+                            max_new_tokens=8, sampling=sj.GREEDY)
   out = sj.speculative_generate(target, draft, prompts, lengths,
-                                jax.random.key(0), gamma="auto",
+                                jax.random.key(0), gamma=rule,
                                 max_new_tokens=8, sampling=sj.GREEDY)
   ref = sj.generate(target, prompts, lengths, jax.random.key(0),
                     max_new_tokens=8, sampling=sj.GREEDY)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   assert len(out.summary()["accept_hist"]) == 9  # gamma_max = 8
-  before = dict(draft_length._MEASURED)
-  # Another key, the same shapes and sampling: no new timing.
-  sj.speculative_generate(target, draft, prompts, lengths, jax.random.key(1),
-                          gamma="auto", max_new_tokens=8, sampling=sj.GREEDY)
-  assert draft_length._MEASURED == before
-  # gamma="auto" plans widths 1, 2, 4, 8 (its rule is the one measured).
-  (rule,) = (rule for key, rule in before.items() if key not in known)
-  assert rule.widths == draft_length.doubling_widths(8) == (1, 2, 4, 8)
+  before = dict(autotune._MEASURED)
+  # The same shapes and sampling: no new timing, the same rule.
+  assert autotune.auto_rule(target, draft, prompts, lengths,
+                            max_new_tokens=8, sampling=sj.GREEDY) == rule
+  assert autotune._MEASURED == before
+  # It plans widths 1, 2, 4, 8 (its rule is the one measured).
+  (measured,) = (r for key, r in before.items() if key not in known)
+  assert measured == rule
+  assert rule.widths == autotune.doubling_widths(8) == (1, 2, 4, 8)
 
 
 @pytest.mark.parametrize("make, error, match", [
@@ -1014,18 +1018,28 @@ def test_measure_goodput_bad_input_is_refused_before_timing(target, kwargs,
   args = dict(target=target, draft=target, batch_size=1, prompt_len=4,
               max_new_tokens=8, gamma_max=2, calibrate=False)
   with pytest.raises(error, match=match):
-    draft_length.measure_goodput(**{**args, **kwargs})
+    autotune.measure_goodput(**{**args, **kwargs})
 
 
-def test_gamma_auto_checks_the_mesh_before_timing(target, monkeypatch):
+def test_gamma_auto_is_refused_naming_the_two_step_form(target, monkeypatch):
+  """The decoder never times itself: "auto" names autotune.auto_rule."""
   def timed(*_, **__):
-    raise AssertionError("measure_goodput ran before the mesh was checked")
-  monkeypatch.setattr(draft_length, "measure_goodput", timed)
+    raise AssertionError("speculative_generate timed the models")
+  monkeypatch.setattr(autotune, "measure_goodput", timed)
   prompts, lengths = _prompts(2)
-  with pytest.raises(TypeError, match="mesh"):
+  with pytest.raises(ValueError, match="autotune.auto_rule"):
     sj.speculative_generate(target, target, prompts, lengths,
-                            jax.random.key(0), gamma="auto", max_new_tokens=4,
-                            mesh=3)
+                            jax.random.key(0), gamma="auto", max_new_tokens=4)
+
+
+def test_auto_rule_refuses_a_block_verifier_before_timing(target, monkeypatch):
+  def timed(*_, **__):
+    raise AssertionError("auto_rule timed before checking the verifier")
+  monkeypatch.setattr(autotune, "measure_goodput", timed)
+  prompts, lengths = _prompts(2)
+  with pytest.raises(ValueError, match="adaptive draft length"):
+    autotune.auto_rule(target, target, prompts, lengths, max_new_tokens=4,
+                       verifier="block")
 
 
 @pytest.mark.parametrize("gamma, error", [("fast", ValueError),

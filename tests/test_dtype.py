@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax.lab import controls
 from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import loop
+from specjax.decode.verifiers import controls
 
 V, K, N = 8, 2, 40_000
 PROMPT = np.array([1, 2, 3], np.int32)

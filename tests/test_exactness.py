@@ -26,12 +26,12 @@ from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import draft_length
 from specjax.decode import loop
-from specjax.lab import controls
+from specjax.decode.verifiers import controls
+from specjax.decode.verifiers.block import BlockVerifier
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.vocab import PaddedVocabLM, ReducedVocabLM
-from specjax.decode.verifiers.block import BlockVerifier
 
 V, N, EOS, PAD = 4, 100_000, 3, 4
 # Ragged: row 2i gets PROMPTS[0], row 2i + 1 gets PROMPTS[1].
@@ -318,7 +318,7 @@ def test_every_draft_kind_is_exact(models, kind):
 # JAX_DISABLE_MOST_OPTIMIZATIONS=0; `-n0 --durations=0 -k negative_controls`).
 @pytest.mark.big_batch
 @pytest.mark.parametrize("name, sampling", [
-    *((name, sj.SamplingConfig(temperature=1.0)) for name in controls.NAMES),
+    *((name, sj.SamplingConfig(temperature=1.0)) for name in controls.RULES),
     # The truncated case of test_speculative_generations_are_exact, whose
     # law the check reads through top-k / top-p.
     ("wrong_fallback", sj.SamplingConfig(temperature=0.7, top_k=3,
@@ -329,7 +329,7 @@ def test_negative_controls_are_rejected(models, name, sampling):
   # A fifth of the samples: the controls are far off, and the test must
   # reject them with less data than the exact rule is checked with.
   out = _run(target, draft, sampling, gamma, k,
-             coupling_rule=controls.coupling_rule(name), n=N // 5)
+             coupling_rule=controls.RULES[name], n=N // 5)
   results = _check(target, out, sampling, k)
   assert not any(r.passed for r in results), "\n".join(map(str, results))
 

@@ -13,9 +13,9 @@ import pytest
 
 import specjax as sj
 from specjax import data
-from specjax.train import checkpoint
-from specjax import zoo
+from specjax.harness import zoo
 from specjax.models import ExitAdapterConfig, TransformerConfig, TransformerLM
+from specjax.train import checkpoint
 from specjax.train import exit_adapter as exit_adapter_train
 from specjax.train import recipes
 from specjax.train import trainer

@@ -1,5 +1,5 @@
 """Closed-form expected acceptance (`Verifier.expected_accepted`) and the
-paired, Rao-Blackwellised tokens per round (`specjax.expected_tokens`)."""
+paired, Rao-Blackwellised tokens per round (`specjax.harness.expected_tokens`)."""
 
 import dataclasses
 import itertools
@@ -12,6 +12,7 @@ import pytest
 import specjax as sj
 from specjax import lab
 from specjax.decode import verifiers as vf
+from specjax.harness import expected_tokens
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lv
 from specjax.models.ngram import NGramLM
@@ -103,7 +104,7 @@ def test_paper_example_through_real_models_and_its_negative_control():
   the block value (the test can fail)."""
   pair, gamma = lv.paper_example()
   target, draft = lab_models.markov_lms(pair)
-  out = sj.expected_tokens_per_round(
+  out = expected_tokens.expected_tokens_per_round(
       target, draft, ("token", "block"), T1, gamma=gamma, **_texts(),
       key=jax.random.key(0), samples=4, chunk=512)
   (tok, blk), (tok_se, blk_se) = (out["tokens_per_round"],
@@ -130,14 +131,14 @@ def test_transformer_target_with_a_bigram_draft_and_ragged_rows():
                prompt_lengths_B=np.array([5, 2, 3, 5, 1, 4]),
                tokens_BxN=rng.integers(0, 16, (6, 9)).astype(np.int32),
                lengths_B=np.array([9, 0, 4, 9, 1, 6]))
-  out = sj.expected_tokens_per_round(target, draft, ("block", "token"), T1,
+  out = expected_tokens.expected_tokens_per_round(target, draft, ("block", "token"), T1,
                                      gamma=3, **texts, key=jax.random.key(2),
                                      chunk=7)
   assert out["contexts"] == 29
   block, token = out["tokens_per_round"]
   assert 1.0 <= token <= block + 1e-5 <= 4.0 + 1e-5
   # Chunks of 7 with a padded tail give what one chunk gives.
-  whole = sj.expected_tokens_per_round(target, draft, ("block", "token"), T1,
+  whole = expected_tokens.expected_tokens_per_round(target, draft, ("block", "token"), T1,
                                        gamma=3, **texts,
                                        key=jax.random.key(2), chunk=64)
   np.testing.assert_allclose(whole["tokens_per_round"],
@@ -156,7 +157,7 @@ def test_the_cut_context_is_the_prefix_alone():
   prompts = rng.integers(0, 16, (1, 4)).astype(np.int32)
   tokens = rng.integers(0, 16, (1, 8)).astype(np.int32)
   # Only the first generated position (the prompt alone) is a context.
-  one = lambda toks: sj.expected_tokens_per_round(
+  one = lambda toks: expected_tokens.expected_tokens_per_round(
       target, draft, ("token", "block"), T1, gamma=3, prompts_BxP=prompts,
       prompt_lengths_B=[4], tokens_BxN=toks, lengths_B=[1],
       key=jax.random.key(0))["tokens_per_round"]
@@ -201,4 +202,4 @@ def test_bad_input_is_refused_before_tracing(kwargs, error, match):
               key=jax.random.key(0), **_texts())
   args.update(kwargs)
   with pytest.raises(error, match=match):
-    sj.expected_tokens_per_round(**args)
+    expected_tokens.expected_tokens_per_round(**args)

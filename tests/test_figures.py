@@ -1,4 +1,4 @@
-"""specjax.figures on a small synthetic sweep.
+"""specjax.harness.figures on a small synthetic sweep.
 
 The rows are generated from the accounting formulas plus noise, in the schema
 experiments/sweep.py writes, so these tests pin the reader, the file set, the
@@ -13,10 +13,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from specjax import figures
 from specjax import accounting
-from specjax import measure
 from specjax import stats
+from specjax.harness import figures
+from specjax.harness import measure
 
 # (name, kind, params, alpha at T=0, alpha at T=1, c). Acceptance counts are
 # exact multiples so the pooled alpha of every (draft, T) is known exactly.

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 import specjax as sj
-from specjax import textgen
+from specjax.harness import textgen
 from specjax.models import hf
 
 DATA = REPO / "tests" / "data" / "hf"

@@ -1,5 +1,5 @@
 """Compiled programs against the kernel's memory-map limit (specjax.jit_memory),
-and timers that refuse to time a compile (specjax.measure.no_compiles)."""
+and timers that refuse to time a compile (specjax.harness.measure.no_compiles)."""
 
 import warnings
 
@@ -10,7 +10,7 @@ import pytest
 
 import specjax as sj
 from specjax import jit_memory
-from specjax import measure
+from specjax.harness import measure
 
 pytestmark = pytest.mark.skipif(
     jit_memory.mapping_count() is None or jit_memory.mapping_limit() is None,

@@ -1,4 +1,4 @@
-"""specjax.measure: the loop's cost model, its prediction and its check.
+"""specjax.harness.measure: the loop's cost model, its prediction and its check.
 
 Structure and consistency only (tiny models, synthetic costs): no test
 asserts how fast anything runs.
@@ -15,8 +15,8 @@ import pytest
 
 import specjax as sj
 from specjax import accounting
-from specjax import measure
 from specjax.decode import loop
+from specjax.harness import measure
 
 
 def _costs(**overrides):

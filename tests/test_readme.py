@@ -7,19 +7,18 @@ import pytest
 
 from conftest import REPO
 
-from specjax.decode import draft_length
-from specjax.decode import loop
+from specjax.harness import autotune
 
 
 def _run_blocks(monkeypatch, blocks):
   # gamma="auto" times the models at every draft length up to AUTO_GAMMA_MAX
   # and compiles that many verify widths: 8 of them made this the suite's
   # slowest test. The examples run as written with a shorter maximum ...
-  monkeypatch.setattr(loop, "AUTO_GAMMA_MAX", 2)
+  monkeypatch.setattr(autotune, "AUTO_GAMMA_MAX", 2)
   # ... and time each pass briefly: the examples' outputs, not the costs
   # measured on a test machine, are what these tests check.
-  monkeypatch.setattr(draft_length.measure_goodput, "__kwdefaults__", {
-      **draft_length.measure_goodput.__kwdefaults__, "seconds": 0.002,
+  monkeypatch.setattr(autotune.measure_goodput, "__kwdefaults__", {
+      **autotune.measure_goodput.__kwdefaults__, "seconds": 0.002,
       "repeats": 1})
   namespace = {}
   for block in blocks:

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from configs import reproduce
-from specjax import figures
-from specjax import measure
-from specjax import sweep
 from specjax.decode import verifiers
+from specjax.harness import figures
+from specjax.harness import measure
+from specjax.harness import sweep
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_models_have_heldout_bits_per_byte(results):
   assert "bits/byte" in text and "Cost model check" in text
 
 
-# -- The verifier, gamma = auto and batch axes (specjax.sweep.plan / run) -----
+# -- The verifier, gamma = auto and batch axes (specjax.harness.sweep.plan / run) -----
 
 
 def _markov_drafts():
@@ -191,6 +191,7 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
   # stubbed (each real timing compiles loops; the tiny-config test above
   # covers them), the decodes are real.
   from specjax.decode import draft_length  # pylint: disable=import-outside-toplevel
+  from specjax.harness import autotune  # pylint: disable=import-outside-toplevel
   target, drafts = _markov_drafts()
   costs = lambda *a, gamma, batch_size, prompt_len, max_new_tokens, **k: (
       measure.LoopCosts(batch_size, prompt_len, max_new_tokens, gamma,
@@ -198,9 +199,8 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
   monkeypatch.setattr(measure, "loop_costs", costs)
   monkeypatch.setattr(measure, "null_draft_round_seconds",
                       lambda *a, costs, **k: costs.verify_s + costs.other_s)
-  from specjax.decode import loop  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(loop, "AUTO_GAMMA_MAX", 3)  # fewer branches to compile
-  monkeypatch.setattr(draft_length, "measure_goodput",
+  monkeypatch.setattr(autotune, "AUTO_GAMMA_MAX", 3)  # fewer branches to compile
+  monkeypatch.setattr(autotune, "measure_goodput",
                       lambda *a, gamma_max, **k: draft_length.Goodput(
                           c=0.1, r=(1.0,) * gamma_max))
   timed_calls, timed = [], measure.timed
@@ -218,9 +218,11 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
   assert saved == rows  # each row handed over as soon as it is measured
   # One baseline call per batch and repeat for the whole group, each cell's
   # call beside it: [generate, every cell] x 2 repeats x 2 batches.
+  # The auto cell decodes with the rule autotune priced (stubbed here).
+  auto = autotune.measure_goodput(gamma_max=3)
   turn = [("generate", None, "None")] + [
       ("speculative_generate", gamma, str(verifiers.get_verifier(v)))
-      for v, gamma in (("token", 2), ("token", "auto"), ("lenient:0.5", 2))]
+      for v, gamma in (("token", 2), ("token", auto), ("lenient:0.5", 2))]
   assert timed_calls == turn * 4
   assert len({r["ar_tokens_per_s"] for r in rows}) == 1
   by = {(r["verifier"], r["gamma_mode"]): r for r in rows}

@@ -523,8 +523,10 @@ def test_trees_refuse_bad_inputs_before_tracing():
     run(PromptLookupDraft(16), verifier="tree:2,1")
   with pytest.raises(ValueError, match="depth 2, so gamma is 2"):
     run(target, verifier="tree:2,1", gamma=3)
-  with pytest.raises(ValueError, match="depth 2, so gamma is 2"):
+  with pytest.raises(ValueError, match="autotune.auto_rule"):
     run(target, verifier="tree-wor:2,1", gamma="auto")
+  with pytest.raises(ValueError, match="depth 2, so gamma is 2"):
+    run(target, verifier="tree-wor:2,1", gamma=sj.Confidence(0.5, 2))
   with pytest.raises(ValueError, match="more than the vocabulary"):
     run(target, verifier="tree-wor:17")
   # A million nodes: refused at once, before they are built (finding

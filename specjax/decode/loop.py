@@ -13,7 +13,6 @@ autoregressive sample, so baseline and speculative runs share every piece.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 
@@ -45,10 +44,6 @@ MIN_PROMPT_BUCKET = 16
 # and timed once per sweep rather than once per gamma (`measure.loop_costs`),
 # for at most 15 more masked slots of attention per pass.
 CACHE_BLOCK = 16
-
-# gamma="auto": the Goodput rule's largest draft length. It plans widths 1,
-# 2, 4, ... up to it (`draft_length.doubling_widths`).
-AUTO_GAMMA_MAX = 8
 
 # Fold-in tags that keep each random draw of a round independent.
 _VERIFY_PURPOSE_OFFSET = 1 << 20
@@ -600,7 +595,7 @@ def _prepare(target, prompts, prompt_lengths, key, *, max_new_tokens,
 
 
 def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
-                         gamma: int | str | draft_length_lib.Rule | None = None,
+                         gamma: int | draft_length_lib.Rule | None = None,
                          max_new_tokens: int,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                          eos_id: int | None = None, pad_id: int = 0,
@@ -624,14 +619,11 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       shaped by it), and `Goodput` ("auto") plans one width for the batch.
     gamma: draft tokens proposed per round (>= 1); or a draft-length rule
       (`specjax.Confidence`, `specjax.Goodput`) under which each row stops
-      drafting early, up to the rule's gamma_max; or "auto": the `Goodput`
-      rule with gamma_max = AUTO_GAMMA_MAX planning widths 1, 2, 4, 8
-      (`draft_length.doubling_widths`), each width's round priced by the
-      loop's own round on this machine at this batch size
-      (`measure_goodput`; on the first call at these shapes, 17-44 s on
-      the quick job's models on a 2-core CPU, `benchmarks/width_set.py`;
-      memoised). With a
-      tree verifier gamma is the tree's depth: None (implied) or that int.
+      drafting early, up to the rule's gamma_max. The call only runs the
+      rule it is given; a `Goodput` rule priced on this machine ("auto") is
+      a step before it, `specjax.harness.autotune.auto_rule(target, draft,
+      prompts, prompt_lengths, max_new_tokens=...)`. With a tree verifier
+      gamma is the tree's depth: None (implied) or that int.
     max_new_tokens: generation budget per row (>= 1).
     sampling: the transform applied to target and draft logits alike.
     eos_id: a row stops after emitting this token (it is included); a
@@ -673,27 +665,29 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
         stacklevel=2)
   validation.check_pair(target, draft)
   validation.check_on_nonfinite(on_nonfinite)
-  rule, auto = None, isinstance(gamma, str)
+  rule = None
+  if isinstance(gamma, str):
+    raise ValueError(
+        f"gamma={gamma!r}: speculative_generate runs the rule it is given "
+        "and never times itself. Price a Goodput rule first, then pass it: "
+        "rule = specjax.harness.autotune.auto_rule(target, draft, prompts, "
+        "prompt_lengths, max_new_tokens=..., sampling=...); "
+        "speculative_generate(..., gamma=rule). Or pass an int gamma.")
   if isinstance(verifier, verifiers_lib.TreeVerifier):
     gamma = _check_tree(verifier, gamma, target, draft)
   elif gamma is None:
     raise ValueError("gamma is required (draft tokens per round, e.g. "
                      "gamma=4); only a tree verifier implies it (its depth).")
-  if auto:
-    if gamma != "auto":
-      raise ValueError(f"gamma must be an int >= 1, 'auto' or a draft-length "
-                       f"rule, got {gamma!r}.")
-    gamma = AUTO_GAMMA_MAX
-  elif isinstance(gamma, draft_length_lib.Rule):
+  if isinstance(gamma, draft_length_lib.Rule):
     rule = draft_length_lib.check_rule(gamma)
     gamma = rule.gamma_max
   else:
     gamma = _checks.check_int("gamma", gamma, low=1)
-  if (auto or rule is not None) and not verifier.supports_draft_length:
+  if rule is not None and not verifier.supports_draft_length:
     raise ValueError(
         f"verifier={verifier.spec!r} judges a draft block as a whole and "
-        "cannot run with an adaptive draft length (gamma='auto' or a "
-        "draft-length rule); use an int gamma, or verifier='token'.")
+        "cannot run with an adaptive draft length (a draft-length rule); "
+        "use an int gamma, or verifier='token'.")
   if (getattr(rule, "estimator", None) == "overlap"
       and not verifier.keeps_with_overlap):
     raise ValueError(
@@ -708,24 +702,14 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   # Before anything here compiles: frees compiled programs if they near the
   # kernel's memory-map limit (specjax.jit_memory).
   jit_memory.relieve_if_needed("speculative_generate")
-  # Before gamma="auto" times anything (tens of seconds).
   mesh = sharding.as_mesh(mesh)
   _check_decode_mesh(
       "speculative_generate", mesh, models, prompts.shape[0],
       _buffer_len(prompts.shape[1], max_new_tokens, gamma, verifier))
-  if auto:
-    # Costs at the middle of the generation, at this batch size (r(B), c(B)).
-    rule = draft_length_lib.measure_goodput(
-        target, draft, batch_size=prompts.shape[0], gamma_max=gamma,
-        prompt_len=int(np.max(lengths)), max_new_tokens=max_new_tokens,
-        sampling=sampling, widths=draft_length_lib.doubling_widths(gamma))
-    if not verifier.keeps_with_overlap:
-      rule = dataclasses.replace(rule, estimator="accepted")
   (target, draft), (prompts, lengths, keys) = sharding.place_decode_inputs(
       mesh, (target, draft), (prompts, lengths, keys))
   # The rule's numbers are traced: a warm-started prior or new measured
-  # costs reuse the compiled loop (a planned loop compiles for tens of
-  # seconds on the quick job's models).
+  # costs reuse the compiled loop.
   skeleton, values = (None, None) if rule is None else draft_length_lib.split(
       rule)
   with sharding.using(mesh):

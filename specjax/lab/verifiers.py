@@ -1,12 +1,14 @@
 """Exact (float64) laws of every chain verifier on the lab's Markov pairs.
 
 `specjax.lab.exact` enumerates the speculative process for token
-verification; this module does the same for any registered chain verifier
-(`specjax.decode.verifiers`): token, block (Sun et al. 2025), the lossy
-baselines lenient:l and typical:eps,delta, and the negative controls. It is a
-second, numpy implementation written from the algorithms' definitions, not
-from the JAX code, and it never assumes exactness: the TV to the target is
-computed, and must come out ~1e-16 for exact verifiers.
+verification; this module does the same for the chain verifiers the decoder
+registers (`specjax.decode.verifiers`): token, block (Sun et al. 2025), the
+lossy baselines lenient:l and typical:eps,delta, and the negative controls.
+It is a second, numpy implementation written from the algorithms'
+definitions, not from the JAX code: it reads a verifier's spec string (its
+own parse, `LAWS`), never the decoder's registry, and it never assumes
+exactness: the TV to the target is computed, and must come out ~1e-16 for
+exact verifiers.
 
 One round from context c, literally:
 
@@ -24,12 +26,12 @@ does for the token rule.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
 
 from specjax import _checks
-from specjax.decode import verifiers as verifiers_lib
 from specjax.lab import controls
 from specjax.lab import exact
 from specjax.lab import markov
@@ -60,6 +62,53 @@ def _residual(p, q):
 
 def _entropy(p):
   return -np.sum(p * np.log(np.where(p > 0, p, 1.0)), axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Law:
+  """A chain verifier as the lab knows it: its spec's name and numbers, and
+  whether its definition claims the target's law (`exact`)."""
+  name: str
+  args: tuple[float, ...] = ()
+
+  @property
+  def spec(self) -> str:
+    return self.name + (":" + ",".join(f"{a:g}" for a in self.args)
+                        if self.args else "")
+
+  @property
+  def exact(self) -> bool:
+    return self.name in ("token", "block")
+
+
+# name -> (number of arguments, example spec)
+LAWS = {"token": (0, "token"), "block": (0, "block"),
+        "lenient": (1, "lenient:0.5"), "typical": (2, "typical:0.09,0.3"),
+        **{name: (0, name) for name in controls.NAMES}}
+
+
+def parse(verifier) -> Law:
+  """The `Law` of a verifier spec ("block", "lenient:0.5") or of a
+  `Verifier` handed in (read through its public `spec`)."""
+  spec = verifier if isinstance(verifier, str) else getattr(
+      verifier, "spec", None)
+  if not isinstance(spec, str):
+    raise TypeError(f"verifier must be a spec string such as 'block' or a "
+                    f"specjax Verifier, got {type(verifier).__name__}.")
+  name, _, rest = spec.strip().partition(":")
+  if name not in LAWS:
+    raise ValueError(f"the lab has no law for verifier {spec!r}; it knows "
+                     f"{tuple(LAWS)} (add one to specjax.lab.verifiers).")
+  count, example = LAWS[name]
+  args = [a.strip() for a in rest.split(",")] if rest.strip() else []
+  try:
+    numbers = tuple(float(a) for a in args)
+  except ValueError:
+    numbers = ()
+  if len(numbers) != count or len(args) != count:
+    raise ValueError(f"verifier {spec!r}: {name} takes {count} number(s), "
+                     f"e.g. {example!r}.")
+  return Law(name, numbers)
 
 
 def _token_like(accept_xG, corr_xGxV, bonus_xV):
@@ -114,7 +163,7 @@ def verifier_law(verifier, p_xG1xV, q_xGxV, drafts_xG):
   """The law of one round's verdict for given drafts, float64.
 
   Args:
-    verifier: a registry string or `Verifier` (token, block, lenient,
+    verifier: a spec string or a `Verifier` (token, block, lenient,
       typical, wrong_fallback, always_accept).
     p_xG1xV: target laws at the G + 1 positions; q_xGxV: draft laws at G.
     drafts_xG: int, the drafted tokens.
@@ -123,7 +172,7 @@ def verifier_law(verifier, p_xG1xV, q_xGxV, drafts_xG):
     (tau_xG1, corr_xG1xV): P(tau = k drafts kept) and the law of the token
     emitted after them (k = G: the bonus).
   """
-  v = verifiers_lib.get_verifier(verifier)
+  v = parse(verifier)
   gamma = drafts_xG.shape[-1]
   p_xGxV = p_xG1xV[..., :gamma, :]
   take = lambda probs: np.take_along_axis(probs, drafts_xG[..., None],
@@ -132,21 +181,19 @@ def verifier_law(verifier, p_xG1xV, q_xGxV, drafts_xG):
   bonus = p_xG1xV[..., gamma, :]
   if v.name == "block":
     return _block(p_xG1xV, q_xGxV, p_at, q_at)
-  if v.name == "token" and v.exact:
+  if v.name == "token":
     return _token_like(_safe_ratio(p_at, q_at), _residual(p_xGxV, q_xGxV),
                        bonus)
   if v.name == "lenient":
-    return _token_like(_safe_ratio(p_at, v.lenience * q_at),
+    return _token_like(_safe_ratio(p_at, v.args[0] * q_at),
                        _residual(p_xGxV, q_xGxV), bonus)
   if v.name == "typical":
-    thr = np.minimum(v.epsilon, v.delta * np.exp(-_entropy(p_xGxV)))
+    epsilon, delta = v.args
+    thr = np.minimum(epsilon, delta * np.exp(-_entropy(p_xGxV)))
     return _token_like((p_at > thr).astype(np.float64), p_xGxV, bonus)
-  if v.name in controls.CONTROLS:  # the controls' one definition
-    accept, fallback = controls.rule_tables(v.name, p_xGxV,
-                                            _safe_ratio(p_at, q_at))
-    return _token_like(accept, fallback, bonus)
-  raise ValueError(f"the lab has no law for verifier {v.spec!r}; add one to "
-                   "specjax.lab.verifiers.verifier_law.")
+  accept, fallback = controls.rule_tables(v.name, p_xGxV,
+                                          _safe_ratio(p_at, q_at))
+  return _token_like(accept, fallback, bonus)
 
 
 def _check(pair, gamma):
@@ -279,7 +326,7 @@ def position_tv(pair: markov.MarkovPair, verifier="token") -> np.ndarray:
 
   The law of the token a round emits first (its first position is always
   judged), from this module's own enumeration (`round_law` at gamma = 1):
-  the reference for `specjax.distortion.position_law`'s closed forms.
+  the reference for `specjax.harness.distortion.position_law`'s closed forms.
   """
   blocks, _ = round_law(pair, 1, verifier)
   first_CxV = blocks[0] + blocks[1].sum(-1)
@@ -292,7 +339,7 @@ def expected_position_tv(pair: markov.MarkovPair, gamma: int, seq_len: int,
   """E[(1/N) sum_t d_t] over the verifier's own N-token process, exactly.
 
   d_t = `position_tv` at the context of token t (the token before it, or
-  `context` for the first): what `specjax.distortion.per_token_tv`
+  `context` for the first): what `specjax.harness.distortion.per_token_tv`
   estimates from samples, computed from the marginals of `process_law`.
   """
   d_C = position_tv(pair, verifier)
@@ -351,7 +398,7 @@ def audit_grid(verifiers=("token", "block"), num_seeds: int = 3,
     pair = markov.make_markov_pair(certainty, match, seed)
     for gamma in gammas:
       for spec in verifiers:
-        v = verifiers_lib.get_verifier(spec)
+        v = parse(spec)
         blocks, expected = round_law(pair, gamma, v)
         for seq_len in seq_lens:
           law = process_law(pair, gamma, seq_len, v, blocks=blocks)

@@ -39,6 +39,7 @@ from flax import nnx
 from flax import struct
 
 from specjax import _checks
+from specjax.models import layer_subset
 from specjax.models import transformer as transformer_lib
 from specjax.models import wrapped
 
@@ -124,12 +125,10 @@ class ExitAdapter(wrapped.WrapsModule, struct.PyTreeNode):
   def create(cls, target: transformer_lib.TransformerLM, layers: Any, *,
              mlp_dim: int | None = None, seed: int = 0) -> ExitAdapter:
     """A fresh (identity) adapter for `SelfDraft(target, layers=layers)`."""
-    # pylint: disable-next=import-outside-toplevel
-    from specjax.models import self_draft  # (it imports this module)
     if not isinstance(target, transformer_lib.TransformerLM):
       raise TypeError(f"ExitAdapter target must be a specjax TransformerLM, "
                       f"got {type(target).__name__}.")
-    layers = self_draft.normalise_layers(layers, target.config.num_layers,
+    layers = layer_subset.normalise_layers(layers, target.config.num_layers,
                                          "ExitAdapter.create layers")
     seed = _checks.check_int("seed", seed, low=0, high=_checks.MAX_SEED)
     config = ExitAdapterConfig(target=target.config, layers=layers,

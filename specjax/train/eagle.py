@@ -20,7 +20,7 @@ head reads back as input while drafting.
 
 `train_head` runs `trainer.train` (same batches, optimizer, orbax
 checkpoints and resume) on the head's parameters, with the target as the
-frozen `aux`; `load_head` restores one. `specjax.zoo.load("eagle-head@<target>")`
+frozen `aux`; `load_head` restores one. `specjax.harness.zoo.load("eagle-head@<target>")`
 trains and caches one per target recipe.
 """
 

@@ -1,6 +1,6 @@
 """Named model sizes and their training recipes: targets and drafts.
 
-`configs/train.py` and `specjax.zoo` both read this table, so a size means
+`configs/train.py` and `specjax.harness.zoo` both read this table, so a size means
 the same model and the same training run everywhere.
 
 Every size is a byte-level (vocabulary 259) GPT-2-flavour Transformer
@@ -71,7 +71,7 @@ PARAM_COUNTS = {
 }
 
 # Training throughput (tokens/s) measured on the project's shared 2-core CPU
-# box (see the table above); `specjax.zoo` uses it to announce how long a
+# box (see the table above); `specjax.harness.zoo` uses it to announce how long a
 # missing model will take to train.
 TRAIN_TOKENS_PER_S = {
     "draft-0.1m": 28_700,

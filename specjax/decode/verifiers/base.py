@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax import _checks
-from specjax import sampling
 from specjax import coupling
+from specjax import sampling
 
 # sample(u_x, probs_xV) -> int32 [...]: the loop's sampler (inverse CDF, with
 # the greedy shortcut), so every verifier samples exactly as the baseline.
@@ -94,7 +94,7 @@ class Verifier:
 
     Same arguments as `verify` (checked by `check_round`). Two verifiers
     judged on the same drafts compare without the noise of the accept/reject
-    draws (`specjax.expected_tokens`). Verifiers without a closed form raise
+    draws (`specjax.harness.expected_tokens`). Verifiers without a closed form raise
     NotImplementedError.
     """
     raise NotImplementedError(

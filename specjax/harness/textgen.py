@@ -20,17 +20,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 
 from specjax import _checks
-from specjax import measure
 from specjax import sampling as sampling_lib
 from specjax.data.hf_tokenizer import read_json
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
+from specjax.harness import autotune
+from specjax.harness import measure
 from specjax.models import hf
 from specjax.models import transformer as transformer_lib
 from specjax.models import vocab
@@ -209,7 +210,8 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
         max_new_tokens: int = 64,
         sampling: sampling_lib.SamplingConfig = sampling_lib.GREEDY,
         seed: int = 0, add_bos: bool | None = None,
-        compare: bool = False) -> TextRun:
+        compare: bool = False,
+        progress: Callable[[str], None] | None = None) -> TextRun:
   """Generates a continuation of each text, speculating with `draft`.
 
   Args:
@@ -217,11 +219,14 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
     tokenizer: the target's tokenizer (its `eos_ids` stop a row).
     texts: prompts, one row each.
     gamma, max_new_tokens, sampling, seed: as in `speculative_generate`
-      (gamma: an int, "auto" or a draft-length rule).
+      (gamma: an int or a draft-length rule), or gamma "auto": first a
+      `Goodput` rule priced on this machine (`autotune.auto_rule`).
     add_bos: prepend BOS; None means when the tokenizer has one distinct from
       its EOS ids (Llama-style yes, GPT-2 no).
     compare: also time `generate` (target only) on the same prompts, its
       calls taking turns with the speculative ones (`_timed`).
+    progress: called with a line of text before and after gamma="auto"
+      measures (it takes a while), e.g. `print`.
 
   Returns:
     A `TextRun`; each call is compiled by a first, untimed run.
@@ -237,6 +242,20 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
   key = jax.random.key(_checks.check_int("seed", seed, low=0,
                                         high=_checks.MAX_SEED))
   eos = tokenizer.eos_ids or None
+  if isinstance(gamma, str):
+    if gamma != "auto":
+      raise ValueError(f"gamma must be an int >= 1, 'auto' or a draft-length "
+                       f"rule, got {gamma!r}.")
+    if progress is not None:
+      progress("gamma=auto: timing the loop's passes and rounds on this "
+               "machine to price a Goodput rule (once per process and "
+               "shape) ...")
+    gamma = autotune.auto_rule(target, draft, prompts, lengths,
+                               max_new_tokens=max_new_tokens,
+                               sampling=sampling)
+    if progress is not None:
+      progress(f"gamma=auto: draft lengths {gamma.planned_widths}, a draft "
+               f"pass costing {gamma.c:.2f} target passes.")
   kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
   fns = {"speculative": lambda: loop.speculative_generate(
       target, draft, prompts, lengths, key, gamma=gamma, **kwargs)}

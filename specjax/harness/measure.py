@@ -36,7 +36,7 @@ Noise: on a shared or virtualised machine, other work only ever ADDS time
 to a call, and at sub-millisecond passes it adds a lot (on the 2-core box
 the same loop's round took 0.89 ms in one trial and 1.98 ms in the next:
 `benchmarks/loop_ablation.py`). So every time here, and every call time
-of the sweep (`specjax.sweep`, `call_repeats`), is the minimum over
+of the sweep (`specjax.harness.sweep`, `call_repeats`), is the minimum over
 interleaved repeats: an estimate of the cost of the work itself, the same
 estimator on the predicted and the measured side of every ratio.
 

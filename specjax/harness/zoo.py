@@ -1,4 +1,4 @@
-"""Named, trained models on demand: `specjax.zoo.load(name)`.
+"""Named, trained models on demand: `specjax.harness.zoo.load(name)`.
 
 Nothing is downloaded. A model missing from the cache directory is trained
 from its recipe on the built-in corpus (the interpreter's standard library),
@@ -63,19 +63,20 @@ from typing import Any
 import numpy as np
 
 from specjax import data
+from specjax.cache_dir import CACHE_ENV  # pylint: disable=unused-import
+from specjax.cache_dir import resolve_cache_dir
 from specjax.models import eagle as eagle_models
 from specjax.models.exit_adapter import ExitAdapterConfig
 from specjax.models.ngram import NGramLM
 from specjax.train import checkpoint as checkpoint_lib
 from specjax.train import distill
-from specjax.train import exit_adapter as exit_adapter_lib
 from specjax.train import eagle as eagle_train
+from specjax.train import exit_adapter as exit_adapter_lib
 from specjax.train import losses
 from specjax.train import optim
 from specjax.train import recipes
 from specjax.train import trainer
 
-CACHE_ENV = "SPECJAX_CACHE"
 NGRAMS = {"unigram": 1, "bigram": 2}
 _DISTILLED = "distilled-"
 _EXIT_ADAPTER = "exit-adapter-"
@@ -83,7 +84,7 @@ _EAGLE = "eagle-head@"
 
 # Bump when the stored layout or the meaning of a recipe changes: every key
 # changes with it, so old entries are never mistaken for new ones.
-FORMAT = "specjax.zoo/2"
+FORMAT = "specjax.harness.zoo/2"
 RECORD_FILE = "zoo.json"
 # Training-config fields that do not change the trained weights (display,
 # logging, held-out evaluation, checkpoint cadence; resume is bitwise).
@@ -100,26 +101,6 @@ _OBJECTIVES = {"transformer": "next_token", "distilled": "forward_kl",
 
 class ZooError(ValueError):
   """A cached entry does not match what was asked for; the message says why."""
-
-
-def resolve_cache_dir(override: str | None = None) -> str:
-  """The zoo's directory: `override`, else $SPECJAX_CACHE, else ~/.cache/specjax."""
-  if override is not None and not isinstance(override, (str, os.PathLike)):
-    raise TypeError(f"cache_dir must be a path (str or os.PathLike) or None, "
-                    f"got {type(override).__name__}.")
-  if override is not None and not os.fspath(override):
-    # It fell back to the default cache, silently.
-    raise ValueError("cache_dir must be a non-empty path, or None for "
-                     f"${CACHE_ENV} or ~/.cache/specjax.")
-  path = override or os.environ.get(CACHE_ENV) or os.path.join(
-      "~", ".cache", "specjax")
-  # "~/x" in $SPECJAX_CACHE made a directory named "~" here.
-  path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise NotADirectoryError(
-        f"The zoo's cache directory {path!r} is a file; pass another "
-        f"cache_dir or ${CACHE_ENV}.")
-  return path
 
 
 def names() -> list[str]:
@@ -428,7 +409,7 @@ def _publish(partial: str, directory: str) -> None:
 
 def _say(verbose: bool, message: str) -> None:
   if verbose:
-    print(f"[specjax.zoo] {message}", flush=True)
+    print(f"[specjax.harness.zoo] {message}", flush=True)
 
 
 def _expected_minutes(config, size: str) -> float:

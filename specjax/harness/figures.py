@@ -1,4 +1,4 @@
-r"""Figures and tables from a speculative-decoding sweep (`specjax.sweep`).
+r"""Figures and tables from a speculative-decoding sweep (`specjax.harness.sweep`).
 
 Reads `DIR/sweep.jsonl` (one JSON object per (draft, temperature, gamma) cell)
 and `DIR/metadata.json`, and writes into `DIR`:
@@ -32,7 +32,7 @@ and `DIR/metadata.json`, and writes into `DIR`:
                                        per cell, auto against the best fixed
                                        gamma per cell
 
-Sweeps with more axes (`specjax.sweep.run`: verifier, gamma = auto, batch
+Sweeps with more axes (`specjax.harness.sweep.run`: verifier, gamma = auto, batch
 size) draw (a)-(f) and Table 3 from the main rows only (token verifier, fixed
 gamma, the smallest batch size), and (g), (h) where their axes vary;
 summary.txt counts the rows (a)-(f) leave out, per reason. The functions of
@@ -1318,7 +1318,7 @@ def _fmt_se(value, se, digits=2) -> str:
 def verifier_table_markdown(rows: Sequence[dict],
                             metadata: dict | None = None) -> str:
   """Every verifier cell: exact or LOSSY, tokens per call, speedup, and the
-  lossy verifiers' estimated per-token TV (`specjax.distortion`) beside it."""
+  lossy verifiers' estimated per-token TV (`specjax.harness.distortion`) beside it."""
   rows = verifier_rows(rows)
   if not rows:
     return ""
@@ -1344,7 +1344,7 @@ def verifier_table_markdown(rows: Sequence[dict],
             "text is not distributed as the target's. TV per token: the mean "
             "over generated tokens of TV(the verifier's law at a judged "
             "position, p), an upper bound on the per-token distortion "
-            "(`specjax.distortion`).", "",
+            "(`specjax.harness.distortion`).", "",
             f"_{_provenance(rows, metadata)}_"]
   return "\n".join(lines) + "\n"
 

@@ -10,7 +10,7 @@ own shapes by `measure.loop_costs` (c and r among them), the measured
 end-to-end and decode-only speedups, what `measure.predict` predicts for
 each from the measured alpha and costs, and `measure.decompose`'s account of
 any gap (acceptance, draft, verify or baseline). A row is one cell; the field names are the
-schema `specjax.figures` reads. `run_config` does the whole thing for a
+schema `specjax.harness.figures` reads. `run_config` does the whole thing for a
 `configs/reproduce.py` config: models from the zoo, prompts from the corpus'
 held-out split, result files with full metadata.
 """
@@ -40,15 +40,16 @@ import tqdm
 
 from specjax import _checks
 from specjax import data
-from specjax import distortion
-from specjax import figures
 from specjax import jit_memory
-from specjax import measure
 from specjax import sampling as sampling_lib
 from specjax import stats
-from specjax import zoo
 from specjax.decode import loop
 from specjax.decode import verifiers as verifiers_lib
+from specjax.harness import autotune
+from specjax.harness import distortion
+from specjax.harness import figures
+from specjax.harness import measure
+from specjax.harness import zoo
 from specjax.models.eagle import EagleDraft
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
@@ -137,7 +138,7 @@ class Cell:
   @property
   def gamma_max(self) -> int:
     """The loop's static draft length: gamma, or AUTO_GAMMA_MAX for auto."""
-    return loop.AUTO_GAMMA_MAX if self.gamma == AUTO else int(self.gamma)
+    return autotune.AUTO_GAMMA_MAX if self.gamma == AUTO else int(self.gamma)
 
   def describe(self) -> dict:
     return {"draft": self.draft.name, "temperature": float(self.temperature),
@@ -284,7 +285,7 @@ def _decode_interleaved(decoders: Sequence[Callable], prompts: np.ndarray,
   is first run once untimed, so compilation is not counted. Each batch's
   round of calls is made `repeats` times (the same inputs and key, so the
   same output) and each decoder keeps its fewest seconds: the estimator of
-  `specjax.measure` (its docstring, "Noise").
+  `specjax.harness.measure` (its docstring, "Noise").
 
   Returns:
     one `(results [N / batch], seconds float [N / batch])` per decoder.
@@ -319,7 +320,7 @@ def _decode_interleaved(decoders: Sequence[Callable], prompts: np.ndarray,
 def _distortion(target, cell: Cell, prompts: np.ndarray, results,
                 sampling) -> dict:
   """tv_per_token (and se) for a cell: 0 for exact verifiers (proved, and
-  checked on the lab), the estimate of `specjax.distortion` for lossy ones
+  checked on the lab), the estimate of `specjax.harness.distortion` for lossy ones
   (None where the verifier has no per-position law)."""
   if cell.verifier.exact:
     return {"tv_per_token": 0.0, "tv_per_token_se": 0.0}
@@ -354,7 +355,7 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
       `batch_size` at a time.
     temperatures: e.g. (0.0, 1.0); 0 is greedy.
     gammas: draft lengths, e.g. range(1, 9), and/or "auto" (the `Goodput`
-      rule with gamma_max = `loop.AUTO_GAMMA_MAX`, its c and r measured at
+      rule with gamma_max = `autotune.AUTO_GAMMA_MAX`, its c and r measured at
       the cell's batch size).
     max_new_tokens: tokens generated per prompt.
     target_name: recorded in every row.
@@ -417,14 +418,20 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
                                  sampling=sampling)
     live = []  # (cell, its decoder) for the cells that compile
     for cell in group:
-      speculative = functools.partial(
-          loop.speculative_generate, target, cell.draft.model,
-          gamma=cell.gamma, max_new_tokens=max_new_tokens, sampling=sampling,
-          verifier=cell.verifier)
       if progress:
         progress(f"{cell.draft.name}, T={cell.temperature:g}, "
                  f"{cell.verifier.spec}, gamma={cell.gamma}, B={batch}")
       try:  # compiles (cached for the timed calls) or refuses before tracing
+        gamma = cell.gamma
+        if gamma == AUTO:  # a Goodput rule priced at this batch's shapes
+          gamma = autotune.auto_rule(
+              target, cell.draft.model, prompts[:batch], lengths[:batch],
+              max_new_tokens=max_new_tokens, sampling=sampling,
+              verifier=cell.verifier)
+        speculative = functools.partial(
+            loop.speculative_generate, target, cell.draft.model,
+            gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+            verifier=cell.verifier)
         jax.block_until_ready(speculative(
             prompts[:batch], lengths[:batch], jax.random.key(seed)))
       except ValueError as e:
