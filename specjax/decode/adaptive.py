@@ -14,9 +14,7 @@ drafting and verify, and the loop (`loop._planned_loop`) runs loops of such
 rounds, leaving W only when the rule stops keeping it (`Rule.keeps`: for
 `Goodput`, when another width saves more time than `switch_cost` and
 `hysteresis` allow). A planned round of length W then costs what the fixed
-loop's round costs, where the while loop above cost more
-(results/adaptive_sweep, before: gamma="auto" at batch 1 ran at 0.75-0.97 of
-the best fixed gamma).
+loop's round costs, where the while loop above costs more.
 """
 
 from __future__ import annotations

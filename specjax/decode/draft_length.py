@@ -60,14 +60,14 @@ Rules:
     pays, e.g. a batch waiting for a row its draft predicts badly, that is
     faster than every fixed gamma.
 
-    The rule's first version charged a round only g c + r_g. Both missing
-    terms are the same for every g, and adding a constant to every g's cost
-    can only move the argmax to a longer budget (the ratio of tokens to cost
-    flattens), so that version chose budgets too short wherever the window
+    The cost charges c_first and overhead, not only g c + r_g: both are the
+    same for every g, and adding a constant to every g's cost can only move
+    the argmax to a longer budget (the ratio of tokens to cost flattens), so
+    a rule without them would choose budgets too short wherever the window
     or the per-round overhead is not small next to a target pass (a small
-    target: the overhead is a fixed amount of work per round). Its c and r
-    were also timed at a cache capacity of context + gamma_max + 1 slots,
-    not the loop's (attention spans every slot, masked).
+    target: the overhead is a fixed amount of work per round). c and r are
+    timed at the loop's own cache capacity, since attention spans every
+    slot, masked.
 """
 
 from __future__ import annotations
@@ -193,8 +193,7 @@ class Rule:
 
   # Whether `plan` gives every row the same budget. The planned loop then
   # runs every row to the round's width without planning again inside the
-  # round (at batch 1 on the quick target, that planning cost 2-4% of a
-  # width-4 round's median time: results/adaptive_gamma/planned_loop.txt).
+  # round (planning is per-round work, and a small target's round is short).
   # False unless a rule says so: per-row budgets are planned every round.
   plans_one_width: ClassVar[bool] = False
 
@@ -269,13 +268,9 @@ class Goodput(Rule):
       starts a row at 3/4, optimistic on purpose: a row whose estimate is
       low plans short rounds or off stretches, which judge few drafts, so
       a low start is slow to leave, while a long round that fails judges
-      its drafts up to the rejection and the estimate falls at once. With
-      exact costs (`benchmarks/goodput_policy.py`, 128 tokens) the uniform
-      prior (1, 1) reached 0.945-0.985 of the best fixed gamma at alpha
-      .6-.97, batch 1, and 0.922-0.988 at batch 8; (3, 1) 0.966-0.991 and
-      0.980-1.005. Where the draft is bad (alpha .3: off stretches beat
-      every width) it gives up 2%, 1.057 of the best fixed gamma against
-      1.079 (results/adaptive_gamma/goodput_policy.txt).
+      its drafts up to the rejection and the estimate falls at once. The
+      price is paid where the draft is bad (off stretches beat every width):
+      the optimistic start spends its first rounds learning that.
     c_first: the round's first draft pass; None means c.
     overhead: a round's work outside the model passes (>= 0).
     hysteresis: without a threshold, the loop keeps a round width while its
@@ -284,15 +279,12 @@ class Goodput(Rule):
       sets `BATCHED_HYSTERESIS` for a batch of more than one row.
     switch_cost: what a change of width costs, once (target passes on 1
       token): the width is kept while the time it would save is less. The
-      default, 0.25, is above the most a change cost at batch 1 on the
-      quick job (rounds alternating widths 4 and 8: -0.01 to 0.15 `generate`
-      steps a change over the two widths' mean, about 0.18 target passes;
-      results/adaptive_gamma/planned_loop_switch.txt). It replaced a 5%
-      `hysteresis` at batch 1: 5% of the time left is several rounds early
-      in a call, and a row whose estimate rose from the prior's 3/4 stopped
-      at the first width within 5% of the best, width 5 of 8 on the quick
-      job's distilled draft, where width 8 was best
-      (results/adaptive_gamma/auto_widths.txt).
+      default, 0.25, is meant to sit above what a change of width costs at
+      batch 1 (the carry passes from one width's loop to another's). A
+      fixed cost rather than a `hysteresis` fraction at batch 1: a fraction
+      of the time left is several rounds early in a call, so a row whose
+      estimate rose from the prior's 3/4 would settle on the first width
+      within that fraction of the best, short of the best.
     prompt_prior: the weight, in judged drafts, of each row's prompt: the
       loop scores both models' laws at the prompt's last ceil(prompt_prior)
       positions (`prompt_window`, from their prefills; `RowStats`'
@@ -300,17 +292,14 @@ class Goodput(Rule):
       them starts from their mean overlap weighted as min(n, prompt_prior)
       drafts, with `prior` scaled by what is left of the weight
       (`initial_counts`). The default, 16, is `warm_start`'s strength. The
-      prompt is the row's own text: on the quick job at T = 1, over the
-      last 16 bytes of its 16 held-out prompts, the distilled draft's mean
-      overlap was .943 and its acceptance generating from them .949, the
-      bigram's .803 and .835 (`benchmarks/prompt_prior.py`,
-      results/adaptive_gamma/prompt_prior.txt). Greedy text is not like
-      its prompt (a small model's repeats itself): there the prompts read
-      .879 and .750 where generating accepted .921 and .825, rows that then
-      accepted every draft reading as low as .56, and a row that starts low
-      leaves slowly (`prior`), so greedy rows start from `prior`. So do
-      rows of drafts without prefill logits of their own (sharing the
-      target's cache or reading its features), and every row under the
+      prompt is the row's own text, so when sampling its overlap is a fair
+      start for the row's acceptance. Greedy text is not like its prompt (a
+      small model's repeats itself): the prompt's overlap then reads lower
+      than the acceptance generating from it, for some rows far lower, and
+      a row that starts low leaves slowly (`prior`), so greedy rows start
+      from `prior`. So do rows of drafts without prefill logits of their
+      own (sharing the target's cache or reading its features), and every
+      row under the
       "accepted" estimator. Stopping stays exact: the prompt is known
       before the first round. 0 turns it off.
     probe: the cost of a probe round (one draft pass, the target's pass on 1
@@ -327,25 +316,19 @@ class Goodput(Rule):
       "overlap" (default): its acceptance probability sum_x min(p, q), the
       Rao-Blackwellised count. Under the exact token verifier a draft is
       kept with exactly that probability, so the estimate has the count's
-      mean with far less variance when sampling: teacher-forced on the
-      quick job's target at T = 1, per judged draft, the count's variance
-      is .0557 and the overlap's .0017 for distilled-draft-0.1m, .155 and
-      .018 for the bigram (`benchmarks/overlap_variance.py`). Greedy, the
-      overlap is the count (p and q are one-hot). "accepted": the drafts
-      kept, for a verifier that keeps drafts with other probabilities (the
-      lossy ones); the loop refuses "overlap" with such a verifier.
+      mean with far less variance when sampling. Greedy, the overlap is the
+      count (p and q are one-hot). "accepted": the drafts kept, for a
+      verifier that keeps drafts with other probabilities (the lossy ones);
+      the loop refuses "overlap" with such a verifier.
     widths: the draft lengths the rule may plan, a subset of 1..gamma_max
       (any order; kept sorted), or None (default): every one. Without a
       threshold the loop compiles one loop of rounds per planned width
       (`loop._planned_loop`), and every call pays for each of them, planned
-      or not: pinned at width 8 of gamma_max 8, on 1-token calls of 4.3 ms
-      (quick job, batch 1), the planned loop cost 0.65 ms more than the
-      fixed gamma = 8 loop with every width, 0.41 ms with widths 1, 2, 4, 8
-      and 0.14 ms with width 8 alone
-      (results/adaptive_gamma/planned_overhead.txt). Fewer widths also
-      compile faster, and `measure_goodput(widths=...)` times only them;
-      gamma="auto" plans `doubling_widths`. r's entries at other widths
-      are not read. With a threshold, only the budgets are restricted.
+      or not: the planned loop's per-call cost over a fixed gamma's grows
+      with the number of widths. Fewer widths also compile faster, and
+      `measure_goodput(widths=...)` times only them; gamma="auto" plans
+      `doubling_widths`. r's entries at other widths are not read. With a
+      threshold, only the budgets are restricted.
   """
   c: float
   r: tuple[float, ...]
@@ -454,16 +437,14 @@ class Goodput(Rule):
     Each row's estimate then starts at the pooled acceptance of `previous`
     (a `GenerationResult` of the same target and draft, e.g. a pilot call
     on other prompts), weighted as `strength` judged drafts, instead of at
-    the default prior's 3/4. A row pays for what it learns: over 128
-    tokens, up to about 3% of the time on a text of constant acceptance,
-    even with exact costs (`benchmarks/goodput_policy.py`). Pilot on as
-    many texts as the calls will see: a pilot on one prompt starts every
-    row at that text's acceptance, and where it was low the rows learned
-    slowly (short rounds and off stretches judge few drafts): the quick
-    job's distilled draft lost 24% at batch 1 that way
-    (results/adaptive_gamma/README.md, T0_p16). Stopping stays exact: the
-    prior is fixed before the call. The returned rule's `prompt_prior` is 0:
-    the pilot's acceptance replaces each row's prompt as its start.
+    the default prior's 3/4. A row pays for what it learns, even with exact
+    costs, so a start near its acceptance saves time. Pilot on as many
+    texts as the calls will see: a pilot on one prompt starts every row at
+    that text's acceptance, and where it is low the rows learn slowly
+    (short rounds and off stretches judge few drafts). Stopping stays
+    exact: the prior is fixed before the call. The returned rule's
+    `prompt_prior` is 0: the pilot's acceptance replaces each row's prompt
+    as its start.
     """
     if not isinstance(previous, state_lib.GenerationResult):
       raise TypeError("previous must be the GenerationResult of an earlier "
@@ -579,11 +560,10 @@ class Goodput(Rule):
 
     Every row waits for every pass, and the batch runs until its last row is
     done: the round's cost times the most rounds an active row still needs
-    (remaining / expected tokens). One row: remaining / its rate. Summing
-    the rows' rates instead (this rule's first version) let well-predicted
-    rows outvote the row the batch waits for: under greedy decoding, batch
-    8, it drafted 2.3-4.8 tokens where one was fastest
-    (results/adaptive_sweep).
+    (remaining / expected tokens). One row: remaining / its rate. Not the
+    sum of the rows' rates: that lets well-predicted rows outvote the row
+    the batch waits for, and drafts long rounds where short ones are
+    fastest.
     """
     rounds_BxG = (remaining_B.astype(jnp.float32)[:, None]
                   / self.row_tokens(stats))
@@ -593,8 +573,9 @@ class Goodput(Rule):
       return time_G
     # A width outside `widths` is never planned, nor kept over one in it:
     # its +inf loses even to an allowed width whose time overflowed (capped
-    # at float32's largest; a tie at +inf planned width 1, outside `widths`,
-    # which the planned loop runs no round of, and the loop never ended).
+    # at float32's largest: a tie at +inf would plan width 1 even outside
+    # `widths`, which the planned loop runs no round of, and the loop would
+    # never end).
     allowed_G = np.isin(np.arange(self.min_width, self.gamma_max + 1),
                         self.planned_widths)
     return jnp.where(allowed_G,

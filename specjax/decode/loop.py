@@ -442,12 +442,10 @@ def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):
   run while it keeps W (`rule.keeps`): the rounds are the fixed gamma = W
   loop's own program. A loop whose width is not planned runs no round, so a
   sweep runs the same rounds, in the same order, as picking the planned
-  width's loop with a `lax.switch`, which this replaced: XLA copied the
-  whole carry, both KV caches among them, into the branch it entered and
-  again in the outer loop (two copies per change of width; measured at
-  batch 8, T = 1 on the quick job, a change every round cost 15-20% over
-  the two widths' mean: `benchmarks/planned_loop.py`). Loops in sequence
-  hand the carry on in place.
+  width's loop with a `lax.switch` would, without the switch's copies: XLA
+  copies the whole carry, both KV caches among them, into the branch a
+  switch enters and again in the outer loop (two copies per change of
+  width). Loops in sequence hand the carry on in place.
 
   W = 0 (a rule with `min_width` 0) is an off stretch: a probe round
   (`adaptive.planned`), then, if the rule still keeps 0, up to

@@ -116,8 +116,8 @@ class TreeTopology:
 
   @functools.cached_property
   def _children_of(self) -> dict[int, tuple[int, ...]]:
-    # One pass: scanning every node for every node took minutes on a
-    # 1,000 x 1,000 tree, before the context check could refuse it.
+    # One pass: scanning every node for every node is quadratic in the
+    # nodes, and a huge tree must reach the context check that refuses it.
     kids: dict[int, list[int]] = {}
     for i, parent in enumerate(self.parents):
       kids.setdefault(parent, []).append(i)
@@ -281,9 +281,8 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
       for j in range(table.shape[1]):
         carry = judge(j, carry)
     else:
-      # Traced once and looped: unrolled, XLA's compile grew as the square
-      # of a node's children (tree:128's first call took 113.5 s against
-      # 2.2 s looped on the 2-core box: `python benchmarks/tree_compile.py`).
+      # Traced once and looped: unrolled, XLA's compile time grows as the
+      # square of a node's children.
       carry = jax.lax.fori_loop(0, table.shape[1], judge, carry)
     r_BxV, _, chosen_B = carry
     stop_B = alive_B & (chosen_B < 0)
@@ -329,7 +328,7 @@ def greedy_tree_verify(target_token_BxN1, tokens_BxN, valid_BxN,
     a_B = target_token_BxN1[rows, node_B + 1]
     kids_BxK = table[node_B + 1]
     # The first matching child wins; all slots at once, so a wide node is
-    # no longer one traced step per child (`tree_verify`'s loop).
+    # one traced step, not one per child (as in `tree_verify`'s loop).
     safe_BxK = jnp.maximum(kids_BxK, 0)
     match_BxK = ((kids_BxK >= 0)
                  & jnp.take_along_axis(valid_BxN, safe_BxK, axis=1)

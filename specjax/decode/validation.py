@@ -52,7 +52,8 @@ def check_sampling(sampling: Any, vocab_size: int) -> None:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _fold_in_rows(key, batch_size):
-  # Jitted: an eager vmap costs ~0.5 ms of host time on every generate call.
+  # Jitted: an eager vmap dispatches op by op, host time on every generate
+  # call.
   return jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(batch_size))
 
 
@@ -145,8 +146,8 @@ def check_finite_logits(stats: Any, caller: str, on_nonfinite: str) -> None:
 
 
 # (id(model), batch, length) -> (weakref to the model, bytes): shaping a
-# cache traces init_cache (about 2 ms for the quick target), which every
-# timed call of a sweep would pay; a model's arrays cannot change in place.
+# cache traces init_cache, which every timed call of a sweep would pay; a
+# model's arrays cannot change in place.
 _CACHE_BYTES: dict = {}
 
 

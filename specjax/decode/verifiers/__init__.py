@@ -83,7 +83,7 @@ def _floats(name, args, count, example):
   if len(args) != count:
     raise ValueError(f"verifier {name!r} needs {count} comma-separated "
                      f"number(s), e.g. {example!r}; got {args!r}.")
-  # ASCII decimals only: float() also read "0_5" as 5.0 and "٠.٥" as 0.5.
+  # ASCII decimals only: float() also reads "0_5" as 5.0 and "٠.٥" as 0.5.
   if not all(re.fullmatch(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?",
                           a) for a in args):
     raise ValueError(f"verifier {name!r}: arguments must be numbers, e.g. "

@@ -46,8 +46,8 @@ class LenientVerifier(base.Verifier):
 
   def __post_init__(self):
     l = self.lenience
-    # numbers.Real: numpy scalars too (np.float32(0.5) was refused, as
-    # "must be a number ..., got np.float32(0.5)").
+    # numbers.Real, not float: numpy scalars such as np.float32(0.5) are
+    # numbers too.
     if isinstance(l, (bool, np.bool_)) or not isinstance(l, numbers.Real) or (
         not 0.0 < float(l) <= 1.0):
       raise ValueError(f"lenient: the lenience l must be a number in (0, 1] "

@@ -113,7 +113,7 @@ def factory(cls, mode):
     parents = args[0].startswith("parents=")
     if parents:
       args = [args[0][len("parents="):]] + args[1:]
-    # ASCII decimals only: int() also read "1_0" as 10 and "٣" as 3.
+    # ASCII decimals only: int() also reads "1_0" as 10 and "٣" as 3.
     if not all(re.fullmatch(r"-?[0-9]+", a) for a in args):
       raise ValueError(f"tree verifier arguments must be integers, e.g. "
                        f"{example!r}; got {args!r}.")
