@@ -12,21 +12,19 @@ Rows are ragged: row b's next token goes to position `lengths[b]`.
 * At batch 1, XLA CPU compiles a one-token write into an update it computes
   twice (for the carried cache, and for the attention, which reads the
   layer without its size-1 batch axis) and copies each layer four times a
-  step. Timed side by side, selecting the slot instead, which avoids most
-  of the copies, ran at 0.97-1.00 of the scatter's time
-  (`python benchmarks/cache_write.py`, results/cache_write/): the copies
-  are cheap, so the write stays one scatter for every shape.
+  step. Selecting the slot instead avoids most of the copies but runs no
+  faster: the copies are cheap, so the write stays one scatter for every
+  shape.
 * Rolling back is `cache.replace(lengths=new_lengths)`: entries at positions
   >= lengths are stale, masked out by `attention_mask`, and overwritten by the
   next write. Nothing is zeroed.
 
-Why not one `[layers, B, max_len, kv_heads, head_dim]` array (the layout the
-design first asked for)? Measured decode steps inside a jitted loop on CPU
-(see `specjax/models/transformer.py` for the table): reading one layer out of
-a stacked array is a `slice`, a copy of the layer every step, and
-`max_len` before `kv_heads` forces a transpose copy before the attention
-matmuls. Per-layer `[B, K, S, H]` arrays need neither copy: decode steps
-are 12-17% faster for the 85M model and 1.5-2.2x for a 3M draft.
+Why not one `[layers, B, max_len, kv_heads, head_dim]` array? In decode
+steps inside a jitted loop, reading one layer out of a stacked array is a
+`slice`, a copy of the layer every step, and `max_len` before `kv_heads`
+forces a transpose copy before the attention matmuls. Per-layer
+`[B, K, S, H]` arrays need neither copy, which saves most where a step is
+short: a small draft's.
 """
 
 from __future__ import annotations
@@ -117,8 +115,9 @@ class KVCache:
     Used after a draft tree: the kept path's entries (scattered over the
     tree's slots) move to the row's contiguous positions. All reads happen
     before any write, so overlapping ranges are safe; a pair whose source
-    or destination is outside `[0, max_len)` is dropped (a negative index
-    wrapped, a source past the end was clamped). `lengths` is not changed.
+    or destination is outside `[0, max_len)` is dropped (else a negative
+    index would wrap, and a source past the end be clamped). `lengths` is
+    not changed.
     """
     if not self.k:  # no layers (a zero-block self-draft): nothing to move
       return self

@@ -18,9 +18,7 @@ be blind to order):
 The two norms (the target flavour's, learned; as in EAGLE-3) put both
 halves on one scale: h is a final-norm output of RMS about 1, while an
 embedding's RMS is a few hundredths, and without them the token's half of
-the fc's input is drowned (on the quick target, teacher-forced acceptance
-.924 without, .941 with, after the same 300 steps:
-benchmarks/eagle_head_ablation.py).
+the fc's input is drowned, which costs acceptance.
 
 While drafting, the head's own f replaces the target's h for the next step.
 Its positions are the token positions, so its cache is aligned with the
@@ -171,15 +169,6 @@ class EagleCache(KVCache):
   """The head's `KVCache` (one layer) plus `feature`: float `[B, D]`, the
   feature the head predicted last, which its next token is paired with."""
   feature: jax.Array
-
-
-def _features_BxTxD(target: TransformerLM, tokens_BxT: jax.Array):
-  """(features `[B, T, D]`, logits `[B, T, V]`): full-sequence, no cache."""
-  b, t = tokens_BxT.shape
-  positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  module = target.module()
-  features_BxTxD, _ = module.features(tokens_BxT, positions_BxT, None)
-  return features_BxTxD, module.head(features_BxTxD)
 
 
 def shift_features(features_BxTxD: jax.Array) -> jax.Array:

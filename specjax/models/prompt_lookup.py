@@ -141,7 +141,7 @@ class PromptLookupDraft(struct.PyTreeNode):
     stays O(B max_len * chunk), not O(B T max_len).
     """
     tokens_BxT = _checks.check_array("tokens", tokens_BxT, rank=2, kind="i")
-    if _checks.is_concrete(tokens_BxT):  # else an id off the table was copied
+    if _checks.is_concrete(tokens_BxT):  # else an id off the table is copied
       _checks.check_token_range("tokens", tokens_BxT, self.vocab_size)
     tokens_BxT = jnp.asarray(tokens_BxT, jnp.int32)
     batch, length = tokens_BxT.shape

@@ -6,21 +6,12 @@
 
 Both are pre-norm stacks of `num_layers` blocks held as a Python list of
 per-layer modules (unrolled under jit), with a cache of per-layer
-`[B, kv_heads, max_len, head_dim]` arrays (cache.py). Both choices were
-measured: XLA CPU (2 cores shared with other jobs, so the minimum of 25 runs
-is quoted; medians rank the same), float32, batch 1, max_len = max_positions
-= 512 (so byte-85m has 85,648,128 parameters here), decode steps inside one
-jitted `fori_loop` that carries the cache as the decode loop does; ms/step:
-
-  layers  cache                    byte-85m T=1   T=5    byte-3m T=1   T=5
-  list    one [L,B,S,K,H] array         14.2     17.7           0.86   1.47
-  list    L x [B,S,K,H]                 12.8     16.5           0.53   1.20
-  list    one [L,B,K,S,H] array         12.6     16.0           0.74   1.36
-  list    L x [B,K,S,H]  (used)         11.8     15.5           0.39   0.95
-  scan    one [L,B,S,K,H] array         18.5     25.6           1.30   2.06
-
-The scan over stacked layers is the slowest; cache.py says why stacked
-layouts cost more.
+`[B, kv_heads, max_len, head_dim]` arrays (cache.py). Both choices are for
+decode steps inside a jitted loop that carries the cache: a `lax.scan` over
+stacked layers runs each step slower than the unrolled list, and per-layer
+`[B, K, S, H]` caches need none of the per-step copies that a stacked or
+`[B, S, K, H]` cache makes, which matters most for a small draft, whose
+step is short next to them. cache.py says why stacked layouts cost more.
 
 Usage: `TransformerLM` is a `flax.struct.PyTreeNode`; its config and nnx
 GraphDef are static (hashable) fields and the nnx State is its pytree leaves,
@@ -419,8 +410,8 @@ def _attend(q_BxTxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxTxS):
   p_BxKxGxTxS = jax.nn.softmax(s_BxKxGxTxS, axis=-1).astype(v_BxKxSxH.dtype)
   # Keep the output in the matmul's natural [B, K, G, T, H] order and
   # transpose the small result: asking einsum for "btkgh" directly makes XLA
-  # CPU transpose all of V to [B, K, H, S] every call (7% of a byte-85m decode
-  # step, 40% of a byte-3m one).
+  # CPU transpose all of V to [B, K, H, S] every call (a large share of a
+  # small model's decode step).
   o_BxKxGxTxH = jnp.einsum("bkgts,bksh->bkgth", p_BxKxGxTxS, v_BxKxSxH)
   return o_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n * h)
 
@@ -982,8 +973,8 @@ def check_call(tokens_BxT: Any, cache: Any, config: TransformerConfig,
         "batch sizes of tokens_BxT and the cache must match.")
   if _checks.is_concrete(tokens_BxT) and _checks.is_concrete(cache.lengths):
     # An eager call (traced ones cannot read values): else an id past the
-    # table gave NaN logits, a negative one another token's, and writes past
-    # the cache were dropped, leaving lengths past max_len.
+    # table would give NaN logits, a negative one another token's, and writes
+    # past the cache would be dropped, leaving lengths past max_len.
     _check_call_values(tokens_BxT, cache, config)
 
 
