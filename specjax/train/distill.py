@@ -112,9 +112,10 @@ def distillation_loss(divergence: str = "tv", *,
       "temperature 1)")
 
   def check_aux(student_config, teacher):
-    # What the traced loss checks, before `trainer.train` does any work: an
-    # int aux reached the loss as a tracer, and a vocabulary mismatch was
-    # found while the step was traced, after the workdir was made.
+    # What the traced loss checks, before `trainer.train` does any work:
+    # else an int aux would reach the loss as a tracer, and a vocabulary
+    # mismatch be found only while the step is traced, after the workdir is
+    # made.
     _check_teacher(teacher)
     teacher_vocab = losses.module_limits(teacher)[0]
     student_vocab = getattr(student_config, "vocab_size", None)

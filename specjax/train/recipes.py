@@ -9,30 +9,17 @@ so any draft pairs with any target over the same context. Parameter counts are
 exact (`TransformerLM.param_count()`, position table included; at 1024
 positions it is a large share of the smallest drafts).
 
-  name         d_model layers heads   parameters   train tokens/s (*)
-  draft-0.1m        48      2     3      118,224       28,700
-  draft-0.5m       128      2     4      561,024       13,900
-  draft-2m         192      4     6    2,026,176        4,500
-  target-3m        256      4     4    3,488,000        3,400
-  target-20m       512      6     8   19,572,224        1,130
-  target-85m       768     12    12   86,041,344          160
+  name         d_model layers heads   parameters
+  draft-0.1m        48      2     3      118,224
+  draft-0.5m       128      2     4      561,024
+  draft-2m         192      4     6    2,026,176
+  target-3m        256      4     4    3,488,000
+  target-20m       512      6     8   19,572,224
+  target-85m       768     12    12   86,041,344
   tiny              32      2     2       35,808   (tests and smoke runs)
 
 'target-3m' and 'target-85m' are the model module's presets 'byte-3m' and
 'byte-85m' (GPT-2 small's trunk over bytes).
-
-(*) Measured on this project's CPU box: 2 cores, XLA CPU, float32, batch 32 x
-256 tokens (the `configs/train.py` recipes), full train step (forward,
-backward, AdamW), excluding the first (compiling) step. The box was shared
-with other jobs (load average 3-4 on 2 cores; each run got 0.7-1 core on
-average, from its user over wall time), so an idle box is faster; an earlier
-pass at load average 5-8 measured about half these rates. The command, per
-size, with 12 steps (6 for target-20m, 4 for target-85m):
-
-  python -m experiments.train --config=configs/train.py:target-3m \
-      --workdir=/tmp/bench/target-3m --config.num_steps=12 \
-      --config.optim.warmup_steps=1 --config.eval_every=0 \
-      --config.progress=False
 """
 
 from __future__ import annotations
@@ -70,9 +57,10 @@ PARAM_COUNTS = {
     "tiny": 35_808,
 }
 
-# Training throughput (tokens/s) measured on the project's shared 2-core CPU
-# box (see the table above); `specjax.harness.zoo` uses it to announce how long a
-# missing model will take to train.
+# Rough training throughput (tokens/s) of each size's full train step on a
+# small CPU host, float32; `specjax.harness.zoo` divides a recipe's tokens
+# by it to announce about how long a missing model will take to train. An
+# estimate for that message only: nothing else reads it.
 TRAIN_TOKENS_PER_S = {
     "draft-0.1m": 28_700,
     "draft-0.5m": 13_900,

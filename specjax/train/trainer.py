@@ -181,7 +181,7 @@ def state_shardings(model: transformer_lib.TransformerLM,
   vocabulary on `model`; `FSDP_RULES` also the embedding width on `data`);
   optimizer moments follow their parameter; everything else (the update
   count, the step) is replicated. `rules=None` replicates everything (plain
-  data parallelism, the behaviour before meshes had a `model` axis).
+  data parallelism).
   """
   rep = parallel.replicated(mesh)
   if rules is None:
@@ -429,8 +429,8 @@ def train(config: Any, workdir: str, *,
   non-finite parameters).
   """
   check_config(config)
-  # Else a file there surfaced as a raw FileExistsError, after the corpus
-  # loaded and the model initialised.
+  # Else a file there would surface as a raw FileExistsError, after the
+  # corpus loads and the model initialises.
   if not _checks.dir_or_creatable(workdir):
     raise ValueError(f"workdir={workdir!r} must be a directory, or a path "
                      "where one can be created (not a file, nor under one); "
@@ -460,7 +460,7 @@ def train(config: Any, workdir: str, *,
       "give aux (e.g. the teacher or target) the byte vocabulary.")
   aux_positions = losses.module_limits(aux)[1]
   if aux_positions is not None and config.seq_len > aux_positions:
-    # Else the first step refused the batch, after the workdir was made.
+    # Else the first step would refuse the batch, after the workdir is made.
     raise ValueError(
         f"config.seq_len={config.seq_len} is longer than aux's "
         f"max_positions={aux_positions} (the teacher or target reads every "
