@@ -1,4 +1,4 @@
-"""The rejection-sampling lab (seed 004): the exactness oracle.
+"""The rejection-sampling lab: the exactness oracle.
 
 Toy Markov target/draft pairs over 8 tokens whose every distribution can be
 enumerated exactly in float64: the distribution of the first N tokens under

@@ -1,4 +1,4 @@
-r"""The rejection-sampling lab's deterministic audit (seed 004).
+r"""The rejection-sampling lab's deterministic audit.
 
 `run_audit` runs named checks on the exactness oracle `specjax.lab` (knob
 sanitation, normalisation, residual-mass algebra, alpha = 1 - TV, agreement
@@ -42,10 +42,9 @@ GRID_DRAFT_COST = (0.05, 0.5)
 GRID_SEQ_LEN = (2, 3, 5)
 
 # check_arguments must not run the work it guards, nor pass work that runs
-# for hours: the grid (648 settings per seed) costs ~1 ms of exact
-# enumeration per setting plus one trace of trace_tokens at ~1e5 tokens/s on
-# a 2-core box (the defaults, 96 tokens and 2 seeds: ~3 s). 100 seeds are
-# ~1 minute; 5e7 traced tokens ~8 minutes (38,580 tokens at 2 seeds).
+# for hours: each grid seed adds 648 settings, each one exact enumeration
+# plus one trace of trace_tokens, so the seeds and the traced tokens over the
+# whole grid are capped, far above the defaults (2 seeds, 96 tokens).
 MAX_GRID_SEEDS = 100
 MAX_GRID_TRACE_TOKENS = 5 * 10 ** 7
 
@@ -269,7 +268,7 @@ def run_audit(certainty=lab.DEFAULT_CERTAINTY,
 
   Raises TypeError/ValueError naming a bad argument (`check_arguments`).
   """
-  # Else grid_seeds=0 gave a failing audit, not an error.
+  # Else grid_seeds=0 would give a failing audit, not an error.
   check_arguments(certainty=certainty, draft_match=draft_match, gamma=gamma,
                   draft_cost=draft_cost, seq_len=seq_len, seed=seed,
                   trace_tokens=trace_tokens, grid_seeds=grid_seeds,
@@ -351,7 +350,7 @@ def check_arguments(certainty=lab.DEFAULT_CERTAINTY,
         f"grid_seeds={grid_seeds} (the grid samples one trace per setting, "
         f"{settings} of them), got {trace_tokens}.")
   pair = lab.make_markov_pair(certainty, draft_match, seed)
-  lab.speculative_distribution(pair, gamma, seq_len)  # at most ~0.5 s
+  lab.speculative_distribution(pair, gamma, seq_len)  # exact.py caps its size
   # One token checks gamma and draft_cost; the trace itself is the work.
   lab.run_trace(pair, gamma, draft_cost, 1)
 

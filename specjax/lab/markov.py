@@ -1,4 +1,4 @@
-"""Toy Markov language models for the rejection-sampling lab (seed 004).
+"""Toy Markov language models for the rejection-sampling lab.
 
 A target and a draft over a tiny vocabulary (8 tokens by default), each a
 first-order Markov chain: an initial distribution `[V]` for the first token
