@@ -2,8 +2,7 @@ r"""Expected tokens per round of several verifiers, judged on the same drafts.
 
 Counting tokens per target call in a decode measures a verifier's gain with
 the noise of every accept/reject draw, and two verifiers decoded separately
-add their noises: on the quick models block verification's gain over token
-verification at gamma 4 came out as +4.9% +- 4.0% from 64 rows. This module
+add their noises, enough to hide a gain of a few percent. This module
 removes both noises.
 
 At a round start (a context c), the verifier keeps tau drafts and the round
@@ -123,8 +122,8 @@ def expected_tokens_per_round(
     paired ratio's standard error over rows (delta method), "contexts":
     contexts judged, "blocks": draft blocks judged (contexts x samples)}.
   """
-  # A non-model failed inside tracing, another vocabulary after both
-  # prefills, and a bare "token" read as the verifiers "t", "o", ...
+  # Else a non-model would fail inside tracing, another vocabulary after
+  # both prefills, and a bare "token" would read as the verifiers "t", "o", ...
   validation.check_pair(target, draft)
   if isinstance(verifiers, (str, verifiers_lib.Verifier)):
     raise TypeError(f"verifiers must be a sequence of verifiers, e.g. "

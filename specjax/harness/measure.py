@@ -33,9 +33,8 @@ max_positions, batch size):
   cost.
 
 Noise: on a shared or virtualised machine, other work only ever ADDS time
-to a call, and at sub-millisecond passes it adds a lot (on the 2-core box
-the same loop's round took 0.89 ms in one trial and 1.98 ms in the next:
-`benchmarks/loop_ablation.py`). So every time here, and every call time
+to a call, and at sub-millisecond passes it can add as much as the work
+itself, from one trial to the next. So every time here, and every call time
 of the sweep (`specjax.harness.sweep`, `call_repeats`), is the minimum over
 interleaved repeats: an estimate of the cost of the work itself, the same
 estimator on the predicted and the measured side of every ratio.
@@ -138,13 +137,6 @@ def interleaved_times(fns: dict[str, Callable[[], Any]], repeats: int, *,
   return times
 
 
-def median_times(fns: dict[str, Callable[[], Any]], repeats: int
-                 ) -> dict[str, float]:
-  """Median seconds per call of `interleaved_times`."""
-  return {name: statistics.median(t)
-          for name, t in interleaved_times(fns, repeats).items()}
-
-
 def best_times(fns: dict[str, Callable[[], Any]], repeats: int, *,
                outputs: dict | None = None) -> dict[str, float]:
   """Fewest seconds per call of `interleaved_times`: the cost model's
@@ -184,7 +176,7 @@ def forward_loops(model, batch, tokens, cache_len, fill, seconds):
   """Two calls running n and 2n cached forward passes of `tokens` tokens/row.
 
   Their time difference / n is one pass without a call's fixed cost
-  (dispatch, argument copies: ~1 ms, which would swamp a small model's pass).
+  (dispatch, argument copies, which would swamp a small model's pass).
   n is chosen so that n passes take about `seconds`. Each pass starts at
   `fill` committed positions (the lengths are reset after every pass, as a
   rolled-back round does), so all passes cost the same.
@@ -253,9 +245,8 @@ def passes_seconds(model, *, batch_size: int, passes, capacity: int,
   """`pass_seconds` of several passes, `passes` = ((num_tokens, fill), ...),
   timed interleaved: the calls of every pass take turns, so a change in the
   machine's speed during the measurement hits every pass alike. (Timed one
-  after another, the verify widths of `draft_length.measure_goodput` once
-  came out as a 2-token pass costing 2.1 single-token passes: this CPU's
-  speed moves by up to 2x between trials.)"""
+  after another, a change of speed between them would read as a difference
+  in cost, e.g. a 2-token pass priced above two 1-token ones.)"""
   seconds, repeats = check_timing(seconds, repeats)
   passes = tuple(passes)
   if not passes:
@@ -414,7 +405,7 @@ def loop_round_steps(target, draft, shape: LoopShape,
   widths = tuple(_checks.check_int("widths[i]", g, low=1) for g in widths)
   if not widths:
     raise ValueError("widths is empty: name the round widths to time.")
-  # Before any compile (repeats=0 returned [] after two).
+  # Before any compile (else repeats=0 would return [] after two).
   calls = _checks.check_int("calls", calls, low=1)
   repeats = _checks.check_int("repeats", repeats, low=1)
   if rule is not None:
@@ -615,8 +606,8 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
   gamma = _checks.check_int("gamma", gamma, low=1)
   if not isinstance(sampling, sampling_lib.SamplingConfig):
     raise TypeError("sampling must be a specjax.SamplingConfig.")
-  # A pair the loop refuses (another vocabulary, a self-draft of another
-  # target) was priced all the same.
+  # Else a pair the loop refuses (another vocabulary, a self-draft of another
+  # target) would be priced all the same.
   validation.check_pair(target, draft)
   seconds, repeats = check_timing(seconds, repeats)  # before any compile
   spec = LoopShape(batch_size, prompt_len, max_new_tokens, gamma)
@@ -655,7 +646,7 @@ def loop_costs(target, draft, *, batch_size: int, prompt_len: int,
 
 
 def _ratio(num: float, den: float) -> float:
-  """num / den, NaN when den is 0: a pass timed at 0 s (its n and 2n loops
+  """num / den, NaN when den is 0: a pass timed at zero (its n and 2n loops
   equal within noise, e.g. a tiny model on a busy machine) makes a
   prediction unknown, not an error."""
   return num / den if den else math.nan
@@ -930,7 +921,7 @@ def compare(costs: LoopCosts, ar_results, ar_seconds, results,
                                ("spec_seconds", spec_seconds, results)):
     seconds = np.asarray(seconds)
     # One time per result, or several for a single result (its repeats):
-    # a shorter list was broadcast over the results.
+    # else a shorter list would be broadcast over the results.
     if (seconds.ndim != 1 or not seconds.size or seconds.dtype.kind not in "iuf"
         or (len(timed) > 1 and len(seconds) != len(timed))):
       raise ValueError(f"{name} must be one call time per result ({len(timed)}"

@@ -186,8 +186,8 @@ def _config(size: str, overrides: dict[str, Any] | None,
       raise ValueError(f"overrides: {key!r} is not a field of the {size} "
                        "training config.")
     if hasattr(node[leaf], "items"):
-      # {"model": {"d_model": 48}} replaced the whole block, which then
-      # failed for its missing fields.
+      # {"model": {"d_model": 48}} would replace the whole block, which
+      # would then fail for its missing fields.
       raise ValueError(f"overrides: {key!r} is a block of fields; override "
                        f"one field with a dotted key, e.g. "
                        f"{{'{key}.{next(iter(node[leaf]))}': ...}}.")
@@ -219,8 +219,8 @@ def _config(size: str, overrides: dict[str, Any] | None,
         f"the zoo trains on the byte corpus; use {data.BYTE_VOCAB_SIZE}.")
   if kind == "eagle":
     # A model.* override meant for the teacher (overrides serve both when
-    # teacher_overrides is None) reshaped the head too, which train_head
-    # refused only after the teacher had trained.
+    # teacher_overrides is None) would reshape the head too, which train_head
+    # would refuse only after the teacher had trained.
     head = trainer.model_config_from(config)
     want = eagle_models.head_config(
         trainer.model_config_from(teacher_config), mlp_dim=head.mlp_dim)
@@ -303,7 +303,7 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
 
 def _check_teacher_window(name: str, config, teacher: dict) -> None:
   """The teacher scores every training window: a seq_len past its
-  max_positions failed at the first step, after the teacher had trained."""
+  max_positions would fail at the first step, after the teacher trained."""
   positions = teacher["model_config"].get("max_positions")
   if positions is not None and config.seq_len > positions:
     raise ValueError(
@@ -450,7 +450,7 @@ def load(name: str, *, cache_dir: str | None = None,
                    teacher_overrides=teacher_overrides, corpus=corpus)
   directory = _entry_path(cache_dir_, name, recipe_)
   if os.path.exists(directory) and not os.path.isdir(directory):
-    # Found only when the trained entry was moved there, after training.
+    # Else found only when the trained entry is moved there, after training.
     raise ZooError(f"The zoo entry {directory!r} is a file, not an entry. "
                    "Delete it to train the entry there.")
   if not os.path.isdir(directory):
@@ -464,8 +464,8 @@ def load(name: str, *, cache_dir: str | None = None,
     return _read(name, kind, teacher_name, directory, cache_dir_, overrides,
                  teacher_overrides, corpus, verbose)
   except (FileNotFoundError, checkpoint_lib.CheckpointError) as e:
-    # A file of the entry went missing or is damaged: its own error said
-    # to train first, or named checkpoint internals.
+    # A file of the entry went missing or is damaged: its own error would
+    # say to train first, or name checkpoint internals.
     raise ZooError(f"The zoo entry {directory!r} cannot be read "
                    f"({type(e).__name__}: {checkpoint_lib.first_line(e)}). "
                    "Delete the directory to retrain it.") from e
@@ -526,9 +526,8 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
                overrides=(overrides if teacher_overrides is None
                           else teacher_overrides),
                corpus=corpus, verbose=verbose)
-    # Forward KL: trained from scratch, TV's piecewise-linear loss gave the
-    # student too weak a signal in a short run (measured: greedy acceptance
-    # 0.19 after 150 steps against 0.93 for the same draft trained on text).
+    # Forward KL: trained from scratch, TV's piecewise-linear loss gives the
+    # student too weak a signal in a short run.
     loss_fn = distill.distillation_loss("forward_kl")
     what = f"distilling from {teacher_name}"
     extra["teacher"] = teacher_name
@@ -583,7 +582,7 @@ def _build_exit_adapter(name, size, teacher_name, config, recipe_, directory,
                                 corpus, verbose)
   extra.update(teacher=teacher_name, teacher_key=key(recipe_["teacher"]))
   # Teacher and student trunk forward, adapter and head backward: about
-  # the target's own training throughput (measured: 1.0-1.5x).
+  # the target's own training throughput.
   tokens = config.num_steps * config.batch_size * config.seq_len
   minutes = tokens / recipes.TRAIN_TOKENS_PER_S.get(teacher_name, 1000) / 60
   _say(verbose, f"training {name} ({config.num_steps} steps of "
