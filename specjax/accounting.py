@@ -99,7 +99,7 @@ def expected_tokens_per_pass(alpha, gamma):
   with np.errstate(divide="ignore", invalid="ignore"):
     closed = -np.expm1((g + 1) * np.log1p(-d)) / d
   # Rounding may leave the closed form an ulp outside [1, g + 1] (gamma = 0
-  # at a = 0.75 gave 0.9999999999999999), where no round can be.
+  # at a = 0.75 gives 0.9999999999999999), where no round can be.
   return np.where(a == 1, g + 1, np.clip(closed, 1.0, g + 1))
 
 
@@ -126,7 +126,7 @@ def operations_increase(alpha, gamma, c_hat):
   return (g * c_hat + g + 1) / tokens
 
 
-# optimal_gamma scores every gamma up to max_gamma: 10^12 asked for 7 TiB.
+# optimal_gamma scores every gamma up to max_gamma: 10^12 would ask for 7 TiB.
 _MAX_GAMMA_SEARCHED = 10**6
 
 
@@ -177,7 +177,7 @@ def rounds_distribution(alpha, gamma, num_tokens) -> np.ndarray:
     return out
   # band[i] = P(lo + i tokens still to emit after the rounds so far), every
   # lo + i >= 1: only the band where the mass is, not all n + 1 counts each
-  # round (that was O(n^2): 11.5 s at n = 10^5, batch 8).
+  # round (that would be O(n^2) over the n rounds).
   band, lo = np.ones(1), n
   for k in range(1, n + 1):
     # A row with m left emits min(j + 1, m): m - j - 1 left, floor 0. c[t]

@@ -19,12 +19,12 @@ def resolve_cache_dir(override: str | os.PathLike | None = None) -> str:
     raise TypeError(f"cache_dir must be a path (str or os.PathLike) or None, "
                     f"got {type(override).__name__}.")
   if override is not None and not os.fspath(override):
-    # It fell back to the default cache, silently.
+    # Else it would fall back to the default cache, silently.
     raise ValueError("cache_dir must be a non-empty path, or None for "
                      f"${CACHE_ENV} or ~/.cache/specjax.")
   path = override or os.environ.get(CACHE_ENV) or os.path.join(
       "~", ".cache", "specjax")
-  # "~/x" in $SPECJAX_CACHE made a directory named "~" here.
+  # Else "~/x" in $SPECJAX_CACHE would make a directory named "~" here.
   path = os.path.abspath(os.path.expanduser(os.fspath(path)))
   if os.path.exists(path) and not os.path.isdir(path):
     raise NotADirectoryError(

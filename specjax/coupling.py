@@ -5,8 +5,8 @@ vocabulary, and a draft token x ~ q, `coupling_sample` keeps x with
 probability min(1, p(x)/q(x)) and otherwise emits one draw from the residual
 (p - q)+ / sum (p - q)+. The emitted token is distributed exactly as p, and
 x is kept with probability sum_x min(p(x), q(x)) = 1 - TV(p, q), the largest
-any exact rule can achieve (seed 000, "Speculative Decoding Is a Maximal
-Coupling").
+any exact rule can achieve (speculative sampling is a maximal coupling of p
+and q).
 
 All functions are pure `jnp`, batched over any leading axes, and jit-able.
 """

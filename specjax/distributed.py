@@ -175,11 +175,10 @@ def use_compilation_cache(directory: str | None = "auto") -> str | None:
   only those that took a second or more to compile).
 
   Stays off (returns None, with a warning) in a process set up for several
-  CPU devices (`several_cpu_devices`): with jax 0.10.2, the mesh tests'
-  sharded decoding programs, loaded from the cache by a second run,
-  deadlocked in XLA:CPU's collectives (a rendezvous timeout, half the
-  devices at another collective), where the same programs freshly compiled
-  run.
+  CPU devices (`several_cpu_devices`): with jax 0.10.2, sharded decoding
+  programs loaded from the cache can deadlock in XLA:CPU's collectives (a
+  rendezvous timeout, half the devices at another collective), where the
+  same programs freshly compiled run.
 
   Args:
     directory: a directory path; "auto" (the default): $JAX_COMPILATION_CACHE_DIR

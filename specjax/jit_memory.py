@@ -4,31 +4,29 @@ XLA:CPU loads each compiled program's machine code into memory mappings of
 its own, and JAX keeps every program in its caches for the life of the
 process. Linux caps mappings per process (`vm.max_map_count`, by default
 65530); past it LLVM cannot map the next program ("LLVM compilation error:
-Cannot allocate memory") and the process crashes. `python
-benchmarks/jit_mappings.py` measured 1,118 mappings per whole-generation
-program (a three-block Transformer, a draft-length rule) at XLA's defaults
-and 579 at the test suite's -O0, so a process that compiled about 60 of
-them, e.g. a notebook sweeping drafts x gamma x temperature, used to crash
-without a Python error.
+Cannot allocate memory") and the process crashes. A whole-generation
+program takes on the order of a thousand mappings (fewer at -O0), so a
+process that compiles a few dozen of them, e.g. a notebook sweeping drafts
+x gamma x temperature, would crash without a Python error.
 
 This module watches the count after every XLA compile (a JAX monitoring
-listener, so only compiles pay for it: reading /proc/self/maps took 2.4 ms
-at 5,417 mappings, 5.7 ms at 10,652, in that benchmark):
+listener, so only compiles pay for reading /proc/self/maps, whose cost
+grows with the mappings):
 - at half the limit it warns once, naming the cause and the two fixes
   (`jax.clear_caches()` between experiments, or a higher limit);
 - at `RELIEVE_AT` of the limit it marks the caches to be cleared, which the
   next `generate` / `speculative_generate` call, or the next timer, does
   before it compiles anything (`relieve_if_needed`), with a warning:
   programs compiled before compile again when next called, which is slower
-  but not a crash. (One `gamma="auto"` call runs a dozen timers, and
-  compiles 33 programs on `benchmarks/jit_mappings.py --auto`'s models.)
+  but not a crash. (One `gamma="auto"` call runs a dozen timers and
+  compiles dozens of programs.)
 Clearing happens only at the start of those calls, never inside a
 compilation: a clear there leaves the program being compiled to compile a
 second time at its next call. Nor inside a timer: a clear between a timer's
-warm-up and its timed calls would time a compile. `specjax.harness.measure`'s and
-`specjax.harness.sweep`'s timers hold the clearing off (`deferred()`) from their
-first warm-up to their last timed call, and check with `compiles()` that
-no timed call compiled.
+warm-up and its timed calls would time a compile. `specjax.harness.measure`'s
+and `specjax.harness.sweep`'s timers hold the clearing off (`deferred()`)
+from their first warm-up to their last timed call, and check with
+`compiles()` that no timed call compiled.
 
 Without /proc (not Linux) the count is unknown and nothing is watched;
 `compiles()` still counts.

@@ -27,10 +27,10 @@ MIN_TEMPERATURE = 1e-4
 # At this temperature every distribution is uniform over its unmasked tokens
 # in all but name (real logits span tens). Above it, the finite masks of the
 # library (`vocab.MASKED_LOGIT`, -1e30, on padding ids; prompt lookup's
-# -1e9 off its proposal) would stop underflowing to exactly 0: softmax then
-# put mass on padding ids at T >= 1e29, which the loop emitted. Below it
-# |mask| / T >= 1000, and exp(-1000) is 0 in float32. (Near 1e30, XLA's
-# 1 / T was also a flushed denormal, and -inf * 0 NaN.)
+# -1e9 off its proposal) would stop underflowing to exactly 0: softmax would
+# then put mass on padding ids at T >= 1e29, which the loop would emit. Below
+# it |mask| / T >= 1000, and exp(-1000) is 0 in float32. (Near 1e30, XLA's
+# 1 / T is also a flushed denormal, and -inf * 0 NaN.)
 MAX_TEMPERATURE = 1e6
 
 
@@ -200,8 +200,8 @@ def _greedy_token(logits_xV: jax.Array) -> jax.Array:
 # above v only changes at the values). It is found digit by digit on an
 # integer key that orders float32 values as the floats order: for counts,
 # three rounds of an 11/11/10-bit radix histogram (each a scatter-add over V)
-# or 32 rounds of a masked count over V (bisection), whichever is measured
-# faster for the shape (`_default_method`); for masses, bisection with an
+# or 32 rounds of a masked count over V (bisection), whichever is faster
+# for the backend and shape (`_default_method`); for masses, bisection with an
 # early stop (`_bisect_masses`). Each is O(V) per row and exact for counts;
 # masses are float32 sums, so only a boundary within summation rounding of
 # top_p can come out differently from a sorted cumulative sum.
@@ -212,7 +212,7 @@ _MIN_RADIX_VOCAB = 2**12
 _RADIX_CHUNK_ENTRIES = 2**18
 _BISECT_CHUNK_ENTRIES = 2**20
 # lax.top_k (a partial sort on CPU, O(V log k)) beats the radix select for
-# small k; above this it loses (measured by benchmarks/sampling.py).
+# small k; above this it loses.
 _TOP_K_PARTIAL_SORT_MAX = 64
 
 
@@ -238,8 +238,8 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
   positive, so t exists (the largest key has nothing above it). float32
   masses are their own keys: `key_xV` is their bit pattern. `method` is
   "radix" (scatter-add histograms; counts only) or "bisect" (at most 32
-  masked sums, no scatter); None picks the one measured faster for the
-  backend and shape (`_default_method`).
+  masked sums, no scatter); None picks the faster for the backend and
+  shape (`_default_method`).
   """
   vocab = key_xV.shape[-1]
   batch = key_xV.shape[:-1]
@@ -261,11 +261,10 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
     raise ValueError(f"method must be 'radix' or 'bisect', got {method!r}.")
   # Both methods pass over the rows many times: at a large vocabulary, rows
   # go in chunks, one chunk after another, so that a chunk stays in cache
-  # across its passes. The radix's scatters over [40, 50257] at once were
-  # measured 4x slower than in 8 chunks of 5 rows (2**18 entries); the
-  # bisection's passes, which reduce several rows in parallel, were fastest
-  # at 2**20 entries ([5, 152064] top-p: 3.9 ms, 5.6 ms in rows of one).
-  # Small rows (the toy models) stay in one batch.
+  # across its passes. The radix's scatters take smaller chunks than the
+  # bisection's passes, which reduce several rows in parallel and so gain
+  # from larger ones (rather than from rows one at a time). Small rows (the
+  # toy models) stay in one batch.
   chunk = max(1, (_RADIX_CHUNK_ENTRIES if method == "radix"
                   else _BISECT_CHUNK_ENTRIES) // vocab)
   if rows <= chunk or vocab < _MIN_RADIX_VOCAB:
@@ -280,16 +279,15 @@ def _min_key_with_weight_above_below(key_xV, weight_xV, limit, method=None):
 
 
 def _default_method(vocab, weight_dtype):
-  """The select method for rows of `vocab` weights (measured with
-  benchmarks/sampling.py on a 2-core CPU)."""
+  """The select method for rows of `vocab` weights: the faster on this
+  backend for counts or masses at that vocabulary."""
   if (jax.default_backend() == "cpu" and vocab >= _MIN_RADIX_VOCAB
       and not jnp.issubdtype(weight_dtype, jnp.floating)):
     # Counts (top-k with k > 64) at a large vocabulary: histograms by
     # scatter-add beat 32 masked passes on CPU.
     return "radix"
-  # Masses (top-p) always bisect: with its early stop the threshold alone
-  # on [5, 50257] costs 1.3 ms, where a radix select with exact integer
-  # bucket masses cost 3.0 ms ([5, 152064]: 4.5 vs 6.1 ms). For a small
+  # Masses (top-p) always bisect: with its early stop it beats a radix
+  # select with exact integer bucket masses. For a small
   # vocabulary (the toy models, millions of rows in the exactness tests) a
   # histogram row of 2**11 buckets is far more memory and work than the
   # passes. Off CPU, scatters are not worth it either.
@@ -317,8 +315,9 @@ def _bisect_select(key_RxV, weight_RxV, limit):
 
 
 # Masses bisect this many times before the first check for a bracket that
-# holds one distinct value, then check after every _SNAP_EVERY more
-# (measured best of 10-16 / 2-4 on [1-5, 50257]).
+# holds one distinct value, then check after every _SNAP_EVERY more (each
+# check is a pass: checking early or often wastes passes, late wastes
+# halvings).
 _SNAP_AFTER = 12
 _SNAP_EVERY = 2
 
@@ -334,16 +333,13 @@ def _bisect_masses(probs_RxV, limit):
     is done: the answer is one of the row's keys (the mass above t only
     changes at them), so it is v. That ends a row after about log2(V)
     halvings instead of the ~28 that narrow the bracket to one key.
-  On [5, 50257] (top_p = 0.9 on logits of std 3) the threshold costs 1.0
-  ms against 1.3 ms without the snap.
   """
   vocab = probs_RxV.shape[-1]
 
   def as_float(key_R):
     return jax.lax.bitcast_convert_type(key_R, jnp.float32)[:, None]
 
-  # A float max is a fast library reduction where a uint32 max is not
-  # (measured 3x).
+  # A float max is a fast library reduction where a uint32 max is not.
   hi_R = jax.lax.bitcast_convert_type(jnp.max(probs_RxV, axis=-1),
                                       jnp.uint32)
   # The mass above x is at least total - V * x (at most V entries lie at or
@@ -428,7 +424,7 @@ def _kth_largest(x_xV, k, method=None):
     method = "top_k"
   if method == "top_k":
     # min, not [..., -1]: XLA CPU rewrites a slice of top_k's values into a
-    # full sort (measured 80x slower), but keeps its fast TopK for a reduce.
+    # full sort (far slower), but keeps its fast TopK for a reduce.
     # The min runs on ordered keys: a float min flushes a denormal to 0.
     return _key_to_float(jnp.min(_ordered_key(jax.lax.top_k(x_xV, k)[0]),
                                  axis=-1))
@@ -637,7 +633,7 @@ def check_law_values(name: str, x: np.ndarray, *, normalised: bool,
                      "zeros.")
   elif total.min() < np.finfo(np.float32).tiny:
     # XLA on CPU flushes float32 denormals to 0: the CDF of such a row is
-    # all zeros, and every draw was token 0.
+    # all zeros, and every draw would be token 0.
     raise ValueError(f"a row of {name} has total mass {total.min():g}, below "
                      "float32's smallest normal number "
                      f"({np.finfo(np.float32).tiny:g}): rescale the rows "

@@ -598,8 +598,9 @@ COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all",
 _COLLECTIVE_RE = re.compile(r"=\s*(.+?)\s+(" + "|".join(COLLECTIVES) +
                             r")(-start)?\(")
 # HLO element types: pred, bf16, s4..s64, u4..u64, f16..f64, the fp8 kinds
-# (f8e4m3fn, f8e5m2, ...) and c64 / c128. fp8 and complex shapes were not
-# parsed (0 bytes), and an unknown type was priced at 4 bytes (s4 at 4x).
+# (f8e4m3fn, f8e5m2, ...) and c64 / c128, each priced at its own width: a
+# shape the pattern missed would count 0 bytes, and a guessed width would
+# misprice it (s4 is half a byte).
 _SHAPE_RE = re.compile(
     r"\b(pred|bf16|[suf]\d+(?:e\d+m\d+[a-z]*)?|c\d+)\[([\d,]*)\]")
 
