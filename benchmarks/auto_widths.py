@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
-from specjax.harness import sweep  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from configs import reproduce  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 
@@ -54,8 +54,8 @@ def main():
   name = sys.argv[2] if len(sys.argv) > 2 else "distilled-draft-0.1m@target-3m"
   calls = int(sys.argv[3]) if len(sys.argv) > 3 else 16
   samples = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-  target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
-                                       data.stdlib_corpus())
+  target, (draft,) = drafts_lib.load_models(reproduce.quick_draft(name),
+                                            corpus=data.stdlib_corpus())
   auto = priced_rule(path, name)
   variants = {
       "auto": auto,

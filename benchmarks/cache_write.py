@@ -35,8 +35,9 @@ from absl import flags  # noqa: E402
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.decode import loop  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from specjax.models import cache as cache_lib  # noqa: E402
-from experiments import adaptive_gamma  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 SCATTER = cache_lib.KVCache.write
 
@@ -96,8 +97,9 @@ def main(argv):
   new = int(argv[2]) if len(argv) > 2 else 128
   cycles = int(argv[3]) if len(argv) > 3 else 30
   flags.FLAGS(argv[:1])  # the experiment's loaders read its flags
-  target, _ = adaptive_gamma.load_target("quick")
-  draft = adaptive_gamma.make_draft(name, target)
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
+  draft = drafts_lib.make_draft(name, target,
+                                config=reproduce.get_config("quick")).model
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, 1, 64, seed=0)
   lengths = np.full((1,), 64, np.int32)

@@ -48,14 +48,17 @@ predicted speedups and the batch at which speculation stops paying
 (`accounting.crossover_batch`), written to `--results_dir` as
 batch_scaling.json and fig_batch_scaling.{png,pdf}.
 
-Drafts (`--draft`), until trained drafts exist:
-  truncated:N   the target's embeddings, first N blocks, final norm and head
-                (truncated:0 of byte-85m is a 0.99M-parameter draft);
-  perturbed:S   the whole target with Gaussian noise of S times each weight
-                array's RMS added (alpha near 1, but c near 1);
-  small:D,L     an independent random model of the target's flavour with width
-                D and L layers;
-  PRESET        an independent random model from `TransformerConfig.PRESETS`.
+Drafts (`--draft`, a spec of the draft registry, `specjax.harness.drafts`),
+for an untrained target:
+  truncated:N      the target's embeddings, first N blocks, final norm and
+                   head (truncated:0 of byte-85m is a 0.99M-parameter draft);
+  perturbed:S      the whole target with Gaussian noise of S times each
+                   weight array's RMS added (alpha near 1, but c near 1);
+  random:D,L       an independent random model of the target's flavour with
+                   width D and L layers;
+  random:PRESET    an independent random model from `TransformerConfig`'s
+                   presets;
+  self:N, skip:I,J, prompt_lookup, ...: the registry's other kinds.
 The table names the draft used. An untrained GPT-2 target (tied embeddings)
 is near-uniform at temperature 1, but its argmax mostly repeats the current
 token, as does any shallow draft's: greedy, truncated:0 of byte-85m agrees
@@ -66,7 +69,6 @@ its logits) to make it peakier or flatter.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
@@ -78,7 +80,6 @@ from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 # benchmarks/sharded.py, beside this file: importable whether this runs as
 # `python benchmarks/decode.py` or as `python -m benchmarks.decode`.
@@ -87,16 +88,17 @@ import sharded  # pylint: disable=g-import-not-at-top,wrong-import-position
 import specjax as sj
 from specjax import distributed
 from specjax import stats
+from specjax.harness import drafts
 from specjax.harness import figures
 from specjax.harness import measure
-from specjax.models import transformer as transformer_lib
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
 
 _TARGET = flags.DEFINE_string("target", "byte-85m", "Target preset name.")
 _DRAFT = flags.DEFINE_string(
     "draft", "truncated:0",
-    "'truncated:N', 'perturbed:S', 'small:D,L' or a preset name.")
+    "A draft spec (specjax.harness.drafts): 'truncated:N', 'perturbed:S', "
+    "'random:D,L', 'random:<preset>', 'self:N', ...")
 _BATCH = flags.DEFINE_integer("batch", 1, "Rows decoded together.",
                               lower_bound=1)
 _GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.",
@@ -135,67 +137,6 @@ _VOCAB = flags.DEFINE_integer(
     "so that it divides a `model` axis).")
 distributed.define_flags(mesh=False)
 distributed.define_dtype_flags(default="float32")
-
-
-# ----------------------------------------------------------------- models --
-
-
-def _truncated(target: TransformerLM, num_layers: int) -> TransformerLM:
-  """The target's bottom `num_layers` blocks with its embeddings and head."""
-  if not 0 <= num_layers <= target.config.num_layers:
-    raise ValueError(f"truncated:{num_layers} needs 0 <= N <= "
-                     f"{target.config.num_layers}.")
-  # TransformerConfig requires >= 1 layer: build with max(N, 1) blocks, keep
-  # N, and for N = 0 set the field afterwards (a KV cache of zero layers).
-  config = dataclasses.replace(target.config, num_layers=max(num_layers, 1))
-  module = transformer_lib.Transformer(config, nnx.Rngs(0))
-  source = target.module()
-  for name in ("embed", "pos_embed", "final_norm", "lm_head"):
-    if hasattr(source, name):
-      setattr(module, name, getattr(source, name))
-  module.blocks = nnx.List([source.blocks[i] for i in range(num_layers)])
-  if num_layers == 0:
-    object.__setattr__(config, "num_layers", 0)
-  return TransformerLM.from_module(module)
-
-
-def _perturbed(target: TransformerLM, scale: float, seed: int) -> TransformerLM:
-  leaves, treedef = jax.tree.flatten(target.state)
-  keys = jax.random.split(jax.random.key(seed), len(leaves))
-  noisy = [x + scale * jnp.sqrt(jnp.mean(x * x)) * jax.random.normal(k, x.shape)
-           for x, k in zip(leaves, keys)]
-  return target.replace(state=jax.tree.unflatten(treedef, noisy))
-
-
-def make_draft(spec: str, target: TransformerLM, seed: int
-               ) -> tuple[TransformerLM, str]:
-  """A draft from `--draft` and a one-line description of it."""
-  kind, _, arg = spec.partition(":")
-  if kind == "truncated":
-    draft = _truncated(target, int(arg))
-    what = (f"target truncated to its first {arg} of "
-            f"{target.config.num_layers} blocks (shared embeddings and head)")
-  elif kind == "perturbed":
-    scale = float(arg or 0.1)
-    draft = _perturbed(target, scale, seed + 1)
-    what = f"target + Gaussian noise of {scale} x each array's RMS"
-  elif kind == "small":
-    d, layers = (int(x) for x in arg.split(","))
-    draft = TransformerLM.create(dataclasses.replace(
-        target.config, d_model=d, num_layers=layers,
-        num_heads=max(1, d // 64), num_kv_heads=None, head_dim=None,
-        mlp_dim=None), seed + 1)
-    what = f"independent random model, d_model {d}, {layers} layers"
-  elif spec in transformer_lib.PRESETS:
-    # The target's vocabulary and dtypes, the preset's trunk.
-    c = target.config
-    draft = TransformerLM.create(TransformerConfig.preset(
-        spec, vocab_size=c.vocab_size, dtype=c.dtype,
-        param_dtype=c.param_dtype), seed + 1)
-    what = f"independent random '{spec}'"
-  else:
-    raise app.UsageError(f"Unknown --draft {spec!r}.")
-  return draft, f"{spec}: {what}, {draft.param_count() / 1e6:.2f}M params"
 
 
 # ----------------------------------------------------------------- timing --
@@ -237,8 +178,9 @@ def _models():
     norm_scale = module.final_norm.scale
     norm_scale.set_value(norm_scale.get_value() * scale)
     target = TransformerLM.from_module(module)
-  draft, draft_desc = make_draft(_DRAFT.value, target, _SEED.value)
-  return target, draft, draft_desc
+  draft = drafts.make_draft(_DRAFT.value, target, seed=_SEED.value)
+  return target, draft.model, (f"{draft.description}, "
+                               f"{draft.params / 1e6:.2f}M params")
 
 
 def measure_batch(target, draft, batch: int, sampling, *, memo: dict,

@@ -87,9 +87,9 @@ from specjax import data  # noqa: E402
 from specjax.models import eagle  # noqa: E402
 from specjax.models import transformer  # noqa: E402
 from specjax.train import distill  # noqa: E402
+from specjax.train import eagle as eagle_train  # noqa: E402
 from specjax.train import losses  # noqa: E402
 from specjax.train import recipes  # noqa: E402
-from specjax.train import eagle as eagle_train  # noqa: E402
 from specjax.train import trainer  # noqa: E402
 from configs import reproduce  # noqa: E402
 from experiments import eagle as eagle_experiment  # noqa: E402

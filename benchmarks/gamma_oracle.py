@@ -72,9 +72,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from absl import flags  # noqa: E402
 import specjax as sj  # noqa: E402
 from specjax import sampling as sampling_lib  # noqa: E402
-from specjax.decode import draft_length  # noqa: E402
 from specjax.decode import steps  # noqa: E402
+from specjax.harness import autotune  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 NEW = 128
 PROMPT = 64
@@ -102,7 +104,7 @@ PRICED = {
     ("self:1", 1): (1.67, 1.99, 2.89, 4.97),
     ("self:1", 8): (1.77, 2.33, 3.44, 5.28),
 }
-DOUBLING = draft_length.doubling_widths(GAMMA_MAX)  # what gamma="auto" plans
+DOUBLING = autotune.doubling_widths(GAMMA_MAX)  # what gamma="auto" plans
 
 
 def round_costs(at_1248):
@@ -237,7 +239,7 @@ def main():
   if args.batch < 1 or args.calls % args.batch:
     parser.error("--batch must divide CALLS")
   flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
-  target, _ = adaptive_gamma.load_target("quick")
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
   policies = ([(f"fixed {w}", ("fixed", w), {}) for w in range(1, 9)]
               + [("oracle", ("oracle",), {}), ("mean", ("mean",), {})]
               + [(f"ema {h}", ("ema", h), {}) for h in (4, 16, 64)]
@@ -251,7 +253,8 @@ def main():
              else MEASURED[name, args.batch])
     priced = costs if args.costs else PRICED[name, args.batch]
     costs_W = round_costs(costs)
-    draft = adaptive_gamma.make_draft(name, target)
+    draft = drafts_lib.make_draft(name, target,
+                                  config=reproduce.get_config("quick")).model
     if isinstance(draft, sj.SelfDraft):  # the same laws, on a cache of its own
       draft = draft.replace(share_cache=False)
     a_NxT, prompt_NxK = acceptances(target, draft, args.calls)

@@ -31,8 +31,9 @@ import numpy as np  # noqa: E402
 
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
-from specjax.decode import draft_length  # noqa: E402
-from specjax.harness import measure, sweep  # noqa: E402
+from specjax.harness import autotune  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
+from specjax.harness import measure  # noqa: E402
 from configs import reproduce  # noqa: E402
 
 
@@ -43,8 +44,8 @@ def main():
   seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 0.05
   repeats = int(sys.argv[5]) if len(sys.argv) > 5 else 3
   pricings = (False,) if sys.argv[6:] == ["alone"] else (False, True)
-  target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
-                                     data.stdlib_corpus())
+  target, (draft,) = drafts_lib.load_models(reproduce.quick_draft(name),
+                                          corpus=data.stdlib_corpus())
   if sys.argv[6:] == ["text"]:
     heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
     shape = measure.LoopShape(batch, 64, 128, 8)
@@ -64,8 +65,8 @@ def main():
         f"{repeats})")
   for i in range(times):
     for calibrate in pricings:
-      draft_length._MEASURED.clear()  # pylint: disable=protected-access
-      rule = sj.measure_goodput(target, draft.model, batch_size=batch,
+      autotune._MEASURED.clear()  # pylint: disable=protected-access
+      rule = autotune.measure_goodput(target, draft.model, batch_size=batch,
                                 gamma_max=8, prompt_len=64, max_new_tokens=128,
                                 calibrate=calibrate, seconds=seconds,
                                 repeats=repeats)

@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.decode import loop  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from specjax.harness import measure  # noqa: E402
 from specjax.harness import sweep  # noqa: E402
 from configs import reproduce  # noqa: E402
@@ -84,7 +85,7 @@ def main(argv):
   if not config.drafts:
     raise app.UsageError(f"--draft={_DRAFT.value!r} is not a draft of the "
                          "quick config.")
-  target, (draft,) = sweep.load_models(config, data.stdlib_corpus())
+  target, (draft,) = drafts_lib.load_models(config, corpus=data.stdlib_corpus())
   sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
   plen = _PROMPT_LEN.value
   prompts = np.random.default_rng(0).integers(

@@ -26,20 +26,22 @@ from absl import flags  # noqa: E402
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.harness import distortion  # noqa: E402
-from experiments import adaptive_gamma  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 
 def main():
   drafts = (sys.argv[1] if len(sys.argv) > 1
             else "bigram,distilled-draft-0.1m@target-3m").split(",")
   flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
-  target, _ = adaptive_gamma.load_target("quick")
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   windows_NxT = jnp.asarray(data.prompts(heldout, 16, 192, 1))
   sampling = sj.SamplingConfig(temperature=1.0)
   p_NxTxV = distortion._laws(target, windows_NxT, sampling)
   for name in drafts:
-    draft = adaptive_gamma.make_draft(name, target)
+    draft = drafts_lib.make_draft(name, target,
+                                  config=reproduce.get_config("quick")).model
     q_NxTxV = distortion._laws(draft, windows_NxT, sampling)
     o = np.asarray(jnp.minimum(p_NxTxV, q_NxTxV).sum(-1)[:, 8:]).ravel()
     alpha = o.mean()

@@ -36,16 +36,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specjax as sj  # noqa: E402
 from specjax import jit_memory  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
+from specjax.harness import autotune  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from specjax.harness import measure  # noqa: E402
-from experiments import adaptive_gamma  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 
 def main(argv):
   name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
   batch = int(argv[2]) if len(argv) > 2 else 1
   trials = int(argv[3]) if len(argv) > 3 else 5
-  target, _ = adaptive_gamma.load_target("quick")
-  draft = adaptive_gamma.make_draft(name, target)
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
+  draft = drafts_lib.make_draft(name, target,
+                                config=reproduce.get_config("quick")).model
   shape = measure.LoopShape(batch, 64, 128, 8)
   sampling = sj.SamplingConfig(temperature=1.0)
   widths = tuple(range(1, 9))
@@ -53,7 +56,7 @@ def main(argv):
   # `pinned`'s).
   rule = draft_length.Goodput(
       c=0.1, r=(1.0,) * 8, probe=1.0,
-      hysteresis=draft_length.BATCHED_HYSTERESIS if batch > 1 else 0.0,
+      hysteresis=autotune.BATCHED_HYSTERESIS if batch > 1 else 0.0,
       probe_every=1 if getattr(draft, "reads_target_features", False) else 8)
   ways = {"fixed": None, "pinned": rule}
   prompts = np.random.default_rng(1).integers(

@@ -40,7 +40,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.decode import draft_length, loop  # noqa: E402
-from specjax.harness import measure, sweep  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
+from specjax.harness import measure  # noqa: E402
 from configs import reproduce  # noqa: E402
 
 
@@ -84,8 +85,8 @@ def main():
   temperature = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
   batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   trials = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-  target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
-                                     data.stdlib_corpus())
+  target, (draft,) = drafts_lib.load_models(reproduce.quick_draft(name),
+                                          corpus=data.stdlib_corpus())
   sampling = sj.SamplingConfig(temperature=temperature)
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, batch, 64, seed=0)

@@ -38,7 +38,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
-from experiments import adaptive_gamma  # noqa: E402
+from specjax.harness import autotune  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 
 def main(argv):
@@ -46,15 +48,16 @@ def main(argv):
   new = int(argv[2]) if len(argv) > 2 else 1
   cycles = int(argv[3]) if len(argv) > 3 else 200
   batch = int(argv[4]) if len(argv) > 4 else 1
-  target, _ = adaptive_gamma.load_target("quick")
-  draft = adaptive_gamma.make_draft(name, target)
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
+  draft = drafts_lib.make_draft(name, target,
+                                config=reproduce.get_config("quick")).model
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, batch, 64, seed=0)
   lengths = np.full((batch,), 64, np.int32)
   sampling = sj.SamplingConfig(temperature=1.0)
   gammas = {}
   rows = {}  # a planned loop's label -> its fixed loop's
-  auto = draft_length.doubling_widths(8)  # gamma="auto"'s widths
+  auto = autotune.doubling_widths(8)  # gamma="auto"'s widths
   for g, widths, prior, probe in (
       (2, None, 0.0, None), (4, None, 0.0, None), (8, None, 0.0, None),
       (8, auto, 0.0, None), (8, (8,), 0.0, None), (8, None, 8.0, None),

@@ -28,7 +28,9 @@ from absl import flags  # noqa: E402
 import specjax as sj  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
 from specjax.decode import loop  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 
 def main():
@@ -37,12 +39,13 @@ def main():
   calls = int(sys.argv[2]) if len(sys.argv) > 2 else 16
   samples = int(sys.argv[3]) if len(sys.argv) > 3 else 3
   flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
-  target, _ = adaptive_gamma.load_target("quick")
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
   prompts_NxP = adaptive_gamma.held_out_calls(calls, 1, 64)[1:, 0]
   lengths_N = jnp.full((calls,), 64, jnp.int32)
   one = np.full((1,), 64, np.int32)
   for name in drafts:
-    draft = adaptive_gamma.make_draft(name, target)
+    draft = drafts_lib.make_draft(name, target,
+                                  config=reproduce.get_config("quick")).model
     for temperature in (1.0, 0.0):
       sampling = sj.SamplingConfig(temperature=temperature)
       tokens_NxP = jnp.asarray(prompts_NxP)

@@ -26,13 +26,15 @@ import numpy as np  # noqa: E402
 
 import specjax as sj  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
-from experiments import adaptive_gamma  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 
 def main(argv):
   draft_name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
-  target, _ = adaptive_gamma.load_target("quick")
-  draft = adaptive_gamma.make_draft(draft_name, target)
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
+  draft = drafts_lib.make_draft(draft_name, target,
+                                config=reproduce.get_config("quick")).model
   prompts = np.random.default_rng(0).integers(0, 256, (1, 64)).astype(np.int32)
   lengths = np.array([64], np.int32)
   rule = draft_length.Goodput(c=0.1, r=tuple(1.0 + 0.1 * g for g in range(8)),

@@ -47,8 +47,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax import stats as stats_lib  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from specjax.harness import measure  # noqa: E402
-from specjax.harness import zoo  # noqa: E402
 from specjax.models import TransformerConfig  # noqa: E402
 from specjax.models import TransformerLM  # noqa: E402
 
@@ -83,17 +83,6 @@ def _quick_config():
   return reproduce.get_config("quick")
 
 
-def load_quick() -> TransformerLM:
-  config = _quick_config()
-  return zoo.load(config.target, overrides=dict(config.target_overrides))
-
-
-def load_adapter(k: int) -> sj.ExitAdapter:
-  config = _quick_config()
-  return zoo.load(f"exit-adapter-{k}@{config.target}",
-                  teacher_overrides=dict(config.target_overrides))
-
-
 def _min_times(fns, repeats):
   """Fastest of `repeats` interleaved calls each, after a warm-up call.
 
@@ -126,8 +115,10 @@ def _ks(spec: list[str], num_layers: int) -> list[int]:
   return ks
 
 
-def run_target(target: TransformerLM, what: str, drafts, prompts_NxBxP):
-  """Prints one row per (k, adapter) draft of `drafts`."""
+def run_target(target: TransformerLM, what: str, specs, prompts_NxBxP,
+               config=None):
+  """Prints one row per draft spec ("self:k" or "self:k+adapter"; `config`
+  names the zoo target whose adapters these are)."""
   n, b, width = prompts_NxBxP.shape
   lengths = np.full((b,), width, np.int32)
   sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
@@ -151,8 +142,9 @@ def run_target(target: TransformerLM, what: str, drafts, prompts_NxBxP):
         "new tokens; every draft shares the target's cache")
   print(f"{'k':>3} {'adapter':>7} {'alpha':>6} {'95% interval':>15} "
         f"{'c':>6} {'predicted':>9} {'speedup':>8} {'cache saved MiB':>15}")
-  for k, adapter in drafts:
-    draft = sj.SelfDraft(target, layers=k, share_cache=True, adapter=adapter)
+  for spec in specs:
+    draft = drafts_lib.make_draft(spec, target, config=config).model
+    k, adapter = len(draft.layers), draft.adapter
     costs = measure.loop_costs(target, draft, batch_size=b, prompt_len=width,
                                max_new_tokens=new, gamma=gamma,
                                sampling=sampling, seconds=0.05, repeats=3,
@@ -179,19 +171,20 @@ def main(argv):
   n, b, width = _PROMPTS.value, _BATCH.value, _PROMPT_LEN.value
   prompts = data.prompts(heldout, n * b, width, 0).reshape(n, b, width)
   if _QUICK.value:
-    target = load_quick()
+    config = _quick_config()
+    target = drafts_lib.load_target(config)
     ks = _ks(_QUICK_KS.value, target.config.num_layers)
-    drafts = [(k, None) for k in ks]
+    specs = [f"self:{k}" for k in ks]
     if _ADAPTERS.value:
-      drafts += [(k, load_adapter(k)) for k in ks if k >= 1]
-    run_target(target, f"quick job's trained {_quick_config().target}",
-               drafts, prompts)
+      specs += [f"self:{k}+adapter" for k in ks if k >= 1]
+    run_target(target, f"quick job's trained {config.target}", specs,
+               prompts, config)
   if _RANDOM.value:
     target = TransformerLM.create(TransformerConfig.preset(_RANDOM.value), 0)
     ks = _ks(_RANDOM_KS.value, target.config.num_layers)
     run_target(target, f"{_RANDOM.value} with RANDOM weights (untrained): "
                "its alpha says nothing about a trained model",
-               [(k, None) for k in ks], prompts)
+               [f"self:{k}" for k in ks], prompts)
   print(f"\n({time.time() - start:.0f} s; "
         f"{time.strftime('%H:%M UTC', time.gmtime())}; timings from a box "
         "shared with other jobs are noise)")

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import specjax as sj  # noqa: E402
 from specjax import data  # noqa: E402
 from specjax.decode import draft_length  # noqa: E402
-from specjax.harness import sweep  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from configs import reproduce  # noqa: E402
 
 SCHEDULES = ("same order", "ABBA", "shuffled")
@@ -64,8 +64,8 @@ def main():
   batch = int(sys.argv[3]) if len(sys.argv) > 3 else 1
   cycles = int(sys.argv[4]) if len(sys.argv) > 4 else 80
   new = int(sys.argv[5]) if len(sys.argv) > 5 else 128
-  target, (draft,) = sweep.load_models(reproduce.quick_draft(name),
-                                     data.stdlib_corpus())
+  target, (draft,) = drafts_lib.load_models(reproduce.quick_draft(name),
+                                          corpus=data.stdlib_corpus())
   heldout = data.stdlib_corpus().tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, batch, 64, seed=0)
   lengths = np.full((batch,), 64, np.int32)

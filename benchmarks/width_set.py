@@ -35,8 +35,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import specjax as sj  # noqa: E402
 from specjax import jit_memory  # noqa: E402
-from specjax.decode import draft_length  # noqa: E402
+from specjax.harness import autotune  # noqa: E402
+from specjax.harness import drafts as drafts_lib  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
+from configs import reproduce  # noqa: E402
 
 _WIDTHS = {"every width": None, "1,2,4,8": (1, 2, 4, 8)}
 
@@ -45,8 +47,9 @@ def main(argv):
   name = argv[1] if len(argv) > 1 else "distilled-draft-0.1m@target-3m"
   batch = int(argv[2]) if len(argv) > 2 else 1
   cycles = int(argv[3]) if len(argv) > 3 else 40
-  target, _ = adaptive_gamma.load_target("quick")
-  draft = adaptive_gamma.make_draft(name, target)
+  target = drafts_lib.load_target(reproduce.get_config("quick"))
+  draft = drafts_lib.make_draft(name, target,
+                                config=reproduce.get_config("quick")).model
   sampling = sj.SamplingConfig(temperature=1.0)
   calls = adaptive_gamma.held_out_calls(cycles, batch, 64)
   lengths = np.full((batch,), 64, np.int32)
@@ -61,10 +64,10 @@ def main(argv):
   rules = {}
   for label in ("every width", "1,2,4,8", "1,2,4,8", "every width"):
     jax.clear_caches()
-    draft_length._MEASURED.clear()  # pylint: disable=protected-access
+    autotune._MEASURED.clear()  # pylint: disable=protected-access
     compiles, seconds = jit_memory.compiles(), jit_memory.compile_seconds()
     start = time.perf_counter()
-    rules[label] = draft_length.measure_goodput(
+    rules[label] = autotune.measure_goodput(
         target, draft, batch_size=batch, prompt_len=64, max_new_tokens=128,
         sampling=sampling, widths=_WIDTHS[label])
     measured = time.perf_counter() - start

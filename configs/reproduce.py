@@ -197,7 +197,7 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
 def quick_draft(name: str) -> config_dict.ConfigDict:
   """The quick preset with `drafts` narrowed to the one named `name`, from
   the quick drafts or the adaptive preset's (which add self:1 and self:2 on
-  the same target): what the benchmarks load with `sweep.load_models`."""
+  the same target): what the benchmarks load with `drafts.load_models`."""
   config = get_config("quick")
   drafts = [d for d in config.drafts + get_config("adaptive").drafts
             if d.name == name][:1]

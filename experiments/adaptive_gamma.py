@@ -65,9 +65,9 @@ import specjax as sj
 from specjax import data
 from specjax import distributed
 from specjax import sharding
-from specjax.decode import draft_length
+from specjax.harness import autotune
+from specjax.harness import drafts
 from specjax.harness import measure
-from specjax.harness import zoo
 from specjax.models import transformer
 from specjax.train import recipes
 from experiments import flag_checks
@@ -141,8 +141,7 @@ def load_target(name):
   target for 'quick' (the benchmarks on the quick models load it here)."""
   if name == "quick":
     config = _quick()
-    model = zoo.load(config.target, overrides=dict(config.target_overrides))
-    return model, f"quick job's trained {config.target}"
+    return drafts.load_target(config), f"quick job's trained {config.target}"
   model = sj.TransformerLM.create(sj.TransformerConfig.preset(name), 0)
   return model, f"{name} with RANDOM weights (untrained)"
 
@@ -155,37 +154,13 @@ def _check_drafts(names):
   else:
     layers = sj.TransformerConfig.preset(_TARGET.value).num_layers
   for name in names:
-    if name.startswith("self:"):
-      k, _, extra = name[5:].partition("+")
-      if not k.isdecimal() or not 1 <= int(k) <= layers:
-        raise app.UsageError(f"--drafts {name!r}: self:K needs 1 <= K <= "
-                         f"{layers} (the target's blocks).")
-      if extra and (extra != "adapter" or _TARGET.value != "quick"):
-        raise app.UsageError(f"--drafts {name!r}: only self:K+adapter, and only "
-                         "with --target=quick (the zoo trains its adapters).")
-    elif name not in zoo.names() + ["tiny"]:
-      raise app.UsageError(f"--drafts {name!r} is neither self:K nor a zoo name "
-                       f"({', '.join(zoo.names())}).")
-
-
-def make_draft(name, target):
-  """The draft `--drafts` names (module doc), for `target`."""
-  if name.startswith("self:"):
-    k, _, extra = name[5:].partition("+")
-    adapter = None
-    if extra:  # "adapter" (_check_drafts)
-      config = _quick()
-      adapter = zoo.load(f"exit-adapter-{k}@{config.target}",
-                         teacher_overrides=dict(config.target_overrides))
-    return sj.SelfDraft(target, layers=int(k), share_cache=True,
-                        adapter=adapter)
-  # A quick-job draft with that job's recipe (its cached model, never a
-  # retrain under the default recipe); any other zoo name as named.
-  recipe = {d.name: d for d in _quick().drafts}.get(name)
-  if recipe is None:
-    return zoo.load(name)
-  return zoo.load(name, overrides=dict(recipe.overrides),
-                  teacher_overrides=dict(recipe.teacher_overrides) or None)
+    try:
+      drafts.check_spec(name, num_layers=layers)
+    except (TypeError, ValueError) as e:
+      raise app.UsageError(f"--drafts {name!r}: {e}") from None
+    if name.endswith("+adapter") and _TARGET.value != "quick":
+      raise app.UsageError(f"--drafts {name!r}: an exit adapter is the zoo's, "
+                           "trained for the quick target: --target=quick.")
 
 
 def _parse_prior(text):
@@ -220,8 +195,8 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
   keys = [jax.random.key(i) for i in range(len(prompts_NxBxP))]
   def measured(**kw):
     # gamma="auto"'s widths unless told otherwise.
-    kw.setdefault("widths", draft_length.doubling_widths(max(gammas)))
-    return sj.measure_goodput(
+    kw.setdefault("widths", autotune.doubling_widths(max(gammas)))
+    return autotune.measure_goodput(
         target, draft, batch_size=batch, gamma_max=max(gammas),
         prompt_len=width, max_new_tokens=max_new, sampling=sampling, **kw)
   # What gamma="auto" runs: its widths priced by the loop's own rounds.
@@ -317,51 +292,26 @@ def run_cell(target, draft, prompts_NxBxP, pilot_BxP, sampling, gammas,
         "steps_per_round": tokens_per_round / speedup_N[n],
     }
   fixed = [names.index(f"gamma={g}") for g in gammas]
-  best = gammas[int(np.argmax(speedup_N[fixed]))]
+  # The prompts are the resampled units (at T = 0 a prompt's repeats are
+  # one text, at T > 0 samples after one prompt), each with all its
+  # repeats: resampling (prompt, repeat) units counted a greedy text once
+  # per repeat.
+  seconds_PxN = seconds_UxN.reshape(repeats, len(keys), -1).sum(0)
+  vs = measure.versus_best_fixed(seconds_PxN, fixed)
+  best = gammas[vs["best"]]
   row["best_fixed"] = best
   row["autos"] = [name for name in variants if name.startswith("auto")]
-  # The verdict's noise: the prompts (each its own texts and acceptance:
-  # at T = 0 a prompt's repeats are one text, at T > 0 samples after one
-  # prompt) and the time a call takes, which moves between identical calls
-  # on a shared CPU box. Resampling the prompts, each with all its repeats,
-  # with the best fixed gamma picked again in each resample (its pick is as
-  # noisy as the rest), gives a 95% interval of each ratio. (Resampling
-  # (prompt, repeat) units counted a greedy text once per repeat.)
-  seconds_PxN = seconds_UxN.reshape(repeats, len(keys), -1).sum(0)
-  rng = np.random.default_rng(0)
-  draws_KxP = rng.integers(0, len(keys), (2000, len(keys)))
-  totals_KxN = seconds_PxN[draws_KxP].sum(1)
-  speedup_KxN = totals_KxN[:, :1] / totals_KxN
-  best_K = speedup_KxN[:, fixed].max(1)
-  # The best fixed gamma above is picked on the prompts it is scored on:
-  # the largest of len(gammas) noisy speedups, biased up. Beside it, each
-  # prompt scored under the fixed gamma the other prompts pick
-  # (`measure.held_out_best`: biased down where gammas are close), with
-  # the same resamples (a prompt's copies all left out of its pick).
-  held = len(keys) >= 2  # a pick needs another prompt to be made on
-  if held:
-    picks_P, held_s = measure.held_out_best(seconds_PxN[:, fixed])
+  if "held_out_picks_P" in vs:
     row["held_out_fixed"] = {
-        "speedup": float(seconds_PxN[:, 0].sum() / held_s),
-        "picks": [gammas[p] for p in picks_P]}
-    counts_KxP = np.stack([np.bincount(d, minlength=len(keys))
-                           for d in draws_KxP])
-    # Resamples of one prompt (its copies) leave nothing to pick on.
-    some_K = np.count_nonzero(counts_KxP, axis=1) >= 2
-    held_K = np.array([measure.held_out_best(seconds_PxN[:, fixed], c)[1]
-                       for c in counts_KxP[some_K]])
+        "speedup": float(vs["held_out_speedup"]),
+        "picks": [gammas[p] for p in vs["held_out_picks_P"]]}
   for n, name in enumerate(names[1:], 1):
-    row[name]["vs_best_fixed"] = float(speedup_N[n]
-                                       / row[f"gamma={best}"]["speedup"])
-    row[name]["vs_best_fixed_95"] = [
-        float(x) for x in np.percentile(speedup_KxN[:, n] / best_K,
-                                        [2.5, 97.5])]
-    if held:
-      row[name]["vs_held_out_fixed"] = float(held_s
-                                             / seconds_PxN[:, n].sum())
+    row[name]["vs_best_fixed"] = float(vs["vs_best_N"][n])
+    row[name]["vs_best_fixed_95"] = [float(x) for x in vs["vs_best_95_Nx2"][n]]
+    if "vs_held_out_N" in vs:
+      row[name]["vs_held_out_fixed"] = float(vs["vs_held_out_N"][n])
       row[name]["vs_held_out_fixed_95"] = [
-          float(x) for x in np.percentile(held_K / totals_KxN[some_K, n],
-                                          [2.5, 97.5])]
+          float(x) for x in vs["vs_held_out_95_Nx2"][n]]
   # Every timed call, for analyses after the run: seconds [unit, variant],
   # units (prompt, repeat) in `units`' order.
   row["variants"] = names
@@ -462,7 +412,11 @@ def _run():
   print(f"target: {what}; T={_TEMPERATURE.value}; {_PROMPTS.value} calls of "
         f"{_PROMPT_LEN.value} + {_NEW.value} tokens per row")
   for name in _DRAFTS.value:
-    draft = make_draft(name, target)
+    # A quick-job draft with that job's recipe (its cached model, never a
+    # retrain under the default recipe); any other zoo name as named.
+    draft = drafts.make_draft(
+        name, target, config=_quick() if _TARGET.value == "quick" else None
+    ).model
     if hasattr(draft, "astype"):  # a zoo Transformer
       draft = draft.astype(**dtypes)
     for batch in (int(b) for b in _BATCHES.value):

@@ -43,7 +43,8 @@ import numpy as np
 import specjax as sj
 from specjax import data
 from specjax import distributed
-from specjax.harness import zoo
+from specjax import stats
+from specjax.harness import drafts as drafts_lib
 from specjax.train import eagle as eagle_train
 from specjax.train import recipes
 from configs import reproduce
@@ -127,43 +128,28 @@ def load_models(num_steps: int, cache_dir: str | None,
   with `target_steps`, the target trains that long instead of the quick
   job's 150 steps.
   """
-  quick = reproduce.get_config("quick")
-  target_overrides = dict(quick.target_overrides)
+  config = reproduce.get_config("quick")
+  config.cache_dir = cache_dir
   if target_steps:
-    target_overrides.update({"num_steps": target_steps,
-                             "optim.warmup_steps": max(1, target_steps // 10)})
-  target = zoo.load(quick.target, overrides=target_overrides,
-                    cache_dir=cache_dir)
-  budget = reproduce.draft_budget(num_steps)
+    config.target_overrides = tuple(sorted({
+        **dict(config.target_overrides), "num_steps": target_steps,
+        "optim.warmup_steps": max(1, target_steps // 10)}.items()))
+  target = drafts_lib.load_target(config)
   if head_workdir:
     head, meta = eagle_train.load_head(head_workdir, target, head_step)
     print(f"head from {head_workdir}, step {meta['step']}", flush=True)
   else:
-    head = zoo.load(f"eagle-head@{quick.target}",
-                    overrides=reproduce.head_budget(num_steps),
-                    teacher_overrides=target_overrides, cache_dir=cache_dir)
-  drafts = {
-      "eagle-head": head,
-      "distilled-draft-0.5m": zoo.load(
-          f"distilled-draft-0.5m@{quick.target}", overrides=budget,
-          teacher_overrides=target_overrides, cache_dir=cache_dir),
-      "draft-0.5m": zoo.load("draft-0.5m", overrides=budget,
-                             cache_dir=cache_dir),
-      "distilled-draft-0.1m": zoo.load(
-          f"distilled-draft-0.1m@{quick.target}", overrides=budget,
-          teacher_overrides=target_overrides, cache_dir=cache_dir),
-  }
-  return target, drafts
-
-
-def alpha_interval(accepted_B, verified_B) -> tuple[float, float, float]:
-  """(alpha, low, high): pooled alpha and its 95% interval over rows."""
-  a = np.asarray(accepted_B, np.float64)
-  v = np.asarray(verified_B, np.float64)
-  n, total = len(v), v.sum()
-  alpha = a.sum() / total
-  se = math.sqrt(n / max(n - 1, 1) * np.sum((a - alpha * v) ** 2)) / total
-  return alpha, alpha - 1.96 * se, alpha + 1.96 * se
+    head = drafts_lib.make_draft(
+        f"eagle-head@{config.target}", target, config=config,
+        overrides=reproduce.head_budget(num_steps)).model
+  # Distilled drafts learn from the target above (the config's).
+  budget = reproduce.draft_budget(num_steps)
+  drafts = {name.split("@")[0]: drafts_lib.make_draft(
+      name, target, config=config, overrides=budget).model
+            for name in (f"distilled-draft-0.5m@{config.target}",
+                         "draft-0.5m",
+                         f"distilled-draft-0.1m@{config.target}")}
+  return target, {"eagle-head": head, **drafts}
 
 
 def run(target, drafts, prompts_NxP, gammas, temperatures, max_new_tokens,
@@ -179,8 +165,9 @@ def run(target, drafts, prompts_NxP, gammas, temperatures, max_new_tokens,
             target, draft, prompts_NxP, lengths_N, jax.random.key(seed),
             gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling)
         s = out.summary()
-        alpha, low, high = alpha_interval(out.stats.accepted,
+        alpha, se = stats.clustered_alpha(out.stats.accepted,
                                           out.stats.verified)
+        low, high = alpha - 1.96 * se, alpha + 1.96 * se
         rows.append({
             "draft": name, "params": draft.param_count(),
             "temperature": temperature, "gamma": gamma,

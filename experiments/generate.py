@@ -5,7 +5,9 @@ r"""Speculative text generation with Hugging Face checkpoints (absl entry point)
       --compare
 
   --target   DIR | hf:<repo_id>   (config.json + safetensors + tokenizer.json)
-  --draft    DIR | hf:<repo_id> | bigram | prompt_lookup | self:N
+  --draft    a spec of the draft registry (specjax.harness.drafts): DIR |
+             hf:<repo_id> | self:N | skip:I,J | bigram | unigram |
+             prompt_lookup[:n] | truncated:N | random:<preset> | perturbed
   --gamma    N | auto
 
 Prints each row's text, then alpha_hat, tokens per target call, tokens/s
@@ -24,14 +26,17 @@ from absl import flags
 from specjax import _checks
 from specjax import distributed
 from specjax import sampling as sampling_lib
+from specjax.harness import drafts
 from specjax.harness import textgen
 from specjax.models import hf
 
 _TARGET = flags.DEFINE_string("target", None, "Target: DIR or hf:<repo_id>.")
 _DRAFT = flags.DEFINE_string(
     "draft", "prompt_lookup",
-    "Draft: DIR, hf:<repo_id>, bigram, prompt_lookup, or self:N (the "
-    "target's first N blocks + its embeddings and head).")
+    "Draft: a checkpoint DIR, hf:<repo_id>, self:N (the target's first N "
+    "blocks + its embeddings and head, sharing its cache), skip:I,J, bigram "
+    "or unigram (counts of the prompts), prompt_lookup[:n], ... "
+    "(specjax.harness.drafts).")
 _PROMPT = flags.DEFINE_multi_string(
     "prompt", None, "A prompt (repeat the flag for several rows).")
 _PROMPTS_FILE = flags.DEFINE_string(
@@ -64,21 +69,28 @@ distributed.define_compilation_cache_flag()
 distributed.register_dtype_validator("dtype")
 
 
-# Checked when the flags are parsed, before the target is loaded. A
-# checkpoint's own errors name a path, not the flag; self:N's upper bound
-# (the target's blocks) waits for the target (textgen.make_draft).
+# Checked when the flags are parsed, before the target is loaded (the
+# registry parses a spec without loading anything). A checkpoint's own
+# errors name a path, not the flag; self:N's upper bound (the target's
+# blocks) waits for the target.
 @flags.validator("draft")
 def _check_draft(spec):
-  kind, _, arg = spec.partition(":")
-  if (spec in ("bigram", "prompt_lookup")
-      or (kind == "self" and arg.isdecimal() and int(arg) >= 1)
-      or (kind == "hf" and arg)
-      or os.path.isfile(os.path.join(spec, "config.json"))):
-    return True
-  raise flags.ValidationError(
-      "--draft takes a checkpoint directory (with config.json), "
-      "hf:<repo_id>, bigram, prompt_lookup or self:N (the target's first "
-      f"N >= 1 blocks); {spec!r} is none of these.")
+  try:
+    drafts.check_spec(spec)
+  except (TypeError, ValueError) as e:
+    raise flags.ValidationError(f"--draft: {e}") from None
+  if drafts.is_zoo_model(spec):
+    raise flags.ValidationError(
+        f"--draft={spec} is a zoo model, byte-level and trained on the "
+        "built-in corpus; a checkpoint target needs a draft of its own "
+        "vocabulary: a checkpoint, hf:<repo_id>, self:N, skip:I,J, bigram, "
+        "unigram or prompt_lookup.")
+  if os.path.isdir(spec) and not os.path.isfile(
+      os.path.join(spec, "config.json")):
+    raise flags.ValidationError(
+        f"--draft={spec} is a directory without config.json, not a "
+        "checkpoint.")
+  return True
 
 
 @flags.validator("target")
@@ -131,15 +143,17 @@ def main(argv):
     target, tok = textgen.load_target(_TARGET.value, dtype=_DTYPE.value,
                                       max_positions=_MAX_POSITIONS.value)
     prompt_ids = [tok.encode(t) for t in texts]
-    draft, target, what = textgen.make_draft(
-        _DRAFT.value, target, tok, prompt_ids, dtype=_DTYPE.value,
-        max_positions=_MAX_POSITIONS.value)
+    draft = drafts.make_draft(
+        _DRAFT.value, target, tokenizer=tok, prompt_ids=prompt_ids,
+        dtype=_DTYPE.value, max_positions=_MAX_POSITIONS.value)
   except hf.UnsupportedConfigError as e:
     # Its advice names load()'s argument; here that is a flag.
     raise app.UsageError(f"{e} (On this command line: --max_positions.)"
                          if "max_positions" in str(e) else str(e)) from None
-  print(f"target: {_TARGET.value} ({target.vocab_size} ids); draft: {what}")
-  result = textgen.run(target, draft, tok, texts, gamma=gamma,
+  target = draft.target
+  print(f"target: {_TARGET.value} ({target.vocab_size} ids); draft: "
+        f"{draft.description}")
+  result = textgen.run(target, draft.model, tok, texts, gamma=gamma,
                        max_new_tokens=_MAX_NEW_TOKENS.value,
                        sampling=sampling, seed=_SEED.value,
                        compare=_COMPARE.value, progress=print)

@@ -51,9 +51,9 @@ from specjax import distributed
 from specjax import lab
 from specjax import sharding
 from specjax.decode import verifiers as vf
+from specjax.harness import drafts as drafts_lib
 from specjax.harness import expected_tokens
 from specjax.harness import measure
-from specjax.harness import sweep
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
 from specjax.models.ngram import NGramLM
@@ -194,38 +194,23 @@ def _at_depth(spec):
   return v, (v.depth if isinstance(v, vf.TreeVerifier) else int(gamma))
 
 
-def _quick_models(drafts, rows, prompt_len):
+def _quick_models(names, rows, prompt_len):
   """(target, {name: draft}, prompts, lengths) of the zoo's quick models
   (the quick job's recipes, configs/reproduce.py, so the cached models are
   reused, never retrained) and `rows` held-out prompts."""
   from configs import reproduce  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
-  from specjax.harness import zoo  # pylint: disable=import-outside-toplevel
   config = reproduce.get_config("quick")
-  recipes = {d.name: d for d in config.drafts}
-
-  def load(name, overrides, teacher_overrides=None):
-    where = zoo.entry_dir(name, overrides=overrides,
-                          teacher_overrides=teacher_overrides)
-    if not os.path.isdir(where):
-      raise FileNotFoundError(f"{where} is missing: run the quick job first "
-                              "(python -m experiments.reproduce); this "
-                              "measurement does not train models.")
-    return zoo.load(name, overrides=overrides,
-                    teacher_overrides=teacher_overrides)
-
-  target = load(config.target, dict(config.target_overrides))
+  target = drafts_lib.load_target(config, train=False)
 
   def draft(name):
-    if name.startswith("self:"):
-      return sweep.self_draft(name, target)
-    if name.startswith("eagle-head"):  # the head experiments.eagle trains
-      return load(name, reproduce.head_budget(300),
-                  dict(config.target_overrides))
-    return load(name, dict(recipes[name].overrides),
-                dict(recipes[name].teacher_overrides) or None)
+    # The EAGLE head experiments.eagle trains (300 steps).
+    head = ({"overrides": reproduce.head_budget(300)}
+            if name.startswith("eagle-head") else {})
+    return drafts_lib.make_draft(name, target, config=config, train=False,
+                                 **head).model
 
-  loaded = {name: draft(name) for name in drafts}
+  loaded = {name: draft(name) for name in names}
   heldout = data.stdlib_corpus().tokens("heldout")
   prompts = data.prompts(heldout.astype(np.int32), rows, prompt_len, seed=0)
   return target, loaded, prompts, np.full(rows, prompt_len, np.int32)
@@ -416,22 +401,15 @@ flags.register_validator(
 
 @flags.validator("quick_drafts")
 def _check_quick_drafts(names):
-  # Else a bad name failed as a KeyError after the quick target loaded.
+  # Else a bad name failed after the quick target loaded.
   from configs import reproduce  # pylint: disable=import-outside-toplevel
   from specjax.train import recipes  # pylint: disable=import-outside-toplevel
-  config = reproduce.get_config("quick")
-  known = [d.name for d in config.drafts] + [f"eagle-head@{config.target}"]
-  layers = recipes.SIZES[config.target]["num_layers"]
+  layers = recipes.SIZES[reproduce.get_config("quick").target]["num_layers"]
   for name in names:
-    k = name[len("self:"):] if name.startswith("self:") else None
-    if k is not None and not (k.isdecimal() and 1 <= int(k) <= layers):
-      raise flags.ValidationError(
-          f"--quick_drafts {name!r}: self:k needs 1 <= k <= {layers} (the "
-          "quick target's blocks).")
-    if k is None and name not in known:
-      raise flags.ValidationError(
-          f"--quick_drafts {name!r} is none of {', '.join(known)} or "
-          f"self:k.")
+    try:
+      drafts_lib.check_spec(name, num_layers=layers)
+    except (TypeError, ValueError) as e:
+      raise flags.ValidationError(f"--quick_drafts {name!r}: {e}") from None
   return True
 
 

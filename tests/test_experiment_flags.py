@@ -18,9 +18,9 @@ from specjax.lab import audit
 # a command whose check is missing never writes into the checkout.
 BAD = [
     (["experiments.adaptive_gamma", "--target=quick", "--drafts=nosuchdraft",
-      "--batches=1", "--gammas=1"], "neither self:K nor a zoo name"),
+      "--batches=1", "--gammas=1"], "unknown draft 'nosuchdraft'"),
     (["experiments.adaptive_gamma", "--target=quick", "--drafts=self:9",
-      "--batches=1", "--gammas=1"], "1 <= K <= 4"),
+      "--batches=1", "--gammas=1"], r"N must be in [0, 4]"),
     # A verifier's own arguments take commas, so the list is ';'-separated.
     (["experiments.verifiers", "--models=lab", "--verifiers=token;typical:0.09",
       "--gammas=1", "--rows=4"], "needs 2 comma-separated number"),
@@ -74,7 +74,7 @@ BAD = [
      "--target takes a checkpoint directory"),
     # A bad --draft was found only after the target loaded, named as a path.
     (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
-      "--draft=foo"], "--draft takes a checkpoint directory"),
+      "--draft=foo"], "--draft: unknown draft 'foo'"),
     (["experiments.generate", "--target=tests/data/hf/qwen2", "--prompt=hi",
       "--max_new_tokens=0"], "flag --max_new_tokens=0"),
     # These came as tracebacks (audit); --seed only after loading.
@@ -96,7 +96,7 @@ BAD = [
     (["experiments.verifiers", "--models=lab", "--paired_gammas=2",
       "--results_dir={out}"], "does not read --paired_gammas"),
     (["experiments.verifiers", "--models=quick", "--quick_drafts=nosuch",
-      "--results_dir={out}"], "--quick_drafts 'nosuch' is none of"),
+      "--results_dir={out}"], "--quick_drafts 'nosuch': unknown draft"),
     (["experiments.verifiers", "--models=lab", "extra",
       "--results_dir={out}"], "Unexpected arguments"),
 ]

@@ -9,6 +9,7 @@ import pytest
 
 from conftest import REPO
 import specjax as sj
+from specjax.harness import drafts
 from specjax.harness import textgen
 from specjax.models import hf
 
@@ -30,61 +31,6 @@ def test_generate_command_prints_text_and_statistics(tmp_path):
                "alpha_hat", "tokens per target call", "tokens/s",
                "speedup vs generate", "identical text: True"):
     assert line in out.stdout, out.stdout
-
-
-def test_draft_specs_are_checked():
-  target, tok = hf.load(DATA / "gpt2")
-  ids = tok.encode("the quick brown fox")
-  for spec, kind in (("self:1", "SelfDraft"),
-                     ("prompt_lookup", "PromptLookupDraft"),
-                     ("bigram", "NGramLM")):
-    draft, _, what = textgen.make_draft(spec, target, tok, ids)
-    assert type(draft).__name__ == kind and what.startswith(spec)
-  with pytest.raises(ValueError, match="self:N"):
-    textgen.make_draft("self:two", target, tok, ids)
-  # A dtype typo is refused whichever draft kind would ignore it.
-  for spec in ("self:1", "bigram", "prompt_lookup"):
-    with pytest.raises(ValueError, match="dtype"):
-      textgen.make_draft(spec, target, tok, ids, dtype="bogus")
-  with pytest.raises(TypeError, match="spec must be a --draft string"):
-    textgen.make_draft(None, target, tok, ids)
-  for spec in ("self:9", "self:0"):
-    with pytest.raises(ValueError, match="num_layers"):
-      textgen.make_draft(spec, target, tok, ids)
-  # self:N is a view on the target that shares its KV cache, not a copy.
-  draft, _, _ = textgen.make_draft("self:1", target, tok, ids)
-  assert draft.share_cache and draft.target is target
-  with pytest.raises(ValueError, match="at id 0"):
-    textgen.make_draft(str(DATA / "llama_gqa"), target, tok, ids)
-  with pytest.raises(FileNotFoundError, match="config.json"):
-    textgen.make_draft("no/such/dir", target, tok, np.array([1]))
-  # A misspelt kind is told the kinds there are.
-  for spec in ("Bigram", "prompt-lookup"):
-    with pytest.raises(FileNotFoundError, match="self:N .*prompt_lookup, "
-                       "bigram"):
-      textgen.make_draft(spec, target, tok, ids)
-  assert "first 1 of" in textgen.make_draft("self:01", target, tok, ids)[2]
-  # Comparison errors and AttributeErrors named nothing (audit).
-  for bad in (None, [], np.zeros((2, 2, 2), np.int32)):
-    with pytest.raises(ValueError, match="prompt_ids"):
-      textgen.make_draft("bigram", target, tok, bad)
-  with pytest.raises(TypeError, match="target must be a specjax"):
-    textgen.make_draft("self:1", sj.NGramLM.uniform(8), tok, ids)
-  # The bigram counts pairs within each prompt, never from one prompt's end
-  # to the next one's start, however the prompts come.
-  a, b = tok.encode("ab"), tok.encode("cd")
-  want = sj.NGramLM.fit([a, b], target.vocab_size, 2).log_probs
-  padded = np.full((2, max(len(a), len(b))), -1, np.int32)
-  padded[0, :len(a)], padded[1, :len(b)] = a, b
-  for prompts in ([a, b], padded, (a, b)):
-    got = textgen.make_draft("bigram", target, tok, prompts)[0].log_probs
-    np.testing.assert_array_equal(got, want)
-  one = sj.NGramLM.fit(a, target.vocab_size, 2).log_probs
-  for prompt in (a, a.tolist()):  # one prompt's ids
-    got = textgen.make_draft("bigram", target, tok, prompt)[0].log_probs
-    np.testing.assert_array_equal(got, one)
-  bridge = int(a[-1]), int(b[0])
-  assert want[bridge] == one[bridge]
 
 
 def test_gamma_flag_takes_an_int_or_auto():
@@ -166,6 +112,6 @@ def test_a_sliding_window_checkpoint_loads_with_max_positions(tmp_path):
   target, tok = textgen.load_target(str(ckpt), max_positions=16)
   assert target.max_positions == 16
   # A checkpoint draft keeps its own context where it is shorter than the cap.
-  draft, _, _ = textgen.make_draft(str(DATA / "mistral"), target, tok,
-                                   tok.encode("the quick"), max_positions=10**6)
+  draft = drafts.make_draft(str(DATA / "mistral"), target, tokenizer=tok,
+                            max_positions=10**6).model
   assert draft.max_positions == config["max_position_embeddings"]

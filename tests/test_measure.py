@@ -433,3 +433,44 @@ def test_null_loops_run_on_a_vocabulary_of_two():
                               repeats=1)
     prompts_BxP, _ = measure._prompts(shape, bigram.vocab_size)
     assert set(np.unique(prompts_BxP)) == {0, 1}
+
+
+def test_versus_best_fixed_scores_every_decoder_against_the_best_fixed():
+  """The ratios, the best fixed pick and the held-out pick are what the
+  timings say; the intervals resample whole prompts, so with every prompt
+  alike they collapse onto the point estimate."""
+  rng = np.random.default_rng(0)
+  # baseline, fixed gammas 1 and 2, an adaptive decoder; 6 prompts.
+  seconds_PxN = np.array([2.0, 1.0, 0.8, 0.7]) * rng.uniform(
+      0.9, 1.1, (6, 4))
+  vs = measure.versus_best_fixed(seconds_PxN, [1, 2])
+  totals_N = seconds_PxN.sum(0)
+  np.testing.assert_allclose(vs["speedup_N"], totals_N[0] / totals_N)
+  assert vs["best"] == int(np.argmin(totals_N[[1, 2]]))
+  best = [1, 2][vs["best"]]
+  np.testing.assert_allclose(vs["vs_best_N"], totals_N[best] / totals_N)
+  low_N, high_N = vs["vs_best_95_Nx2"].T
+  assert np.all(low_N <= high_N)
+  assert low_N[3] <= vs["vs_best_N"][3] <= high_N[3]
+  picks_P, held_s = measure.held_out_best(seconds_PxN[:, [1, 2]])
+  np.testing.assert_array_equal(vs["held_out_picks_P"], picks_P)
+  np.testing.assert_allclose(vs["vs_held_out_N"], held_s / totals_N)
+  same = measure.versus_best_fixed(np.tile([2.0, 1.0, 0.8, 0.7], (5, 1)),
+                                   [1, 2])
+  np.testing.assert_allclose(same["vs_best_95_Nx2"][:, 0],
+                             same["vs_best_95_Nx2"][:, 1])
+  np.testing.assert_allclose(same["vs_best_N"], [0.4, 0.8, 1.0, 8 / 7])
+  # One prompt: no held-out pick to make.
+  assert "vs_held_out_N" not in measure.versus_best_fixed(
+      seconds_PxN[:1], [1, 2])
+
+
+@pytest.mark.parametrize("seconds, fixed, match", [
+    (np.ones((3, 1)), [1], "N >= 2 decoders"),
+    (np.ones((3, 3)), [], "at least one fixed"),
+    (np.ones((3, 3)), [0], r"fixed\[i\] must be >= 1"),
+    (np.zeros((3, 3)), [1], "finite and > 0"),
+])
+def test_versus_best_fixed_refuses_bad_input(seconds, fixed, match):
+  with pytest.raises(ValueError, match=match):
+    measure.versus_best_fixed(seconds, fixed)

@@ -9,6 +9,7 @@ import pytest
 
 from configs import reproduce
 from specjax.decode import verifiers
+from specjax.harness import drafts as drafts_lib
 from specjax.harness import figures
 from specjax.harness import measure
 from specjax.harness import sweep
@@ -123,7 +124,7 @@ def _markov_drafts():
   from specjax import lab  # pylint: disable=import-outside-toplevel
   from specjax.lab import models as lab_models  # pylint: disable=import-outside-toplevel
   target, draft = lab_models.markov_lms(lab.make_markov_pair(1.5, 0.5, 0))
-  return target, [sweep.make_draft("markov-q", "bigram", draft)]
+  return target, [drafts_lib.wrap("markov-q", "bigram", draft)]
 
 
 def test_plan_skips_incompatible_cells_with_a_reason():
@@ -168,7 +169,7 @@ def test_run_config_refuses_a_bad_config_before_loading_models(
   """A bad axis fails in a second, not after the models train (minutes)."""
   def load_models(*_):
     raise AssertionError("models were loaded before the config was checked")
-  monkeypatch.setattr(sweep, "load_models", load_models)
+  monkeypatch.setattr(drafts_lib, "load_models", load_models)
   monkeypatch.setattr(sweep.data, "stdlib_corpus", load_models)
   config = reproduce.get_config("tiny")
   config[field] = value
@@ -179,7 +180,7 @@ def test_run_config_refuses_a_bad_config_before_loading_models(
 def test_run_config_refuses_a_file_as_results_dir(monkeypatch, tmp_path):
   def load_models(*_):
     raise AssertionError("models were loaded before results_dir was checked")
-  monkeypatch.setattr(sweep, "load_models", load_models)
+  monkeypatch.setattr(drafts_lib, "load_models", load_models)
   monkeypatch.setattr(sweep.data, "stdlib_corpus", load_models)
   (tmp_path / "a_file").write_text("")
   with pytest.raises(ValueError, match="is a file"):
@@ -256,7 +257,7 @@ def test_run_takes_a_feature_level_draft(monkeypatch):
   import specjax as sj  # pylint: disable=import-outside-toplevel
   target = TransformerLM.create(TransformerConfig(
       vocab_size=16, d_model=16, num_layers=1, num_heads=2, max_positions=32))
-  draft = sweep.make_draft("eagle-head", "eagle", sj.EagleDraft.create(target))
+  draft = drafts_lib.wrap("eagle-head", "eagle", sj.EagleDraft.create(target))
   assert draft.params == draft.model.head.param_count()
   costs = lambda *a, gamma, batch_size, prompt_len, max_new_tokens, **k: (
       measure.LoopCosts(batch_size, prompt_len, max_new_tokens, gamma,
@@ -287,8 +288,8 @@ def test_model_summaries_score_every_model_but_prompt_lookup():
   (None); the target and a count draft get their bits per byte."""
   from specjax.models.prompt_lookup import PromptLookupDraft  # pylint: disable=import-outside-toplevel
   target, drafts = _markov_drafts()
-  drafts.append(sweep.make_draft("prompt-lookup", "prompt_lookup",
-                                 PromptLookupDraft(target.vocab_size)))
+  drafts.append(drafts_lib.wrap("prompt-lookup", "prompt_lookup",
+                                PromptLookupDraft(target.vocab_size)))
   windows = np.random.default_rng(0).integers(
       0, target.vocab_size, (1, 2, 9)).astype(np.int32)
   models = sweep.model_summaries("p", target, drafts, windows)
@@ -305,7 +306,7 @@ def test_model_summaries_score_every_model_but_prompt_lookup():
 
 
 def _named(name, kind="bigram"):
-  return sweep.Draft(name, kind, 0, object())  # plan reads names and kinds
+  return drafts_lib.Draft(name, kind, 0, object())  # plan reads names and kinds
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -350,16 +351,16 @@ def test_plan_reads_a_generator_axis_once():
   assert [c.temperature for c in cells] == [0.0, 1.0]
 
 
-def test_make_draft_refuses_an_unknown_or_contradicted_kind():
+def test_wrap_refuses_an_unknown_or_contradicted_kind():
   from specjax.models.ngram import NGramLM  # pylint: disable=import-outside-toplevel
   bigram = NGramLM.fit(np.arange(50) % 5, 8, 2)
-  assert sweep.DRAFT_KINDS == figures.KIND_ORDER
+  assert drafts_lib.KINDS == figures.KIND_ORDER
   with pytest.raises(ValueError, match="kind must be one of"):
-    sweep.make_draft("d", "transfomer", bigram)
+    drafts_lib.wrap("d", "transfomer", bigram)
   with pytest.raises(ValueError, match="contradicts its model"):
-    sweep.make_draft("d", "unigram", bigram)
+    drafts_lib.wrap("d", "unigram", bigram)
   with pytest.raises(TypeError, match="is None"):
-    sweep.make_draft("d", "bigram", None)
+    drafts_lib.wrap("d", "bigram", None)
 
 
 def _row(draft="a"):
@@ -403,7 +404,7 @@ def test_write_names_a_file_given_as_results_dir(tmp_path):
 def _no_loading(monkeypatch):
   def load_models(*_):
     raise AssertionError("models were loaded before the config was checked")
-  monkeypatch.setattr(sweep, "load_models", load_models)
+  monkeypatch.setattr(drafts_lib, "load_models", load_models)
   monkeypatch.setattr(sweep.data, "stdlib_corpus", load_models)
 
 

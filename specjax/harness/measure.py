@@ -58,7 +58,7 @@ import dataclasses
 import math
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -878,6 +878,77 @@ def held_out_best(seconds_PxG: Any, weights_P: Any = None
   units = np.flatnonzero(weights_P)
   picked = seconds_PxG[units, picks_P[units]]
   return picks_P, float(weights_P[units] @ picked)
+
+
+def versus_best_fixed(seconds_PxN: Any, fixed: Sequence[int], *,
+                      draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> dict:
+  """Every decoder against the best of the fixed-gamma ones, with 95%
+  bootstrap intervals over the prompts.
+
+  Column 0 is the baseline (`generate`); `fixed` picks the fixed-gamma
+  columns. A decoder's speedup is the baseline's total seconds over its
+  own. The best fixed gamma is picked on the prompts it is scored on (the
+  largest of several noisy speedups: biased up), and again in every
+  resample, where each prompt keeps all its repeats (the units every
+  decoder was timed in together). Beside it, with P >= 2 prompts, each
+  prompt is scored under the fixed gamma the other prompts pick
+  (`held_out_best`: biased down where gammas are close), with the same
+  resamples.
+
+  Args:
+    seconds_PxN: float `[P, N]`, seconds of each of N decoders on each of P
+      prompts (summed over repeats), finite and > 0.
+    fixed: column indices in [1, N) of the fixed-gamma decoders.
+    draws: bootstrap resamples of the prompts.
+    seed: the resamples' seed.
+
+  Returns:
+    A dict of float64 arrays: `speedup_N`; `best`, the index into `fixed`
+    of the best fixed gamma; `vs_best_N` and `vs_best_95_Nx2`, each
+    decoder's speedup over the best fixed gamma's and its interval; with P
+    >= 2, `held_out_picks_P` (indices into `fixed`), `held_out_speedup`,
+    `vs_held_out_N` and `vs_held_out_95_Nx2`.
+  """
+  seconds_PxN = np.asarray(seconds_PxN, np.float64)
+  if seconds_PxN.ndim != 2 or seconds_PxN.shape[1] < 2 or not (
+      seconds_PxN.shape[0]):
+    raise ValueError("seconds_PxN must be [P, N]: P >= 1 prompts, N >= 2 "
+                     "decoders (the baseline first), got shape "
+                     f"{seconds_PxN.shape}.")
+  if not np.all(np.isfinite(seconds_PxN) & (seconds_PxN > 0)):
+    raise ValueError("seconds_PxN must be finite and > 0.")
+  num_prompts, num = seconds_PxN.shape
+  fixed = [_checks.check_int("fixed[i]", f, low=1, high=num - 1)
+           for f in fixed]
+  if not fixed:
+    raise ValueError("fixed must name at least one fixed-gamma column.")
+  draws = _checks.check_int("draws", draws, low=1)
+  speedup_N = seconds_PxN[:, 0].sum() / seconds_PxN.sum(0)
+  best = int(np.argmax(speedup_N[fixed]))
+  draws_KxP = np.random.default_rng(seed).integers(
+      0, num_prompts, (draws, num_prompts))
+  totals_KxN = seconds_PxN[draws_KxP].sum(1)
+  speedup_KxN = totals_KxN[:, :1] / totals_KxN
+  best_K = speedup_KxN[:, fixed].max(1)
+  out = {"speedup_N": speedup_N, "best": best,
+         "vs_best_N": speedup_N / speedup_N[fixed[best]],
+         "vs_best_95_Nx2": np.percentile(
+             speedup_KxN / best_K[:, None], [2.5, 97.5], axis=0).T}
+  if num_prompts >= 2:
+    picks_P, held_s = held_out_best(seconds_PxN[:, fixed])
+    counts_KxP = np.stack([np.bincount(d, minlength=num_prompts)
+                           for d in draws_KxP])
+    # A resample of one prompt (its copies) leaves nothing to pick on.
+    some_K = np.count_nonzero(counts_KxP, axis=1) >= 2
+    held_K = np.array([held_out_best(seconds_PxN[:, fixed], c)[1]
+                       for c in counts_KxP[some_K]])
+    out.update(
+        held_out_picks_P=picks_P,
+        held_out_speedup=seconds_PxN[:, 0].sum() / held_s,
+        vs_held_out_N=held_s / seconds_PxN.sum(0),
+        vs_held_out_95_Nx2=np.percentile(
+            held_K[:, None] / totals_KxN[some_K], [2.5, 97.5], axis=0).T)
+  return out
 
 
 # Fields of `compare` that price a loop whose every round drafts costs.gamma:

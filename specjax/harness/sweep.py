@@ -29,7 +29,7 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from absl import logging
 import jax
@@ -47,80 +47,10 @@ from specjax.decode import loop
 from specjax.decode import verifiers as verifiers_lib
 from specjax.harness import autotune
 from specjax.harness import distortion
+from specjax.harness import drafts as drafts_lib
 from specjax.harness import figures
 from specjax.harness import measure
-from specjax.harness import zoo
-from specjax.models.eagle import EagleDraft
-from specjax.models.ngram import NGramLM
-from specjax.models.prompt_lookup import PromptLookupDraft
-from specjax.models.self_draft import SelfDraft
-from specjax.models.transformer import TransformerLM
 from specjax.train import losses
-
-
-@dataclasses.dataclass(frozen=True)
-class Draft:
-  """A draft under test: display name, kind, size and the model itself."""
-  name: str
-  kind: str  # unigram | bigram | prompt_lookup | transformer | distilled | self
-  params: int
-  model: Any
-
-
-def _param_count(model) -> int:
-  if hasattr(model, "param_count"):  # a view (SelfDraft): what its pass reads
-    return int(model.param_count())
-  return int(sum(np.prod(x.shape) for x in jax.tree.leaves(model)))
-
-
-# The kinds the figures place (their Table 3 columns and markers); a row of
-# any other kind would drop out of them. "self" and "eagle" are among them.
-DRAFT_KINDS = figures.KIND_ORDER
-
-
-def _check_kind(where: str, kind) -> str:
-  if kind not in DRAFT_KINDS:
-    raise ValueError(f"{where} must be one of {DRAFT_KINDS} (the kinds the "
-                     f"figures place), got {kind!r}.")
-  return kind
-
-
-def _model_kinds(model) -> tuple[str, ...] | None:
-  """The draft kinds a model's class admits; None where it does not say
-  (a CausalLM of another class: any kind)."""
-  if isinstance(model, NGramLM):
-    return {1: ("unigram",), 2: ("bigram",)}.get(model.order)
-  if isinstance(model, TransformerLM):  # trained or distilled: same class
-    return ("transformer", "distilled")
-  if isinstance(model, PromptLookupDraft):
-    return ("prompt_lookup",)
-  if isinstance(model, SelfDraft):
-    return ("self",)
-  if isinstance(model, EagleDraft):
-    return ("eagle",)
-  return None
-
-
-def make_draft(name: str, kind: str, model) -> Draft:
-  """A `Draft` whose size is the number of array entries in the model.
-
-  Raises (before counting) for a name that is not a non-empty string, a
-  kind outside `DRAFT_KINDS`, a None model, or a kind the model's class
-  contradicts (an order-2 `NGramLM` is a "bigram", a `TransformerLM` a
-  "transformer" or "distilled", ...).
-  """
-  if not isinstance(name, str) or not name:
-    raise TypeError(f"name must be a non-empty string, got {name!r}.")
-  _check_kind("kind", kind)
-  if model is None:
-    raise TypeError(f"model of draft {name!r} is None: give the draft's "
-                    "CausalLM.")
-  allowed = _model_kinds(model)
-  if allowed is not None and kind not in allowed:
-    raise ValueError(f"kind {kind!r} of draft {name!r} contradicts its model, "
-                     f"a {type(model).__name__} (kind {' or '.join(allowed)}"
-                     "); give the model's kind.")
-  return Draft(name=name, kind=kind, params=_param_count(model), model=model)
 
 
 AUTO = "auto"
@@ -129,7 +59,7 @@ AUTO = "auto"
 @dataclasses.dataclass(frozen=True)
 class Cell:
   """One point of the grid. `gamma` is an int >= 1 or "auto"."""
-  draft: Draft
+  draft: drafts_lib.Draft
   temperature: float
   verifier: verifiers_lib.Verifier
   gamma: int | str
@@ -189,7 +119,7 @@ def _check_gammas(gammas) -> tuple:
   return tuple(out)
 
 
-def plan(drafts: Sequence[Draft], *, temperatures: Sequence[float],
+def plan(drafts: Sequence[drafts_lib.Draft], *, temperatures: Sequence[float],
          gammas: Sequence[int | str], verifiers: Sequence[str] = ("token",),
          batch_sizes: Sequence[int] = (1,), num_prompts: int | None = None
          ) -> tuple[list[Cell], list[dict]]:
@@ -211,12 +141,13 @@ def plan(drafts: Sequence[Draft], *, temperatures: Sequence[float],
   """
   if isinstance(drafts, (str, bytes, Mapping)) or not isinstance(
       drafts, Iterable):
-    raise TypeError(f"drafts must be a sequence of Drafts (make_draft), got "
+    raise TypeError(f"drafts must be a sequence of Drafts (drafts.make_draft "
+                    f"or drafts.wrap), got "
                     f"{drafts!r}.")
   drafts = tuple(drafts)  # iterated once per temperature and batch size
   for i, d in enumerate(drafts):
-    if not isinstance(d, Draft):
-      raise TypeError(f"drafts[{i}] must be a Draft (make_draft(name, kind, "
+    if not isinstance(d, drafts_lib.Draft):
+      raise TypeError(f"drafts[{i}] must be a Draft (drafts.wrap(name, kind, "
                       f"model)), got {type(d).__name__} {d!r}.")
   _refuse_repeats("drafts (by name)", [d.name for d in drafts],
                   [d.name for d in drafts])
@@ -336,7 +267,7 @@ def _distortion(target, cell: Cell, prompts: np.ndarray, results,
           "tv_per_token_se": est["tv_per_token_se"]}
 
 
-def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
+def run(target, drafts: Sequence[drafts_lib.Draft], prompts: np.ndarray, *,
         temperatures: Sequence[float], gammas: Sequence[int | str],
         max_new_tokens: int, target_name: str,
         verifiers: Sequence[str] = ("token",),
@@ -350,7 +281,7 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
 
   Args:
     target: the target `CausalLM`.
-    drafts: the drafts to compare (`make_draft`).
+    drafts: the drafts to compare (`drafts.make_draft`, `drafts.wrap`).
     prompts: int `[N, P]` held-out prompts (all of length P), decoded
       `batch_size` at a time.
     temperatures: e.g. (0.0, 1.0); 0 is greedy.
@@ -395,7 +326,7 @@ def run(target, drafts: Sequence[Draft], prompts: np.ndarray, *,
   cells, skips = plan(drafts, temperatures=temperatures, gammas=gammas,
                       verifiers=verifiers, batch_sizes=batch_sizes,
                       num_prompts=num_prompts)
-  target_params = _param_count(target)
+  target_params = drafts_lib.param_count(target)
   rows = []
   memo: dict = {}
   lengths = np.full((num_prompts,), prompt_len, np.int32)
@@ -512,99 +443,6 @@ def device_description() -> str:
           f"({os.cpu_count()} CPU cores, {platform.machine()})")
 
 
-def _self_layers(name: str) -> int:
-  """k of a self-draft's name `self:k`; raises for any other name."""
-  head, _, k = name.partition(":")
-  if head != "self" or not k.isdecimal() or int(k) < 1:
-    raise ValueError(f"a self-draft is named 'self:k' (the target's first k "
-                     f"blocks, k >= 1), got {name!r}.")
-  return int(k)
-
-
-def self_draft(name: str, target) -> SelfDraft:
-  """`self:k`: the target's first k blocks, sharing its KV cache."""
-  return SelfDraft(target, layers=_self_layers(name), share_cache=True)
-
-
-_DRAFT_FIELDS = ("name", "kind", "overrides", "teacher_overrides")
-# The draft kind each kind of zoo name loads as ("ngram": the name itself).
-_ZOO_KINDS = {"transformer": "transformer", "distilled": "distilled",
-              "eagle": "eagle"}
-
-
-def _check_draft_specs(drafts, where: str = "config.drafts") -> None:
-  """A config's drafts, checked before any model loads: a non-empty
-  sequence of ConfigDicts with `_DRAFT_FIELDS`, unique names, kinds in
-  `DRAFT_KINDS` that agree with what the name loads (a zoo name's kind, or
-  `self:k` for "self"; prompt lookup's name is free)."""
-  drafts = _axis(where, drafts, "the draft ConfigDicts of "
-                 "configs/reproduce.py (name 'bigram', kind 'bigram', ...)")
-  for i, spec in enumerate(drafts):
-    here = f"{where}[{i}]"
-    if not isinstance(spec, config_dict.ConfigDict) or any(
-        f not in spec for f in _DRAFT_FIELDS):
-      raise TypeError(f"{here} must be a ConfigDict with fields "
-                      f"{_DRAFT_FIELDS} (as configs/reproduce.py makes them), "
-                      f"got {spec!r}.")
-    if not isinstance(spec.name, str) or not spec.name:
-      raise TypeError(f"{here}.name must be a non-empty string, got "
-                      f"{spec.name!r}.")
-    kind = _check_kind(f"{here}.kind", spec.kind)
-    if kind == "self":
-      _self_layers(spec.name)
-      continue
-    if kind == "prompt_lookup":
-      continue
-    try:
-      zoo_kind, size, _ = zoo.parse_name(spec.name)
-    except ValueError as e:
-      raise ValueError(f"{here}.name: {e}") from None
-    loads_as = size if zoo_kind == "ngram" else _ZOO_KINDS.get(zoo_kind)
-    if loads_as is None:
-      raise ValueError(f"{here}.name {spec.name!r} is a zoo {zoo_kind}, not "
-                       "a draft model.")
-    if kind != loads_as:
-      raise ValueError(f"{here}.kind is {kind!r}, but the zoo's "
-                       f"{spec.name!r} is a {loads_as} model; give kind "
-                       f"{loads_as!r}.")
-  _refuse_repeats(f"{where} (by name)", [d.name for d in drafts],
-                  [d.name for d in drafts])
-
-
-def _cast(model, dtypes):
-  """A Transformer in `dtypes` (`TransformerLM.astype` kwargs); other
-  models (n-gram, prompt lookup) as they are."""
-  return model.astype(**dtypes) if dtypes and hasattr(model, "astype") else model
-
-
-def load_models(config, corpus, dtypes: dict | None = None):
-  """(target, [Draft]) as a reproduce config names them, via the zoo.
-
-  `dtypes`: `{"dtype": ..., "param_dtype": ...}` to decode the Transformers
-  in (e.g. bfloat16; default: as trained, float32). The drafts' names and
-  kinds are checked before any model loads (`_check_draft_specs`), and
-  each loaded model against its kind (`make_draft`).
-  """
-  _check_draft_specs(config.drafts)
-  cache = config.cache_dir
-  target = _cast(zoo.load(config.target, cache_dir=cache,
-                          overrides=dict(config.target_overrides),
-                          corpus=corpus), dtypes)
-  drafts = []
-  for spec in config.drafts:
-    if spec.kind == "prompt_lookup":
-      model = PromptLookupDraft(target.vocab_size, max_ngram=3)
-    elif spec.kind == "self":
-      model = self_draft(spec.name, target)
-    else:
-      model = zoo.load(spec.name, cache_dir=cache,
-                       overrides=dict(spec.overrides),
-                       teacher_overrides=dict(spec.teacher_overrides) or None,
-                       corpus=corpus)
-    drafts.append(make_draft(spec.name, spec.kind, _cast(model, dtypes)))
-  return target, drafts
-
-
 def check_config(config, results_dir: str) -> dict:
   """Raises, naming the field, for a bad `configs/reproduce.py` ConfigDict
   or `results_dir`; returns the grid's axes (`plan`'s keyword arguments).
@@ -634,7 +472,7 @@ def check_config(config, results_dir: str) -> dict:
     raise TypeError(f"config: {e}") from None
   except ValueError as e:
     raise ValueError(f"config: {e}") from None
-  _check_draft_specs(config.drafts)
+  drafts_lib.check_config_drafts(config.drafts)
   _check_results_dir(results_dir)
   return axes
 
@@ -645,14 +483,16 @@ def run_config(config, results_dir: str,
 
   `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
   `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
-  `dtypes` as `load_models` (recorded in the metadata). Every field, axis,
-  draft and `results_dir` is checked, naming it, before a model loads.
+  `dtypes` as `drafts.load_models` (recorded in the metadata). Every
+  field, axis, draft and `results_dir` is checked, naming it, before a
+  model loads.
   """
   start = time.time()
   axes = check_config(config, results_dir)
   os.makedirs(results_dir, exist_ok=True)
   corpus = data.stdlib_corpus()
-  target, drafts = load_models(config, corpus, dtypes)
+  target, drafts = drafts_lib.load_models(config, corpus=corpus,
+                                          dtypes=dtypes)
   heldout = corpus.tokens("heldout").astype(np.int32)
   prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
                          config.seed)
@@ -721,7 +561,7 @@ def _check_results_dir(results_dir) -> None:
                      "missing).")
 
 
-def model_summaries(target_name: str, target, drafts: list[Draft],
+def model_summaries(target_name: str, target, drafts: list[drafts_lib.Draft],
                     windows_NxBxT1: np.ndarray) -> dict[str, dict]:
   """metadata.json's "models": {name: {kind, params, heldout_bpb}}.
 
@@ -729,8 +569,9 @@ def model_summaries(target_name: str, target, drafts: list[Draft],
   from the prompt), so its `heldout_bpb` is None; every other draft,
   self-drafts included (scored through their own cache), gets a number.
   """
-  models = {target_name: {"kind": "target", "params": _param_count(target),
-                           "heldout_bpb": heldout_bpb(target, windows_NxBxT1)}}
+  models = {target_name: {"kind": "target",
+                          "params": drafts_lib.param_count(target),
+                          "heldout_bpb": heldout_bpb(target, windows_NxBxT1)}}
   for d in drafts:
     models[d.name] = {"kind": d.kind, "params": d.params,
                       "heldout_bpb": (None if d.kind == "prompt_lookup"

@@ -1,15 +1,12 @@
-"""Text in, text out: a target/draft pair from specs, timed generations.
+"""Text in, text out: a checkpoint target, timed generations.
 
 The library side of `python -m experiments.generate` and
 colab/hf_checkpoints.ipynb:
 
 * `load_target(spec)`: a Hugging Face directory or `hf:<repo_id>` ->
   `(TransformerLM, HFTokenizer)`.
-* `make_draft(spec, target, tokenizer, prompts)`: `DIR` / `hf:ID` (another
-  checkpoint; vocabularies reconciled, see specjax.models.vocab), `self:N`
-  (`SelfDraft`: the target's first N blocks with its embeddings and head,
-  sharing its weights and KV cache), `bigram`
-  (fitted on the prompts, pairs within each), `prompt_lookup`.
+* drafts come from the one registry, `specjax.harness.drafts.make_draft(
+  spec, target, tokenizer=..., prompt_ids=...)`.
 * `parse_gamma(text)`: a `--gamma` flag (an int or "auto").
 * `run(target, draft, tokenizer, texts, ...)`: speculative generation (and,
   with `compare=True`, the autoregressive baseline on the same prompts),
@@ -19,7 +16,6 @@ colab/hf_checkpoints.ipynb:
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Sequence
 
 import jax
@@ -27,20 +23,11 @@ import numpy as np
 
 from specjax import _checks
 from specjax import sampling as sampling_lib
-from specjax.data.hf_tokenizer import read_json
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
 from specjax.harness import autotune
 from specjax.harness import measure
 from specjax.models import hf
-from specjax.models import transformer as transformer_lib
-from specjax.models import vocab
-from specjax.models.ngram import NGramLM
-from specjax.models.prompt_lookup import PromptLookupDraft
-from specjax.models.self_draft import SelfDraft
-
-# A bigram table is V x V float32: refuse beyond this vocabulary (256 MiB).
-MAX_BIGRAM_VOCAB = 8192
 
 
 def load_target(spec: str, *, dtype: Any = None,
@@ -52,93 +39,6 @@ def load_target(spec: str, *, dtype: Any = None,
     raise FileNotFoundError(f"{spec} has no tokenizer.json; text generation "
                             "needs the checkpoint's fast tokenizer.")
   return model, tok
-
-
-def make_draft(spec: str, target, tokenizer, prompt_ids, *,
-               dtype: Any = None, max_positions: int | None = None):
-  """`(draft, target, description)` for a `--draft` spec.
-
-  `dtype` and `max_positions` apply to a checkpoint draft (`hf.load`).
-
-  `prompt_ids` (read by `bigram` only): the prompts' token ids, one integer
-  array per prompt (a list, or a [B, P] array padded with -1), or one
-  prompt's ids (a 1-D array or a list of ints). The bigram counts pairs
-  within each prompt.
-
-  The target is returned too because reconciling two checkpoints with
-  padded vocabularies wraps both (see `specjax.models.vocab.reconcile`).
-  """
-  if not isinstance(spec, str):
-    raise TypeError(f"spec must be a --draft string such as 'self:2', "
-                    f"'bigram' or a checkpoint path, got {type(spec).__name__}.")
-  if dtype is not None:
-    # Checked for every kind, though only a checkpoint draft reads it: a
-    # typo must not pass because the draft kind ignores it.
-    dtype = transformer_lib.float_dtype_name("dtype", dtype)
-  if not isinstance(target, transformer_lib.TransformerLM) and not (
-      spec in ("prompt_lookup", "bigram")):
-    # self:N views the target's blocks; a checkpoint is reconciled with it.
-    raise TypeError(f"target must be a specjax TransformerLM (from "
-                    f"load_target) for the draft {spec!r}, got "
-                    f"{type(target).__name__}.")
-  kind, _, arg = spec.partition(":")
-  if kind == "self":
-    num_layers = target.config.num_layers
-    if not arg.isdecimal() or not 1 <= int(arg) <= num_layers:
-      raise ValueError(f"--draft={spec}: use self:N with N the number of the "
-                       f"target's blocks to keep, 1 <= N <= num_layers "
-                       f"({num_layers}), e.g. self:{max(num_layers // 4, 1)}.")
-    # A view, not a second model: the target's own arrays, and its KV cache
-    # for the kept blocks (no draft prefill, no draft cache).
-    draft = SelfDraft(target, layers=int(arg), share_cache=True)
-    return draft, target, (f"self:{arg}: the target's first {int(arg)} of "
-                           f"{num_layers} blocks (SelfDraft: shared weights "
-                           "and KV cache)")
-  if spec == "prompt_lookup":
-    return (PromptLookupDraft(vocab_size=target.vocab_size), target,
-            "prompt_lookup: n-grams of the prompt and output so far")
-  if spec == "bigram":
-    if target.vocab_size > MAX_BIGRAM_VOCAB:
-      raise ValueError(
-          f"--draft=bigram needs a [V, V] table; V = {target.vocab_size} is "
-          f"above {MAX_BIGRAM_VOCAB}. Use prompt_lookup or self:N.")
-    # One sequence per prompt: no pair joins a prompt's end to the next
-    # one's start, a transition the draft never sees.
-    if prompt_ids is None or (
-        not prompt_ids if isinstance(prompt_ids, (list, tuple))
-        else np.ndim(prompt_ids) > 2 or not np.size(prompt_ids)):
-      raise ValueError(
-          "prompt_ids: --draft=bigram counts the prompts' token pairs; give "
-          "one integer array per prompt (a list, or a [B, P] array padded "
-          f"with -1), got {prompt_ids!r:.80}.")
-    if isinstance(prompt_ids, (list, tuple)):  # prompts, or one prompt's ids
-      one = bool(prompt_ids) and np.isscalar(prompt_ids[0])
-      rows = [prompt_ids] if one else prompt_ids
-    else:
-      rows = prompt_ids if np.ndim(prompt_ids) == 2 else [prompt_ids]
-    rows = [np.asarray(row) for row in rows]
-    draft = NGramLM.fit([row[row >= 0] for row in rows],  # -1 pads a batch
-                        target.vocab_size, 2)
-    return draft, target, "bigram: add-1 bigram counts of the prompts"
-  if not spec.startswith("hf:") and not os.path.isdir(spec):
-    raise FileNotFoundError(
-        f"--draft={spec!r} is no directory; a draft is self:N (the target's "
-        "first N blocks), prompt_lookup, bigram, a Hugging Face checkpoint "
-        "directory (config.json, tokenizer.json, *.safetensors) or "
-        "hf:<repo_id>.")
-  directory = hf.resolve(spec)
-  if max_positions is not None:
-    # A cap for the target's sake; a draft with a shorter context keeps it.
-    own = hf.context_length(read_json(directory, "config.json"))
-    if isinstance(own, int):
-      max_positions = min(max_positions, own)
-  draft, draft_tok = hf.load(directory, dtype=dtype,
-                             max_positions=max_positions)
-  if draft_tok is None:
-    raise FileNotFoundError(f"--draft={spec} has no tokenizer.json; it is "
-                            "needed to check the vocabularies agree.")
-  target, draft = vocab.reconcile(target, draft, tokenizer, draft_tok)
-  return draft, target, f"{spec}: a checkpoint"
 
 
 def parse_gamma(text: str) -> int | str:
