@@ -16,6 +16,7 @@ import pytest
 from specjax import accounting
 from specjax import stats
 from specjax.harness import figures
+from specjax.harness.figures import plots
 from specjax.harness import measure
 
 # (name, kind, params, alpha at T=0, alpha at T=1, c). Acceptance counts are
@@ -192,7 +193,7 @@ def test_round_decomposition_draws_a_negative_split_whole(tmp_path,
   measured = [b for b in bars if b[0] == 0.2]  # the first cell's right bar
   tpr = cell["max_new_tokens"] / cell["measured_loop_rounds"]
   assert measured == [(0.2, pytest.approx(1e3 * cell["measured_round_s"]
-                                          / tpr), figures._UNSPLIT)]
+                                          / tpr), plots._UNSPLIT)]
 
 
 def _write_sweep_rows():
@@ -345,7 +346,7 @@ def test_make_all_routes_each_axis(axes_made, monkeypatch):
                "plot_speedup_vs_gamma", "plot_speedup_vs_draft_size",
                "plot_round_decomposition", "plot_verifiers",
                "plot_adaptive_gamma"):
-    monkeypatch.setattr(figures, name, stub(name))
+    monkeypatch.setattr(plots, name, stub(name))
   paths = figures.make_all(d)
   for name in ("fig_verifiers.png", "fig_adaptive_gamma.png", "verifiers.md",
                "summary.txt", "table3.md", "fig_alpha_vs_overlap.png"):
@@ -497,7 +498,7 @@ def _stub_plots(monkeypatch):
                "plot_speedup_vs_gamma", "plot_speedup_vs_draft_size",
                "plot_round_decomposition", "plot_verifiers",
                "plot_adaptive_gamma"):
-    monkeypatch.setattr(figures, name,
+    monkeypatch.setattr(plots, name,
                         lambda rows, stem, metadata=None: [stem + ".png"])
 
 
@@ -573,11 +574,11 @@ def test_adaptive_report_compares_within_one_verifier(axes_made):
 
 def test_adaptive_figure_has_a_column_per_verifier(axes_made, monkeypatch):
   figs = []
-  monkeypatch.setattr(figures, "_finish",
+  monkeypatch.setattr(plots, "_finish",
                       lambda fig, *a, **k: figs.append(fig) or [])
   figures.plot_adaptive_gamma(_two_verifier_auto_rows(axes_made), "unused")
   titles = [ax.get_title() for ax in figs[0].axes]
-  figures.plt.close(figs[0])
+  plots.plt.close(figs[0])
   assert "bigram, T = 1, batch 1, tree" in titles, titles
   assert len(titles) == 2 * 3  # batches 1, 8 x (bigram token/tree, self:1)
 
@@ -600,7 +601,7 @@ def test_adaptive_figure_says_when_auto_was_not_measured(axes_made,
                                                           monkeypatch):
   """A null auto speedup drew a line labelled "auto nan×"."""
   figs = []
-  monkeypatch.setattr(figures, "_finish",
+  monkeypatch.setattr(plots, "_finish",
                       lambda fig, *a, **k: figs.append(fig) or [])
   rows = figures.load_results(axes_made[0])[0]
   for r in rows:
@@ -608,7 +609,7 @@ def test_adaptive_figure_says_when_auto_was_not_measured(axes_made,
       r["speedup"] = None
   figures.plot_adaptive_gamma(rows, "unused")
   texts = [t.get_text() for ax in figs[0].axes for t in ax.texts]
-  figures.plt.close(figs[0])
+  plots.plt.close(figs[0])
   assert texts and all(t == "auto: no measured speedup" for t in texts
                        if t.startswith("auto")), texts
 
