@@ -354,9 +354,10 @@ def plot_round_decomposition(rows: Sequence[dict], path_stem: str,
   cut), right the measurement (the real loop's round split by the same loop
   with a null draft, its measured tokens per round). The black tick is the
   autoregressive step (measured): a bar below it is a speedup. Above each
-  pair: the decode efficiency and, where it misses, the component off. A
-  round whose split came out with a part < 0 (the null-draft loop timed
-  slower than the real one) is drawn whole, in one colour.
+  pair: the decode efficiency and, in red, the component `measure.decompose`
+  found off, where there is one. A round whose split came out with a part
+  < 0 (the null-draft loop timed slower than the real one) is drawn whole,
+  in one colour.
   """
   require_one_setting(rows, "plot_round_decomposition")
   temps = temperatures(rows)
@@ -446,8 +447,9 @@ def plot_batch_scaling(rows: Sequence[dict], path_stem: str,
   meta = metadata or {}
   fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11.5, 4.6),
                                 constrained_layout=True)
-  fig.suptitle(f"Speculative decoding against batch size: {meta.get('target', '')}"
-               f" target, gamma {meta.get('gamma', '')}, "
+  fig.suptitle("Speculative decoding against batch size: "
+               f"{meta.get('target', '')} target, gamma "
+               f"{meta.get('gamma', '')}, "
                f"{meta.get('max_new_tokens', '')} new tokens; "
                f"{meta.get('device', '')}", fontsize=10)
   for key, color, label in (("decode_speedup", "tab:blue", "decode only"),
