@@ -719,3 +719,23 @@ def test_adaptive_rows_keep_exact_verifiers_only(axes_made):
            for r in rows if r["gamma_mode"] == "auto"]
   kept = figures.adaptive_rows(rows + lossy)
   assert kept and all(r["exact"] for r in kept)
+
+
+def test_batch_scaling_marks_the_crossover_and_skips_unmeasured(monkeypatch):
+  """plot_batch_scaling (benchmarks/decode.py --batches) had no test: the
+  crossover line sits where the measured decode speedup falls to 1, and a
+  batch without a measurement has no say in it."""
+  rows = [{"batch_size": b, "decode_speedup": s, "speedup": s,
+           "predicted_decode_speedup": s, "predicted_speedup": s,
+           "decode_speedup_se": 0.01, "speedup_se": 0.01, "c": 0.1, "r": 1.1,
+           "other_s": 1e-4, "ar_step_s": 1e-3}
+          for b, s in ((1, 2.0), (2, 1.5), (4, 1.2), (8, 0.8))]
+  rows.append(dict(rows[0], batch_size=16, decode_speedup=None))
+  figs = []
+  monkeypatch.setattr(plots, "_save", lambda fig, *a: figs.append(fig) or [])
+  plots.plot_batch_scaling(rows, "unused", {"target": "t"})
+  labels = figs[0].axes[0].get_legend_handles_labels()[1]
+  plots.plt.close(figs[0])
+  cross = accounting.crossover_batch([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8])
+  assert 4 < cross < 8
+  assert f"speculation stops paying: B ≈ {cross:.1f}" in labels, labels
