@@ -1,4 +1,4 @@
-r"""Figures and tables from a speculative-decoding sweep (`specjax.harness.sweep`).
+"""Figures and tables from a speculative-decoding sweep (`harness.sweep`).
 
 Reads `DIR/sweep.jsonl` (one JSON object per (draft, temperature, gamma)
 cell) and `DIR/metadata.json`, and `make_all(DIR)` writes into `DIR`:
