@@ -16,6 +16,7 @@ import pytest
 from specjax import accounting
 from specjax import stats
 from specjax.harness import figures
+from specjax.harness.figures import plots
 from specjax.harness import measure
 
 # (name, kind, params, alpha at T=0, alpha at T=1, c). Acceptance counts are
@@ -192,7 +193,7 @@ def test_round_decomposition_draws_a_negative_split_whole(tmp_path,
   measured = [b for b in bars if b[0] == 0.2]  # the first cell's right bar
   tpr = cell["max_new_tokens"] / cell["measured_loop_rounds"]
   assert measured == [(0.2, pytest.approx(1e3 * cell["measured_round_s"]
-                                          / tpr), figures._UNSPLIT)]
+                                          / tpr), plots._UNSPLIT)]
 
 
 def _write_sweep_rows():
@@ -247,17 +248,45 @@ def test_load_results_errors(tmp_path):
     figures.load_results(str(tmp_path))
 
 
-def test_efficiency_report_names_the_component_off():
+def _efficiency_line(rows, key, alpha_min, lo, hi):
+  """The report's summary line for `key`, computed here from the rows."""
+  eff = np.array([r[key] for r in rows if r["alpha_hat"] >= alpha_min])
+  share = np.mean((eff >= lo) & (eff <= hi))
+  return (f"median {np.median(eff):.3f}, {share:.0%} of {eff.size} cells in "
+          f"[{lo:g}, {hi:g}] (range {eff.min():.2f}-{eff.max():.2f})")
+
+
+def test_efficiency_report_states_median_share_and_range():
   rows = _write_sweep_rows()
   report = figures.efficiency_report(rows)
-  assert "Cost model check" in report and "target MET" in report
-  assert "interval covering 1" in report
+  assert "over the cells with alpha_hat >= 0.5" in report
+  lines = report.splitlines()
+  assert lines[1] == "  decode only: " + _efficiency_line(
+      rows, "decode_efficiency", 0.5, 0.9, 1.1)
+  assert lines[2] == "  end to end : " + _efficiency_line(
+      rows, "efficiency", 0.5, 0.9, 1.1)
+  assert "Every cell outside [0.9, 1.1] has a 95% interval covering 1." \
+      in report
+  # The cells and the band are the caller's: every cell, a narrow band.
+  wide = figures.efficiency_report(rows, alpha_min=0.0, band=(0.99, 1.01))
+  assert "alpha_hat >= 0" in wide
+  assert wide.splitlines()[1] == "  decode only: " + _efficiency_line(
+      rows, "decode_efficiency", 0.0, 0.99, 1.01)
+  assert f"of {len(rows)} cells in [0.99, 1.01]" in wide
+  with pytest.raises(ValueError, match="band must be"):
+    figures.efficiency_report(rows, band=(1.1, 0.9))
+
+
+def test_efficiency_report_names_the_component_off():
+  rows = _write_sweep_rows()
   bad = dict(rows[3])
   costs_round = bad["predicted_round_s"]
   bad.update(decode_efficiency=0.7, decode_efficiency_se=0.01, off="verify",
              factor_verify=0.7, measured_verify_s=bad["predicted_verify_s"]
              + 0.43 * costs_round, alpha_hat=0.9)
   report = figures.efficiency_report(rows[:3] + [bad] + rows[4:])
+  assert ("Cells outside [0.9, 1.1] whose 95% interval excludes 1 (decode "
+          "only)") in report
   line = next(l for l in report.splitlines() if "decode 0.70" in l)
   assert f"{bad['draft']} T={bad['temperature']:g} g={bad['gamma']}" in line
   assert "verify:" in line and "in the loop vs" in line
@@ -345,7 +374,7 @@ def test_make_all_routes_each_axis(axes_made, monkeypatch):
                "plot_speedup_vs_gamma", "plot_speedup_vs_draft_size",
                "plot_round_decomposition", "plot_verifiers",
                "plot_adaptive_gamma"):
-    monkeypatch.setattr(figures, name, stub(name))
+    monkeypatch.setattr(plots, name, stub(name))
   paths = figures.make_all(d)
   for name in ("fig_verifiers.png", "fig_adaptive_gamma.png", "verifiers.md",
                "summary.txt", "table3.md", "fig_alpha_vs_overlap.png"):
@@ -380,36 +409,97 @@ def test_main_figures_read_token_fixed_smallest_batch_rows(axes_made):
           loaded["lossy"]) == ("token", "fixed", 1, False)
 
 
-def test_block_vs_token_verdicts(axes_made):
+def _gain_interval(token, block, se=0.01):
+  """block / token - 1 and its 95% interval, as the report prints them:
+  the delta method with both se 0.01 (`_axis_row`) taken as independent."""
+  gain = block / token
+  half = figures.Z95 * gain * np.hypot(se / block, se / token)
+  return f"{gain - 1:+.1%}", f"[{gain - half - 1:+.1%}, {gain + half - 1:+.1%}]"
+
+
+def _block_lines(report):
+  return {l.split()[3]: l.split() for l in report.splitlines()
+          if l.startswith("bigram")}
+
+
+def test_block_vs_token_gain_and_interval(axes_made):
   d, _ = axes_made
-  report = figures.block_vs_token_report(figures.load_results(d)[0])
-  verdict = {l.split()[3]: l for l in report.splitlines()
-             if l.startswith("bigram")}
-  assert verdict["g=1"].endswith("n/a (gamma=1: block is token)")
-  assert verdict["g=2"].endswith("PASS") and "+10.0%" in verdict["g=2"]
-  assert verdict["g=4"].endswith("FAIL")
-  assert "3 of 3 cells; +5% where alpha <= 0.9 and gamma > 1: 1 pass, 1 fail" \
-      in report
+  rows = figures.load_results(d)[0]
+  lines = _block_lines(figures.block_vs_token_report(rows))
+  for g, tok, blk in ((1, 1.6, 1.6), (2, 2.0, 2.2), (4, 2.5, 2.55)):
+    gain, interval = _gain_interval(tok, blk)
+    # alpha, token, block, gain, the interval's two ends, >= token.
+    assert lines[f"g={g}"][4:11] == [
+        "0.600", f"{tok:.2f}", f"{blk:.2f}", gain, *interval.split(),
+        "yes"], lines[f"g={g}"]
+  assert lines["g=2"][7] == "+10.0%"
+  assert " ".join(lines["g=1"][11:]) == "(gamma=1: block is token)"
+  report = figures.block_vs_token_report(rows)
+  assert ("block >= token within 95%: 3 of 3 cells; block > token beyond 95% "
+          "(interval above 0): 2 of 2 cells with gamma > 1.") in report
+  block_g4 = next(r for r in rows if (r["verifier"], r["gamma"],
+                                       r["gamma_mode"]) == ("block", 4,
+                                                            "fixed"))
+  # Block level with token at gamma 4: the interval covers 0.
+  block_g4["tokens_per_target_call"] = 2.5
+  report = figures.block_vs_token_report(rows)
+  assert _block_lines(report)["g=4"][10] == "yes"
+  assert ("block >= token within 95%: 3 of 3 cells; block > token beyond 95% "
+          "(interval above 0): 1 of 2 cells with gamma > 1.") in report
+  # Block measurably behind token at gamma 4: below 0 beyond the interval.
+  block_g4["tokens_per_target_call"] = 2.4
+  report = figures.block_vs_token_report(rows)
+  gain, interval = _gain_interval(2.5, 2.4)
+  assert _block_lines(report)["g=4"][7:11] == [gain, *interval.split(),
+                                               "no"]
+  assert interval.split()[1].startswith("-"), interval  # the upper end
+  assert ("block >= token within 95%: 2 of 3 cells; block > token beyond 95% "
+          "(interval above 0): 1 of 2 cells with gamma > 1.") in report
 
 
-def test_auto_vs_best_fixed_verdicts(axes_made):
+def _speedup_interval(auto, best, se=0.01):
+  """auto / best and its 95% interval, as the report prints them (both
+  speedup se 0.01, `_axis_row`, taken as independent)."""
+  ratio = auto / best
+  half = figures.Z95 * ratio * np.hypot(se / auto, se / best)
+  return [f"{ratio:.3f}", f"[{ratio - half:.3f},", f"{ratio + half:.3f}]"]
+
+
+def _adaptive_lines(report):
+  return {" ".join(l.split()[:3]): l.split() for l in report.splitlines()
+          if l.startswith(("bigram", "self"))}
+
+
+def test_auto_vs_best_fixed_ratios_and_intervals(axes_made):
   d, _ = axes_made
   report = figures.adaptive_report(figures.load_results(d)[0])
-  lines = {" ".join(l.split()[:3]): l for l in report.splitlines()
-           if l.startswith(("bigram", "self"))}
-  assert lines["bigram T=1 B=1"].endswith("BEATS")
-  assert "g=4" in lines["bigram T=1 B=1"]
-  assert lines["bigram T=1 B=8"].endswith("MATCHES")
-  assert lines["self:1 T=1 B=1"].endswith("MISSES")
-  assert "1 BEATS, 1 MATCHES, 1 MISSES of 3 cells." in report
-  # Judged on tokens/s; the speedup ratio is printed beside it.
+  lines = _adaptive_lines(report)
+  # (cell, auto's speedup, best fixed gamma and speedup); tokens/s are
+  # 100 x speedup, so both ratios agree here.
+  for cell, auto, (g, best) in (("bigram T=1 B=1", 1.54, (4, 1.4)),
+                                ("bigram T=1 B=8", 1.188, (4, 1.2)),
+                                ("self:1 T=1 B=1", 1.1, (1, 1.3))):
+    line = lines[cell]
+    assert line[4:8] == [f"{100 * auto:.0f}", f"{min(8, 3.5):.2f}",
+                         f"g={g}", f"{100 * best:.0f}"], line
+    assert line[8] == f"{auto / best:.3f}", line
+    assert line[9:12] == _speedup_interval(auto, best), line
+  # The three cells' intervals: above 1, covering 1, below 1.
+  ends = [[float(x.strip("[],")) for x in _speedup_interval(*c)[1:]]
+          for c in ((1.54, 1.4), (1.188, 1.2), (1.1, 1.3))]
+  assert ends[0][0] > 1 and ends[1][0] < 1 < ends[1][1] and ends[2][1] < 1
+  assert ("auto/best on tokens/s: median 0.990 (range 0.846-1.100) over 3 "
+          "cells.") in report
+  assert ("speedup ratio's 95% interval: above 1 in 1, covers 1 in 1, below "
+          "1 in 1 of 3 cells.") in report
+  # auto/best is on tokens/s, the speedup ratio on speedups: each moves
+  # with its own measurement only.
   rows = figures.load_results(d)[0]
   for r in rows:
     if r["draft"] == "self:1" and r["gamma_mode"] == "auto":
       r["spec_tokens_per_s"] = 200.0  # faster than every fixed gamma's
-  line = next(l for l in figures.adaptive_report(rows).splitlines()
-              if l.startswith("self:1"))
-  assert line.split()[-2:] == ["0.846", "BEATS"], line
+  line = _adaptive_lines(figures.adaptive_report(rows))["self:1 T=1 B=1"]
+  assert line[8:10] == [f"{200 / 130:.3f}", "0.846"], line
 
 
 def test_repeated_cell_includes_the_new_axes(tmp_path):
@@ -497,7 +587,7 @@ def _stub_plots(monkeypatch):
                "plot_speedup_vs_gamma", "plot_speedup_vs_draft_size",
                "plot_round_decomposition", "plot_verifiers",
                "plot_adaptive_gamma"):
-    monkeypatch.setattr(figures, name,
+    monkeypatch.setattr(plots, name,
                         lambda rows, stem, metadata=None: [stem + ".png"])
 
 
@@ -536,8 +626,13 @@ def test_adaptive_report_unmeasured_auto_is_na(axes_made):
       r["spec_tokens_per_s"] = None
   report = figures.adaptive_report(rows)
   line = next(l for l in report.splitlines() if l.startswith("self:1"))
-  assert line.endswith("n/a (auto's tokens/s not measured)"), line
-  assert "1 BEATS, 1 MATCHES, 0 MISSES of 2 cells (1 n/a" in report
+  assert line.endswith("(auto's tokens/s not measured)"), line
+  assert line.split()[4] == line.split()[8] == "n/a", line
+  assert ("auto/best on tokens/s: median 1.045 (range 0.990-1.100) over 2 "
+          "cells (1 more: tokens/s not measured).") in report
+  # Its speedups were measured: the speedup ratio still counts.
+  assert line.split()[9] == "0.846", line
+  assert "below 1 in 1 of 3 cells." in report
 
 
 def test_adaptive_speedup_ratio_skips_a_missing_fixed_speedup(axes_made):
@@ -548,7 +643,7 @@ def test_adaptive_speedup_ratio_skips_a_missing_fixed_speedup(axes_made):
       r["speedup"] = None  # the first fixed gamma: max() would return NaN
   line = next(l for l in figures.adaptive_report(rows).splitlines()
               if l.startswith("bigram T=1 B=1"))
-  assert line.split()[-2] == f"{1.54 / 1.4:.3f}", line
+  assert line.split()[9:12] == _speedup_interval(1.54, 1.4), line
 
 
 def _two_verifier_auto_rows(axes_made):
@@ -564,20 +659,24 @@ def _two_verifier_auto_rows(axes_made):
 
 def test_adaptive_report_compares_within_one_verifier(axes_made):
   report = figures.adaptive_report(_two_verifier_auto_rows(axes_made))
-  lines = {" ".join(l.split()[:4]): l for l in report.splitlines()
+  lines = {" ".join(l.split()[:4]): l.split() for l in report.splitlines()
            if l.startswith("bigram")}
-  assert lines["bigram T=1 B=1 token"].endswith("BEATS")
-  assert lines["bigram T=1 B=1 tree"].endswith("BEATS")
-  assert "2 BEATS, 1 MATCHES, 1 MISSES of 4 cells." in report
+  # Each auto against its own verifier's best fixed gamma: 1.54 / 1.4 both
+  # times (token's auto against tree's 3x faster fixed gammas would be 0.37).
+  for v in ("token", "tree"):
+    assert lines[f"bigram T=1 B=1 {v}"][8:10] == ["1.100", "1.100"], lines
+  assert "over 4 cells." in report
+  assert ("above 1 in 2, covers 1 in 1, below 1 in 1 of 4 cells."
+          in report)
 
 
 def test_adaptive_figure_has_a_column_per_verifier(axes_made, monkeypatch):
   figs = []
-  monkeypatch.setattr(figures, "_finish",
+  monkeypatch.setattr(plots, "_finish",
                       lambda fig, *a, **k: figs.append(fig) or [])
   figures.plot_adaptive_gamma(_two_verifier_auto_rows(axes_made), "unused")
   titles = [ax.get_title() for ax in figs[0].axes]
-  figures.plt.close(figs[0])
+  plots.plt.close(figs[0])
   assert "bigram, T = 1, batch 1, tree" in titles, titles
   assert len(titles) == 2 * 3  # batches 1, 8 x (bigram token/tree, self:1)
 
@@ -591,16 +690,17 @@ def test_block_vs_token_unmeasured_cell_is_na(axes_made, tokens):
   report = figures.block_vs_token_report(rows)
   line = next(l for l in report.splitlines() if l.startswith("bigram")
               and " g=2 " in l + " ")
-  assert line.endswith("n/a (tokens per call not measured)"), line
-  assert ("2 of 2 cells (1 more without tokens per call); +5% where alpha "
-          "<= 0.9 and gamma > 1: 0 pass, 1 fail") in report
+  assert line.endswith("n/a  (tokens per call not measured)"), line
+  assert ("block >= token within 95%: 2 of 2 cells (1 more without tokens "
+          "per call); block > token beyond 95% (interval above 0): 1 of 1 "
+          "cells with gamma > 1.") in report
 
 
 def test_adaptive_figure_says_when_auto_was_not_measured(axes_made,
                                                           monkeypatch):
   """A null auto speedup drew a line labelled "auto nan×"."""
   figs = []
-  monkeypatch.setattr(figures, "_finish",
+  monkeypatch.setattr(plots, "_finish",
                       lambda fig, *a, **k: figs.append(fig) or [])
   rows = figures.load_results(axes_made[0])[0]
   for r in rows:
@@ -608,7 +708,7 @@ def test_adaptive_figure_says_when_auto_was_not_measured(axes_made,
       r["speedup"] = None
   figures.plot_adaptive_gamma(rows, "unused")
   texts = [t.get_text() for ax in figs[0].axes for t in ax.texts]
-  figures.plt.close(figs[0])
+  plots.plt.close(figs[0])
   assert texts and all(t == "auto: no measured speedup" for t in texts
                        if t.startswith("auto")), texts
 
@@ -619,3 +719,23 @@ def test_adaptive_rows_keep_exact_verifiers_only(axes_made):
            for r in rows if r["gamma_mode"] == "auto"]
   kept = figures.adaptive_rows(rows + lossy)
   assert kept and all(r["exact"] for r in kept)
+
+
+def test_batch_scaling_marks_the_crossover_and_skips_unmeasured(monkeypatch):
+  """plot_batch_scaling (benchmarks/decode.py --batches) had no test: the
+  crossover line sits where the measured decode speedup falls to 1, and a
+  batch without a measurement has no say in it."""
+  rows = [{"batch_size": b, "decode_speedup": s, "speedup": s,
+           "predicted_decode_speedup": s, "predicted_speedup": s,
+           "decode_speedup_se": 0.01, "speedup_se": 0.01, "c": 0.1, "r": 1.1,
+           "other_s": 1e-4, "ar_step_s": 1e-3}
+          for b, s in ((1, 2.0), (2, 1.5), (4, 1.2), (8, 0.8))]
+  rows.append(dict(rows[0], batch_size=16, decode_speedup=None))
+  figs = []
+  monkeypatch.setattr(plots, "_save", lambda fig, *a: figs.append(fig) or [])
+  plots.plot_batch_scaling(rows, "unused", {"target": "t"})
+  labels = figs[0].axes[0].get_legend_handles_labels()[1]
+  plots.plt.close(figs[0])
+  cross = accounting.crossover_batch([1, 2, 4, 8], [2.0, 1.5, 1.2, 0.8])
+  assert 4 < cross < 8
+  assert f"speculation stops paying: B ≈ {cross:.1f}" in labels, labels
