@@ -63,7 +63,8 @@ from specjax.models.self_draft import SelfDraft
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
 
-# The kinds a draft is reported as (the figures' columns and markers).
+# The kinds a draft is reported as, in the figures' order: the paper's
+# columns first, then ours.
 KINDS = ("unigram", "bigram", "prompt_lookup", "transformer", "distilled",
          "self", "eagle")
 

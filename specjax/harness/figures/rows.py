@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from specjax import stats
+from specjax.harness import drafts
 
 SWEEP_FILE = "sweep.jsonl"
 METADATA_FILE = "metadata.json"
@@ -40,9 +41,8 @@ REQUIRED_KEYS = (
     "predicted_speedup",
 )
 
-# Display order of draft kinds: the paper's columns first, then ours.
-KIND_ORDER = ("unigram", "bigram", "prompt_lookup", "transformer", "distilled",
-              "self", "eagle")
+# Display order of draft kinds: the registry's, the paper's columns first.
+KIND_ORDER = drafts.KINDS
 TRANSFORMER_KINDS = ("transformer", "distilled")
 
 # Axes added by later sweeps, with the value a row without them had.
