@@ -125,6 +125,7 @@ def test_distillation_lowers_heldout_tv_to_the_target(corpus, cache):
   assert metrics["train_loss"][-1] < metrics["train_loss"][0]
 
 
+@pytest.mark.full
 def test_on_policy_corpus_is_the_teachers_text(corpus, cache, tmp_path):
   teacher = zoo.load("tiny", cache_dir=cache, overrides=QUICK, corpus=corpus,
                      verbose=False)
@@ -242,6 +243,7 @@ def _same(a, b):
              zip(jax.tree.leaves(a.state), jax.tree.leaves(b.state)))
 
 
+@pytest.mark.full
 def test_zoo_key_covers_corpus_recipe_and_teacher(tmp_path, monkeypatch,
                                                   capsys):
   cache = str(tmp_path / "zoo")
@@ -373,6 +375,7 @@ print("SUM", float(sum(np.abs(x).sum() for x in jax.tree.leaves(model.state))))
 """
 
 
+@pytest.mark.full
 def test_two_processes_train_a_model_once(tmp_path, corpus):
   sync = tmp_path / "sync"
   sync.mkdir()

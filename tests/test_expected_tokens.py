@@ -145,6 +145,7 @@ def test_transformer_target_with_a_bigram_draft_and_ragged_rows():
                              out["tokens_per_round"], rtol=1e-6)
 
 
+@pytest.mark.full
 def test_the_cut_context_is_the_prefix_alone():
   """A context cut from a longer prefilled text scores exactly as a text
   that ends there: the cache past the cut is masked. Same key, so the same

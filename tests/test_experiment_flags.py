@@ -109,6 +109,7 @@ def _env(tmp_path):
               SPECJAX_CACHE=str(tmp_path / "empty-zoo"))
 
 
+@pytest.mark.full
 def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
   env = _env(tmp_path)
   afile = tmp_path / "afile"
@@ -144,6 +145,7 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
   assert not out.exists() and afile.read_text() == "not a directory"
 
 
+@pytest.mark.full
 def test_bad_config_overrides_are_usage_errors(tmp_path):
   """A bad --config.<field> came as a traceback (its message was clear).
   Run as `python -m`: config_flags defines the override flags from the

@@ -118,6 +118,7 @@ def made(tmp_path_factory):
   return d, figures.make_all(d)
 
 
+@pytest.mark.full
 def test_make_all_writes_every_file(made):
   d, paths = made
   expected = [os.path.join(d, f"{n}.{e}") for n in figures.FIGURE_NAMES

@@ -16,6 +16,7 @@ from specjax.models import hf
 DATA = REPO / "tests" / "data" / "hf"
 
 
+@pytest.mark.full
 def test_generate_command_prints_text_and_statistics(tmp_path):
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("the quick brown fox\ndef main():\n")
@@ -92,6 +93,7 @@ def test_run_refuses_a_bare_string_and_a_bad_seed():
       textgen.run(None, None, tok, ["hello"], seed=seed)
 
 
+@pytest.mark.full
 def test_a_sliding_window_checkpoint_loads_with_max_positions(tmp_path):
   """A Mistral whose window is shorter than its context loads only capped
   at the window: the command line said to pass load()'s argument, which it

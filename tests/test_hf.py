@@ -436,6 +436,7 @@ def test_unused_rope_scaling_fields_are_dropped_with_a_warning():
   assert got == want and want.rope_scaling is not None
 
 
+@pytest.mark.full
 def test_a_tied_config_with_a_different_head_in_the_file_uses_the_head(
     tmp_path):
   """transformers >= 5 keeps a checkpoint's lm_head.weight that differs from
@@ -507,6 +508,7 @@ def _probs(model, tokens, sampling):
   return np.asarray(sampling_lib.probabilities(logits[0, -1], sampling))
 
 
+@pytest.mark.full
 def test_padded_vocabularies_are_reconciled_with_zero_mass():
   target, target_tok = hf.load(DATA / "qwen2")        # 320-row head
   draft, draft_tok = hf.load(DATA / "qwen2_draft")    # 304-row head
@@ -558,6 +560,7 @@ def test_different_tokenizers_are_refused_naming_the_token():
     vocab.reconcile(model, model, gpt2_tok, llama_tok)
 
 
+@pytest.mark.full
 def test_reduced_vocabulary_draft_is_exact_with_zero_q_elsewhere():
   target, tok = hf.load(DATA / "gpt2")
   ref = np.load(DATA / "gpt2" / "reference.npz")

@@ -2,12 +2,14 @@
 
 import nbclient
 import nbformat
+import pytest
 
 from conftest import REPO
 
 DATA = REPO / "tests" / "data" / "hf"
 
 
+@pytest.mark.full
 def test_hf_notebook_runs_on_tiny_checkpoints(monkeypatch):
   monkeypatch.setenv("SPECJAX_HF_TARGET", str(DATA / "qwen2"))
   monkeypatch.setenv("SPECJAX_HF_DRAFT", str(DATA / "qwen2_draft"))

@@ -47,6 +47,7 @@ def _fake(monkeypatch):
   return counts, cleared
 
 
+@pytest.mark.full
 def test_compiles_count_compiles_and_loads_not_cache_hits():
   f = jax.jit(lambda x: x * 3 + 1)
   x = jnp.ones(5)

@@ -310,6 +310,7 @@ def test_lab_edge_inputs_still_work():
                                 rounding[0][2])
 
 
+@pytest.mark.full
 def test_audit_passes():
   from specjax.lab import audit  # pylint: disable=g-import-not-at-top
   result = audit.run_audit()
@@ -325,6 +326,7 @@ def test_audit_passes():
   assert "ALL PASS" in text.splitlines()[-1]
 
 
+@pytest.mark.full
 def test_audit_on_sharp_rows_fails_only_where_controls_vanish():
   """On sharp rows the wrong fallback's true TV shrinks (the residual nears
   p), yet it stays far above the exact checks' rounding floor: the audit

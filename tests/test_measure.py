@@ -197,6 +197,7 @@ def test_passes_are_timed_together_and_checked(tiny, monkeypatch):
     measure.passes_seconds(target, passes=(), **kw)
 
 
+@pytest.mark.full
 def test_loop_round_steps_times_each_width_against_generate(tiny):
   target, draft = tiny
   shape = measure.LoopShape(2, 6, 12, 3)
@@ -215,6 +216,7 @@ def test_loop_round_steps_times_each_width_against_generate(tiny):
                              prompts_BxP=own[:1])
 
 
+@pytest.mark.full
 def test_loop_round_steps_prices_a_rule_on_its_own_loop(tiny):
   """With `rule`, every width runs on the rule's one compiled loop
   (`draft_length.pinned`), which the rule's own call then reuses."""

@@ -22,6 +22,7 @@ def test_every_notebook_starts_with_a_guarded_install_cell(path):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.full
 def test_quickstart_notebook_runs_in_a_kernel(tmp_path, monkeypatch):
   monkeypatch.setenv("SPECJAX_CACHE", str(tmp_path / "cache"))
   # The kernel is a fresh process: it must import this checkout's specjax.

@@ -33,6 +33,7 @@ def _blocks():
   return blocks
 
 
+@pytest.mark.full
 def test_readme_decoding_example_runs(monkeypatch):
   out = _run_blocks(monkeypatch, _blocks()[:1])["out"]
   assert out.tokens.shape == (2, 32)

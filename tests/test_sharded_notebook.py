@@ -10,6 +10,7 @@ nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
 
+@pytest.mark.full
 def test_sharded_decoding_notebook_runs():
   nb = nbformat.read(REPO / "colab" / "sharded_decoding.ipynb", as_version=4)
   # The kernel's environment: 8 host devices, this checkout, no persistent

@@ -299,6 +299,7 @@ def decode_results(worker_results):
   return worker_results["decode"]
 
 
+@pytest.mark.full
 def test_outputs_identical_on_every_mesh(decode_results):
   """Greedy and T = 1 tokens are the same on 1x1, 8x1 and 2x4, for
   generate and speculative_generate, with a GQA Llama target (1x1 equals the
@@ -314,6 +315,7 @@ def test_outputs_identical_on_every_mesh(decode_results):
   assert reference["generate_T1"] != reference["generate_T0"]
 
 
+@pytest.mark.full
 def test_vocab_sharded_sampling_gathers_no_vocabulary_rows(decode_results):
   """With V = 256 on `model:4`, the sampled speculative loop's inverse-CDF
   draws (draft, residual, bonus) all-gather only the [B, C] chunk masses
@@ -333,6 +335,7 @@ def test_vocab_sharded_sampling_gathers_no_vocabulary_rows(decode_results):
       assert not shape.rstrip("]").endswith(str(c["vocab"])), x
 
 
+@pytest.mark.full
 def test_chi_square_exact_on_2x4_and_control_rejected(decode_results):
   chi = decode_results["chi_square"]
   assert chi["exact_passed"], chi["exact"]
@@ -340,6 +343,7 @@ def test_chi_square_exact_on_2x4_and_control_rejected(decode_results):
   assert chi["one_minus_tv"] < 0.9
 
 
+@pytest.mark.full
 def test_per_device_param_bytes_shrink_by_model_axis(decode_results):
   b = decode_results["param_bytes"]
   for spec, model_size in (("data:2,model:4", 4), ("data:4,model:2", 2),
@@ -352,6 +356,7 @@ def test_per_device_param_bytes_shrink_by_model_axis(decode_results):
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["data:2,model:4", "data:8,model:1",
                                   "data:1,model:8"])
+@pytest.mark.full
 def test_every_draft_kind_and_rule_decodes_the_same_on_a_mesh(spec):
   """Self-drafts (shared cache, skipped block, exit adapter), an EAGLE head,
   n-gram, prompt lookup and Transformer drafts, under token, block and tree
@@ -368,6 +373,7 @@ def train_results(worker_results):
   return worker_results["train"]
 
 
+@pytest.mark.full
 def test_sharded_training_matches_one_device(train_results):
   one = np.array(train_results["loss_one"])
   for name in ("loss_tp", "loss_fsdp"):
@@ -378,6 +384,7 @@ def test_sharded_training_matches_one_device(train_results):
   np.testing.assert_allclose(dist["tp"], dist["one"], rtol=1e-5)
 
 
+@pytest.mark.full
 def test_checkpoint_from_2x4_restores_on_1x1_and_4x2(train_results):
   for spec, r in train_results["restore"].items():
     assert r == {"params_equal": True, "on_mesh": True,
@@ -390,6 +397,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.full
 def test_two_processes_match_one_device():
   """2 processes x 4 CPU devices (gloo), one 2x4 mesh across both: greedy and
   sampled generations equal the single-device run. A hang fails on timeout."""

@@ -227,6 +227,7 @@ def test_resume_reproduces_the_uninterrupted_run(run, corpus_dir, tmp_path):
   assert steps == [2, 4, 6, 8]  # events after the restored step rewritten once
 
 
+@pytest.mark.full
 def test_resume_between_records_keeps_the_metrics_of_the_run(corpus_dir,
                                                               tmp_path):
   """Checkpoints at 3 and 6, records every 2 steps: the record at step 4
@@ -257,6 +258,7 @@ def test_checkpoint_of_another_model_is_refused(run, corpus_dir, tmp_path):
   assert "fresh --workdir" in message
 
 
+@pytest.mark.full
 def test_resume_with_another_teacher_or_record_is_refused(run, corpus_dir,
                                                           tmp_path):
   """The model config alone does not identify a run: a distilled student
@@ -488,6 +490,7 @@ def test_sharded_step_equals_single_device_step():
 # -- the entry point -----------------------------------------------------------
 
 
+@pytest.mark.full
 def test_command_line_entry_point(corpus_dir, tmp_path):
   workdir = tmp_path / "cli"
   cmd = [sys.executable, "-m", "experiments.train",
@@ -707,6 +710,7 @@ def test_checks_train_refuses_a_vocabulary_smaller_than_the_corpus(
 
 
 
+@pytest.mark.full
 def test_checks_train_refuses_a_workdir_or_mesh_it_cannot_use(corpus_dir,
                                                               tmp_path):
   config = _small_run_config(corpus_dir)

@@ -11,6 +11,7 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
 
+@pytest.mark.full
 def test_verifiers_notebook_runs(monkeypatch):
   # The kernel is a subprocess: make it import this checkout's specjax.
   monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
