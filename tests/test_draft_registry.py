@@ -29,7 +29,7 @@ def test_every_kind_resolves(gpt2):
       ("self:0", sj.SelfDraft, "self"),
       (f"skip:{layers - 1}", sj.SelfDraft, "self"),
       ("truncated:1", sj.TransformerLM, "transformer"),
-      ("truncated:0", sj.TransformerLM, "transformer"),
+      ("truncated:0", sj.SelfDraft, "self"),
       ("bigram", sj.NGramLM, "bigram"),
       ("unigram", sj.NGramLM, "unigram"),
       ("prompt_lookup", sj.PromptLookupDraft, "prompt_lookup"),

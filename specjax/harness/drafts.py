@@ -12,7 +12,8 @@ every one of them is resolved here:
   skip:I,J,...        `SelfDraft.skipping`: the target without blocks I, J,
                       ... (its weights, a cache of its own)
   truncated:N         the target's first N blocks as a `TransformerLM` of
-                      its own (N = 0: embeddings, final norm and head)
+                      its own (`models.derived.truncate`, shared arrays; N =
+                      0: its embeddings, final norm and head)
   unigram, bigram     n-gram counts: of the prompts when `prompt_ids` are
                       given (pairs within each prompt), else the zoo's fit
                       of the built-in corpus' training split
@@ -45,7 +46,6 @@ import dataclasses
 import os
 from typing import Any
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,6 +53,7 @@ import numpy as np
 from specjax import _checks
 from specjax.data.hf_tokenizer import read_json
 from specjax.harness import zoo
+from specjax.models import derived
 from specjax.models import hf
 from specjax.models import transformer as transformer_lib
 from specjax.models import vocab
@@ -225,23 +226,14 @@ def _parse_truncated(spec):
 
 def _build_truncated(k, target, ctx):
   del ctx
-  _blocks(f"truncated:{k}", k,
-          _transformer(target, "truncated:").config.num_layers, low=0)
-  # TransformerConfig requires >= 1 layer: build with max(N, 1) blocks, keep
-  # N, and for N = 0 set the field afterwards (a KV cache of zero layers).
-  config = dataclasses.replace(target.config, num_layers=max(k, 1))
-  module = transformer_lib.Transformer(config, nnx.Rngs(0))
-  source = target.module()
-  for name in ("embed", "pos_embed", "final_norm", "lm_head"):
-    if hasattr(source, name):
-      setattr(module, name, getattr(source, name))
-  module.blocks = nnx.List([source.blocks[i] for i in range(k)])
+  n = _transformer(target, "truncated:").config.num_layers
+  _blocks(f"truncated:{k}", k, n, low=0)
+  what = f"the target's first {k} of {n} blocks, its embeddings and head"
   if k == 0:
-    object.__setattr__(config, "num_layers", 0)
-  n = target.config.num_layers
-  return TransformerLM.from_module(module), (
-      f"the target truncated to its first {k} of {n} blocks (its embeddings "
-      "and head)")
+    # A TransformerConfig has at least one block; the view computes the
+    # same function (embeddings, final norm, head) with a cache of its own.
+    return SelfDraft(target, layers=0), what + " (a view)"
+  return derived.truncate(target, k), what + " (shared arrays)"
 
 
 def _parse_ngram(spec):
@@ -433,8 +425,8 @@ _KINDS = (
           layers=lambda a, n: _blocks(f"self:{a[0]}", a[0], n, low=0)),
     _Kind("skip:I,J,...", _parse_skip, lambda a: "self", _build_skip,
           layers=_check_skip),
-    _Kind("truncated:N", _parse_truncated, lambda a: "transformer",
-          _build_truncated,
+    _Kind("truncated:N", _parse_truncated,
+          lambda a: "transformer" if a else "self", _build_truncated,
           layers=lambda a, n: _blocks(f"truncated:{a}", a, n, low=0)),
     _Kind("unigram | bigram", _parse_ngram, lambda a: a, _build_ngram),
     _Kind("prompt_lookup[:n]", _parse_prompt_lookup, lambda a: "prompt_lookup",

@@ -1,4 +1,4 @@
-"""Models built from another model's weights: `truncate` (the `self:N` draft).
+"""Models built from another model's weights: `from_params`, `truncate`.
 
 The arrays are shared, not copied: a truncated draft of a loaded checkpoint
 costs no memory beyond its own KV cache.
@@ -45,7 +45,7 @@ def from_params(config: TransformerConfig, params: dict[str, Any]
 
 def truncate(model: TransformerLM, num_layers: int) -> TransformerLM:
   """The model's first `num_layers` blocks with its embeddings, final norm
-  and head (shared arrays): the `self:N` draft.
+  and head (shared arrays): a truncated draft.
 
   Args:
     model: a `TransformerLM`.
