@@ -436,8 +436,8 @@ def plot_batch_scaling(rows: Sequence[dict], path_stem: str,
                        metadata: dict | None = None) -> list[str]:
   """Speedup against batch size, measured vs predicted, and c(B), r(B).
 
-  `rows` are `measure.compare` rows with a `batch_size` (benchmarks/decode.py
-  --batches). Left: decode-only and end-to-end speedups (markers, 95% CIs)
+  `rows` are `measure.compare` rows with a `batch_size`, one per batch
+  size (the decode benchmark's `--batches`). Left: decode-only and end-to-end speedups (markers, 95% CIs)
   beside their predictions (lines) from each batch's own measured costs, the
   break-even line and the crossover batch. Right: c(B), r(B) and the round's
   other work, all in autoregressive steps at that batch, and the AR step.
