@@ -17,15 +17,10 @@ held-out split, result files with full metadata.
 
 from __future__ import annotations
 
-import csv
 import functools
 import itertools
-import json
 import math
 import os
-import platform
-import subprocess
-import sys
 import time
 from typing import Callable, Sequence
 
@@ -35,7 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from specjax import _checks
 from specjax import data
 from specjax import jit_memory
 from specjax import sampling as sampling_lib
@@ -44,12 +38,16 @@ from specjax.decode import loop
 from specjax.harness import autotune
 from specjax.harness import distortion
 from specjax.harness import drafts as drafts_lib
-from specjax.harness import figures
 from specjax.harness import measure
 from specjax.harness.sweep import grid
 from specjax.harness.sweep.grid import AUTO
 from specjax.harness.sweep.grid import Cell
 from specjax.harness.sweep.grid import plan
+from specjax.harness.sweep import io as io_lib
+from specjax.harness.sweep.io import PARTIAL_ROWS
+from specjax.harness.sweep.io import device_description
+from specjax.harness.sweep.io import git_commit
+from specjax.harness.sweep.io import write
 from specjax.train import losses
 
 
@@ -273,33 +271,13 @@ def run(target, drafts: Sequence[drafts_lib.Draft], prompts: np.ndarray, *,
 # -- from a config to result files ---------------------------------------------
 
 
-def git_commit() -> str:
-  """HEAD of the checkout this file lives in (+ "-dirty"), or "unknown"."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  try:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, check=True,
-                         capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                           cwd=here, capture_output=True, text=True).stdout
-    return out + ("-dirty" if dirty.strip() else "")
-  except (OSError, subprocess.CalledProcessError):
-    return "unknown"
-
-
-def device_description() -> str:
-  """Platform, device kind and count, and the host's cores."""
-  d = jax.devices()[0]
-  return (f"{d.platform}:{d.device_kind} x{jax.device_count()} "
-          f"({os.cpu_count()} CPU cores, {platform.machine()})")
-
-
 def check_config(config, results_dir: str) -> dict:
   """Raises, naming the field, for a bad `configs/reproduce.py` ConfigDict
   or `results_dir`; returns the grid's axes (`plan`'s keyword arguments).
   `run_config` calls it before any model is loaded or trained (minutes, for
   the quick job's models); the entry points call it to refuse bad flags."""
   axes = grid.config_axes(config)
-  _check_results_dir(results_dir)
+  io_lib.check_results_dir(results_dir)
   return axes
 
 
@@ -308,7 +286,7 @@ def run_config(config, results_dir: str,
   """Loads (or trains) a config's models, runs its grid, writes the results.
 
   `config` is a `configs/reproduce.py` ConfigDict. Writes `sweep.jsonl`,
-  `sweep.csv` and `metadata.json` into `results_dir` (see `write`).
+  `sweep.csv` and `metadata.json` into `results_dir` (see `io.write`).
   `dtypes` as `drafts.load_models` (recorded in the metadata). Every
   field, axis, draft and `results_dir` is checked, naming it, before a
   model loads.
@@ -330,17 +308,8 @@ def run_config(config, results_dir: str,
     bar.update(1)
 
   skipped: list = []
-  # A long grid that dies (out of memory, a killed job) keeps what it
-  # measured: each row is appended here as its cell ends; `write` removes
-  # the file once the whole grid is written.
-  partial = os.path.join(results_dir, PARTIAL_ROWS)
-  with open(partial, "w"):
-    pass
-
-  def save(row):
-    with open(partial, "a") as fh:
-      fh.write(json.dumps(row) + "\n")
-
+  # Kept if the grid dies; `io_lib.write` removes it.
+  save = io_lib.partial_rows(results_dir)
   rows = run(target, drafts, prompts, max_new_tokens=config.max_new_tokens,
              target_name=config.target, seed=config.seed,
              step_seconds=config.step_seconds, step_repeats=config.step_repeats,
@@ -356,30 +325,11 @@ def run_config(config, results_dir: str,
   windows = np.stack([data.batch_at(heldout, 8, window - 1, config.seed, i)
                       for i in range(2)])
   models = model_summaries(config.target, target, drafts, windows)
-  metadata = {
-      "config": config.to_dict(), "corpus": corpus.fingerprint(),
-      "models": models,
-      "dtypes": dict(dtypes or {}),
-      "jax_version": jax.__version__, "python": sys.version.split()[0],
-      "device": device_description(), "seed": config.seed,
-      "git_commit": git_commit(),
-      "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-      "sweep_seconds": round(time.time() - start, 1),
-      "skipped": skipped,
-  }
-  write(rows, metadata, results_dir)
+  metadata = io_lib.run_metadata(
+      config, corpus=corpus.fingerprint(), models=models, dtypes=dtypes,
+      seconds=time.time() - start, skipped=skipped)
+  io_lib.write(rows, metadata, results_dir)
   return rows
-
-
-def _check_results_dir(results_dir) -> None:
-  if not isinstance(results_dir, (str, os.PathLike)) or not os.fspath(
-      results_dir):
-    raise TypeError(f"results_dir must be a directory path (a non-empty str), "
-                    f"got {results_dir!r}.")
-  if not _checks.dir_or_creatable(results_dir):
-    raise ValueError(f"results_dir {results_dir!r} is a file, or under one, "
-                     "or not writable; give a directory (it is created if "
-                     "missing).")
 
 
 def model_summaries(target_name: str, target, drafts: list[drafts_lib.Draft],
@@ -418,62 +368,9 @@ def heldout_bpb(model, windows_NxBxT1: np.ndarray) -> float:
   return float(sums[0] / max(sums[1], 1.0))
 
 
-PARTIAL_ROWS = figures.PARTIAL_ROWS
-
-
-def write(rows: Sequence[dict], metadata: dict, results_dir: str) -> None:
-  """sweep.jsonl and sweep.csv (overwritten, never appended), metadata.json;
-  removes `run_config`'s rows-so-far file, which they supersede.
-
-  Every input is checked, and every row and the metadata serialised, before
-  a file is opened, so a refused call leaves the old files as they were:
-  `rows` a non-empty sequence (any iterable, read once) of dicts, each
-  holding `figures.REQUIRED_KEYS`, no two of one cell
-  (`figures.cell_key`); `metadata` a dict; `results_dir` a
-  directory or creatable.
-  """
-  # Read once: a generator would be used up by the first file.
-  rows = grid.as_axis("rows", rows, "the row dicts run returns")
-  lines = []
-  cells = {}
-  for i, row in enumerate(rows):
-    if not isinstance(row, dict):
-      raise TypeError(f"rows[{i}] must be a dict (a row of run), got "
-                      f"{type(row).__name__} {row!r}.")
-    missing = [k for k in figures.REQUIRED_KEYS if k not in row]
-    if missing:
-      raise ValueError(f"rows[{i}] lacks {missing} (figures.REQUIRED_KEYS: "
-                       "the figures refuse a row without them).")
-    # figures.load_results refuses a repeated cell; refuse it before the
-    # files exist rather than write results the figures cannot read.
-    cell = figures.cell_key(row)
-    j = cells.setdefault(cell, i)
-    if j != i:
-      raise ValueError(
-          f"rows[{i}] repeats the cell of rows[{j}] ("
-          + ", ".join(f"{k}={v!r}" for k, v in zip(figures.CELL_FIELDS, cell))
-          + "): give each cell one row.")
-    try:
-      lines.append(json.dumps(row) + "\n")
-    except (TypeError, ValueError) as e:
-      raise TypeError(f"rows[{i}] is not JSON-serialisable: {e}.") from None
-  if not isinstance(metadata, dict):
-    raise TypeError(f"metadata must be a dict, got {type(metadata).__name__}.")
-  meta_text = json.dumps(metadata, indent=1, default=str)
-  _check_results_dir(results_dir)
-  os.makedirs(results_dir, exist_ok=True)
-  with open(os.path.join(results_dir, "sweep.jsonl"), "w") as fh:
-    fh.writelines(lines)
-  # Rows may differ in keys (an auto row's decomposition has factor_round
-  # where a fixed row has factor_draft / factor_verify): the union, in order.
-  fields = list(dict.fromkeys(k for row in rows for k in row))
-  with open(os.path.join(results_dir, "sweep.csv"), "w", newline="") as fh:
-    writer = csv.DictWriter(fh, fieldnames=fields)
-    writer.writeheader()
-    writer.writerows({k: (json.dumps(v) if isinstance(v, list) else v)
-                      for k, v in row.items()} for row in rows)
-  with open(os.path.join(results_dir, "metadata.json"), "w") as fh:
-    fh.write(meta_text)
-  partial = os.path.join(results_dir, PARTIAL_ROWS)
-  if os.path.exists(partial):
-    os.remove(partial)
+__all__ = [
+    "AUTO", "Cell", "plan",
+    "PARTIAL_ROWS", "device_description", "git_commit", "write",
+    "check_config", "heldout_bpb", "model_summaries", "run", "run_config",
+    "data",
+]
