@@ -90,17 +90,23 @@ def test_rows_are_complete_and_consistent(results):
     assert row["round_s"] == pytest.approx(
         row["draft_window_s"] + (g - 1) * row["draft_step_s"]
         + row["verify_s"] + row["other_s"])
+    assert row["measured_draft_s"] + row["measured_verify_s"] + row[
+        "other_s"] == pytest.approx(row["measured_round_s"])
+    assert row["off"] in ("",) + measure.COMPONENTS
+    factors = [v for k, v in row.items() if k.startswith("factor_")]
+    assert len(factors) == 4  # acceptance, baseline, draft, verify
+    if row["round_s"] == 0:
+      # The tiny models' parts, timed over a few ms on a busy machine, can
+      # all come out at zero (`measure._ratio` clamps them): then there is
+      # no prediction, and the library says so rather than dividing.
+      assert math.isnan(row["predicted_decode_speedup"])
+      continue
     assert row["predicted_decode_speedup"] == pytest.approx(
         row["max_new_tokens"] / row["predicted_loop_rounds"]
         * row["ar_round_s"] / row["round_s"])
     assert row["efficiency"] == pytest.approx(
         row["speedup"] / row["predicted_speedup"])
-    factors = [v for k, v in row.items() if k.startswith("factor_")]
-    assert len(factors) == 4  # acceptance, baseline, draft, verify
     assert np.prod(factors) == pytest.approx(row["decode_efficiency"])
-    assert row["measured_draft_s"] + row["measured_verify_s"] + row[
-        "other_s"] == pytest.approx(row["measured_round_s"])
-    assert row["off"] in ("",) + measure.COMPONENTS
 
 
 def test_models_have_heldout_bits_per_byte(results):
