@@ -30,6 +30,7 @@ def results(tmp_path_factory):
   return out, rows, figures.make_all(out)
 
 
+@pytest.mark.full
 def test_artifacts_exist(results):
   out, rows, written = results
   for name in ("sweep.jsonl", "sweep.csv", "metadata.json", "table3.md",
@@ -49,6 +50,7 @@ def test_artifacts_exist(results):
   assert len(loaded) == len(rows) == 2 * 2  # drafts x gammas at one T
 
 
+@pytest.mark.full
 def test_alpha_hat_agrees_with_one_minus_tv(results):
   _, rows, _ = results
   accepted = sum(r["accepted"] for r in rows)
@@ -59,6 +61,7 @@ def test_alpha_hat_agrees_with_one_minus_tv(results):
   assert abs(accepted / verified - overlap) < 5 * se
 
 
+@pytest.mark.full
 def test_tokens_per_pass_matches_the_truncated_formula(results):
   _, rows, _ = results
   for row in rows:
@@ -78,6 +81,7 @@ def test_tokens_per_pass_matches_the_truncated_formula(results):
                - row["predicted_tokens_per_target_call"]) < 5 * se + 1e-9, row
 
 
+@pytest.mark.full
 def test_rows_are_complete_and_consistent(results):
   _, rows, _ = results
   # Each distinct pass is timed once: every cell sees the same AR step.
@@ -109,6 +113,7 @@ def test_rows_are_complete_and_consistent(results):
     assert np.prod(factors) == pytest.approx(row["decode_efficiency"])
 
 
+@pytest.mark.full
 def test_models_have_heldout_bits_per_byte(results):
   out, _, _ = results
   with open(os.path.join(out, "metadata.json")) as fh:
@@ -256,6 +261,7 @@ def test_run_records_every_axis(monkeypatch, tmp_path):
   assert len(loaded) == 3 and meta["skipped"][0]["verifier"] == "lenient:0.5"
 
 
+@pytest.mark.full
 def test_run_takes_a_feature_level_draft(monkeypatch):
   """An EAGLE head joins the grid like any draft (kind "eagle"), held-out
   bits per byte included (it scores text on its own features)."""
