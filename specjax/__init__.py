@@ -20,6 +20,7 @@ Above them, the entry points (`experiments/`, `configs/`, `benchmarks/`,
 import importlib.abc
 import sys
 
+from specjax import _moved
 from specjax.accounting import batch_speedups
 from specjax.accounting import crossover_batch
 from specjax.accounting import expected_rounds
@@ -73,19 +74,12 @@ __version__ = "0.1.0"
 _MOVED_MODULES = {f"specjax.{name}": f"specjax.harness.{name}" for name in (
     "zoo", "sweep", "measure", "figures", "expected_tokens", "distortion",
     "textgen")}
-_MOVED_NAMES = {
+__getattr__ = _moved.module_getattr("specjax", {
     "measure_goodput": "specjax.harness.autotune.measure_goodput",
     "expected_tokens_per_round":
         "specjax.harness.expected_tokens.expected_tokens_per_round",
-}
-
-
-def __getattr__(name):
-  new = _MOVED_NAMES.get(name) or _MOVED_MODULES.get(f"specjax.{name}")
-  if new is not None:
-    raise AttributeError(f"specjax.{name} moved to {new} (the research "
-                         "harness, above the core); import it from there.")
-  raise AttributeError(f"module 'specjax' has no attribute {name!r}")
+    **{old.split(".")[1]: new for old, new in _MOVED_MODULES.items()},
+})
 
 
 class _MovedFinder(importlib.abc.MetaPathFinder):

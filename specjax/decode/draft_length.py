@@ -81,6 +81,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax import _moved
 from specjax.decode import state as state_lib
 
 
@@ -651,3 +652,12 @@ def check_rule(rule: Any) -> Rule:
                     f"Goodput(...)), got {rule!r}.")
   _checks.check_hashable("draft-length rule", rule)
   return rule
+
+
+# Moved names raise an error naming their new home.
+__getattr__ = _moved.module_getattr(__name__, {
+    "measure_goodput": "specjax.harness.autotune.measure_goodput",
+    "doubling_widths": "specjax.harness.autotune.doubling_widths",
+    "monotone_fit": "specjax.harness.autotune.monotone_fit",
+    "BATCHED_HYSTERESIS": "specjax.harness.autotune.BATCHED_HYSTERESIS",
+})

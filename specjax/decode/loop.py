@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax import _moved
 from specjax import coupling
 from specjax import jit_memory
 from specjax import sampling as sampling_lib
@@ -773,3 +774,9 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
                        eos_id=eos_id, pad_id=pad_id)
   validation.check_finite_logits(result.stats, "generate", on_nonfinite)
   return result
+
+
+# Moved names raise an error naming their new home.
+__getattr__ = _moved.module_getattr(__name__, {
+    "AUTO_GAMMA_MAX": "specjax.harness.autotune.AUTO_GAMMA_MAX",
+})

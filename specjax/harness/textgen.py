@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from specjax import _checks
+from specjax import _moved
 from specjax import sampling as sampling_lib
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
@@ -175,3 +176,10 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
         int(np.asarray(base.lengths).sum()) / seconds["generate"])
     result.baseline_texts = _texts(tokenizer, base)
   return result
+
+
+# Moved names raise an error naming their new home.
+__getattr__ = _moved.module_getattr(__name__, {
+    "make_draft": "specjax.harness.drafts.make_draft",
+    "MAX_BIGRAM_VOCAB": "specjax.harness.drafts.MAX_BIGRAM_VOCAB",
+})

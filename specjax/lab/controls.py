@@ -24,6 +24,8 @@ import dataclasses
 
 import numpy as np
 
+from specjax import _moved
+
 
 @dataclasses.dataclass(frozen=True)
 class Control:
@@ -61,3 +63,12 @@ def rule_tables(name: str, p_xV: np.ndarray, exact_accept_xV: np.ndarray
                else exact_accept_xV)
   return accept_xV, np.asarray(p_xV)
 
+
+# Moved names raise an error naming their new home.
+__getattr__ = _moved.module_getattr(__name__, {
+    "coupling_rule": "specjax.decode.verifiers.controls.RULES",
+    "wrong_fallback_rule":
+        "specjax.decode.verifiers.controls.wrong_fallback_rule",
+    "always_accept_rule":
+        "specjax.decode.verifiers.controls.always_accept_rule",
+})

@@ -24,6 +24,7 @@ from specjax import data
 from specjax.harness.sweep.grid import AUTO
 from specjax.harness.sweep.grid import Cell
 from specjax.harness.sweep.grid import plan
+from specjax import _moved
 from specjax.harness.sweep.io import PARTIAL_ROWS
 from specjax.harness.sweep.io import device_description
 from specjax.harness.sweep.io import git_commit
@@ -43,3 +44,13 @@ __all__ = [
     # config is checked.
     "data",
 ]
+
+
+# Moved names raise an error naming their new home.
+__getattr__ = _moved.module_getattr(__name__, {
+    "Draft": "specjax.harness.drafts.Draft",
+    "DRAFT_KINDS": "specjax.harness.drafts.KINDS",
+    "make_draft": "specjax.harness.drafts.wrap",
+    "load_models": "specjax.harness.drafts.load_models",
+    "self_draft": "specjax.harness.drafts.make_draft",
+})
