@@ -16,19 +16,22 @@ target-3m at T = 1, for each draft (named as `experiments.adaptive_gamma
    at byte i of that text, teacher-forced (the draft's law as a round
    builds it, `steps._draft_law`). A draft at position i is kept with
    probability a_i under the exact token verifier.
-3. Calls simulated on those sequences, RUNS times each: a round of width w
-   keeps a row's drafts while u_j < a_{i+j} (u uniform) and emits the kept
-   ones plus one (the residual's or the bonus token); the B rows run every
-   round together until each has 128 bytes. A round costs the cell's
-   measured round of width w in `generate` steps at that batch (`--costs`;
-   by default the loop's fixed-gamma rounds of widths 1, 2, 4, 8 from
-   results/adaptive_gamma/T1_grid_window/report.txt, "steps/round"; widths
-   3, 5, 6, 7 interpolated). Speedup = 128 / the steps the call took.
+3. Calls simulated on those sequences, RUNS times each
+   (`specjax.harness.policy_sim`: `Recorded` rows, runs in lockstep): a
+   round of width w keeps a row's drafts while u_j < a_{i+j} (u uniform)
+   and emits the kept ones plus one (the residual's or the bonus token);
+   the B rows run every round together until each has 128 bytes. A round
+   costs the cell's measured round of width w in `generate` steps at that
+   batch (`--costs`; by default the loop's fixed-gamma rounds of widths 1,
+   2, 4, 8 from results/adaptive_gamma/T1_grid_window/report.txt,
+   "steps/round"; widths 3, 5, 6, 7 interpolated). Speedup = 128 / the
+   steps the call took, averaged over the RUNS draws
+   (`Simulated.mean_speedup`).
 
 Policies, side by side on the same texts and draws:
   fixed w               one width for every call (w = 1..8);
   best w per call       each call its own best fixed width, in hindsight;
-  oracle                each round plans as `Goodput` does (`simulate`),
+  oracle                each round plans as `Goodput` does (`Oracle`),
                         from each row's true a_i at its next positions (or
                         an autoregressive step, cost 1): no rule that reads
                         only the past can know these;
@@ -75,6 +78,7 @@ from specjax import sampling as sampling_lib  # noqa: E402
 from specjax.decode import steps  # noqa: E402
 from specjax.harness import autotune  # noqa: E402
 from specjax.harness import drafts as drafts_lib  # noqa: E402
+from specjax.harness import policy_sim  # noqa: E402
 from experiments import adaptive_gamma  # noqa: E402
 from configs import reproduce  # noqa: E402
 
@@ -107,11 +111,6 @@ PRICED = {
 DOUBLING = autotune.doubling_widths(GAMMA_MAX)  # what gamma="auto" plans
 
 
-def round_costs(at_1248):
-  """Costs of widths 1..8 from those of widths 1, 2, 4, 8 (linear between)."""
-  return np.interp(np.arange(1, GAMMA_MAX + 1), (1, 2, 4, 8), at_1248)
-
-
 def acceptances(target, draft, calls):
   """(float `[calls, NEW]`, float `[calls, WINDOW]`): a_i along the
   target's own T = 1 text, and at the prompt's last WINDOW positions (the
@@ -137,90 +136,6 @@ def acceptances(target, draft, calls):
   return a_NxS[:, WINDOW:], a_NxS[:, :WINDOW]
 
 
-def simulate(a_BxT, costs_W, policy, runs, rng, plan_costs_W=None,
-             widths=None, start_B=None):
-  """Mean speedup over `runs` draws of a batch of texts' rounds.
-
-  The B rows run every round together at one width, while any row is
-  short of NEW bytes; the call's steps are all its rounds'. The width is
-  the one `Goodput.remaining_time` picks: least (rounds the slowest row
-  still needs) x (round cost), each row's rounds = bytes left / expected
-  bytes a round at its acceptance estimate (one row: most expected bytes
-  per step).
-
-  policy: ("fixed", w), ("oracle",) (each row's true a_i of its next
-  positions in place of the estimate, and an autoregressive step, cost 1,
-  as one more choice), ("mean",) or ("ema", half_life). The estimates plan
-  with `plan_costs_W` (default: the costs charged) among `widths` (default:
-  1..gamma_max), from the pseudo-counts `start_B` (kept `[B]`, judged `[B]`;
-  default: the prior 3 : 1).
-  """
-  gamma = len(costs_W)
-  batch = a_BxT.shape[0]
-  plan_costs_W = costs_W if plan_costs_W is None else plan_costs_W
-  allowed_W = np.ones(gamma, bool)
-  if widths is not None:
-    allowed_W = np.isin(np.arange(1, gamma + 1), widths)
-  # Past a row's end: moot (a done row's drafts are not judged).
-  padded_BxT = np.concatenate([a_BxT, np.zeros((batch, gamma + 1))], axis=1)
-  rows_B = np.arange(batch)
-  w_W = np.arange(1, gamma + 1)
-  pos_RxB = np.zeros((runs, batch), np.int64)
-  steps_R = np.zeros(runs)
-  # The mean's counts (prior 3 : 1), and the discounted ones of "ema".
-  kept0_B, judged0_B = start_B if start_B is not None else (3.0, 4.0)
-  kept = np.broadcast_to(kept0_B, (runs, batch)).astype(float)
-  judged = np.broadcast_to(judged0_B, (runs, batch)).astype(float)
-  keep_rate = 0.5 ** (1.0 / policy[1]) if policy[0] == "ema" else 1.0
-  while True:
-    live_RxB = pos_RxB < NEW
-    r = np.flatnonzero(live_RxB.any(axis=1))
-    if not r.size:
-      break
-    live = live_RxB[r]
-    pos = pos_RxB[r]
-    ahead_RxBxW = padded_BxT[rows_B[None, :, None],
-                             pos[:, :, None] + np.arange(gamma)]
-    left_RxB = np.where(live, NEW - pos, 0).astype(float)
-    if policy[0] == "fixed":
-      width_R = np.full(r.size, policy[1])
-    else:
-      if policy[0] == "oracle":
-        tokens_RxBxW = 1.0 + np.cumsum(np.cumprod(ahead_RxBxW, axis=2),
-                                       axis=2)
-        plan_W, ok_W = costs_W, np.ones(gamma, bool)
-      else:
-        alpha = np.clip(kept[r] / judged[r], 0.0, 1.0 - 1e-9)[..., None]
-        tokens_RxBxW = (1.0 - alpha ** (w_W + 1)) / (1.0 - alpha)
-        plan_W, ok_W = plan_costs_W, allowed_W
-      time_RxW = np.max(left_RxB[..., None] / tokens_RxBxW, axis=1) * plan_W
-      time_RxW = np.where(ok_W, time_RxW, np.inf)
-      width_R = np.argmin(time_RxW, axis=1) + 1
-      if policy[0] == "oracle":  # or an autoregressive step
-        width_R = np.where(np.max(left_RxB, axis=1) < time_RxW.min(axis=1),
-                           0, width_R)
-    width_RxB = np.where(live, width_R[:, None], 0)
-    u_RxBxW = rng.random(ahead_RxBxW.shape)
-    accepted = (u_RxBxW < ahead_RxBxW) & (w_W <= width_RxB[..., None])
-    k_RxB = np.argmin(np.concatenate(
-        [accepted, np.zeros(accepted.shape[:2] + (1,), bool)], axis=2),
-        axis=2)
-    # Judged drafts: the kept ones and the first rejection (if any).
-    n_RxB = np.minimum(k_RxB + 1, width_RxB)
-    judged_RxBxW = w_W <= n_RxB[..., None]
-    k, n = kept[r], judged[r]
-    for j in range(gamma):  # each judged draft discounts the older ones
-      on = judged_RxBxW[..., j]
-      k = np.where(on, keep_rate * k + ahead_RxBxW[..., j], k)
-      n = np.where(on, keep_rate * n + 1.0, n)
-    kept[r], judged[r] = k, n
-    steps_R[r] += np.where(width_R > 0, costs_W[np.maximum(width_R, 1) - 1],
-                           1.0)
-    pos_RxB[r] = pos + np.where(live, np.where(width_RxB > 0, k_RxB + 1, 1),
-                                0)
-  return float(np.mean(NEW / steps_R))
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   names = dict.fromkeys(name for name, _ in MEASURED)
@@ -240,19 +155,12 @@ def main():
     parser.error("--batch must divide CALLS")
   flags.FLAGS(sys.argv[:1])  # the experiment's loaders read its flags
   target = drafts_lib.load_target(reproduce.get_config("quick"))
-  policies = ([(f"fixed {w}", ("fixed", w), {}) for w in range(1, 9)]
-              + [("oracle", ("oracle",), {}), ("mean", ("mean",), {})]
-              + [(f"ema {h}", ("ema", h), {}) for h in (4, 16, 64)]
-              + [("mean, widths 1,2,4,8", ("mean",), dict(widths=DOUBLING)),
-                 ("  ... auto's prices", ("mean",), "priced"),
-                 ("  ... from the prompt", ("mean",), ("prompt", WINDOW)),
-                 ("  ... from its last 8", ("mean",), ("prompt", 8)),
-                 ("  ... from its last 4", ("mean",), ("prompt", 4))])
   for name in drafts:
     costs = (tuple(float(x) for x in args.costs.split(",")) if args.costs
              else MEASURED[name, args.batch])
     priced = costs if args.costs else PRICED[name, args.batch]
-    costs_W = round_costs(costs)
+    costs_W = policy_sim.interpolate_costs((1, 2, 4, 8), costs, GAMMA_MAX)
+    priced_W = policy_sim.interpolate_costs((1, 2, 4, 8), priced, GAMMA_MAX)
     draft = drafts_lib.make_draft(name, target,
                                   config=reproduce.get_config("quick")).model
     if isinstance(draft, sj.SelfDraft):  # the same laws, on a cache of its own
@@ -270,26 +178,36 @@ def main():
           f"{a_NxT.mean(1).std():.3f}), within a text sd "
           f"{a_NxT.std(1).mean():.3f}, lag-1 correlation {within:.2f}")
     calls_CxBxT = a_NxT.reshape(-1, args.batch, NEW)
+    prompts_CxBxK = prompt_NxK.reshape(-1, args.batch, WINDOW)
 
-    def prompt_start(window, i):
-      """`Goodput.initial_counts` with prompt_prior = window: the prompt's
-      last `window` scored positions alone, weighed as `window` drafts."""
-      overlap_B = ((prompt_NxK[:, -window:].sum(1) + 0.5) / (window + 1.0)
-                   ).reshape(-1, args.batch)[i]
-      return window * overlap_B, np.full(args.batch, float(window))
+    def auto_mean(initial=(3.0, 4.0)):
+      """The mean over gamma="auto"'s widths, planning at its prices."""
+      return policy_sim.Estimate(widths=DOUBLING, plan_costs_W=priced_W,
+                                 initial=initial)
 
+    def from_prompt(window):
+      return lambda i: auto_mean(
+          policy_sim.prompt_counts(prompts_CxBxK[i], window))
+
+    same = lambda policy: lambda i: policy  # every call the same policy
+    policies = ([(f"fixed {w}", same(policy_sim.Fixed(w)))
+                 for w in range(1, 9)]
+                + [("oracle", same(policy_sim.Oracle())),
+                   ("mean", same(policy_sim.Estimate()))]
+                + [(f"ema {h}", same(policy_sim.Estimate(half_life=h)))
+                   for h in (4, 16, 64)]
+                + [("mean, widths 1,2,4,8",
+                    same(policy_sim.Estimate(widths=DOUBLING))),
+                   ("  ... auto's prices", lambda i: auto_mean()),
+                   ("  ... from the prompt", from_prompt(WINDOW)),
+                   ("  ... from its last 8", from_prompt(8)),
+                   ("  ... from its last 4", from_prompt(4))])
     speed = {}  # policy -> [calls]
-    for label, policy, kw in policies:
-      for i, a_BxT in enumerate(calls_CxBxT):
-        if kw == "priced" or isinstance(kw, tuple):
-          start = None if kw == "priced" else prompt_start(kw[1], i)
-          kw_i = dict(widths=DOUBLING, plan_costs_W=round_costs(priced),
-                      start_B=start)
-        else:
-          kw_i = kw
-        speed.setdefault(label, []).append(simulate(
-            a_BxT, costs_W, policy, args.runs, np.random.default_rng([i, 7]),
-            **kw_i))
+    for label, policy in policies:
+      speed[label] = [policy_sim.simulate(
+          policy_sim.Recorded(a_BxT), costs_W, policy(i), args.runs,
+          np.random.default_rng([i, 7])).mean_speedup()
+                      for i, a_BxT in enumerate(calls_CxBxT)]
     speed = {label: np.array(s) for label, s in speed.items()}
     fixed = {label: s for label, s in speed.items()
              if label.startswith("fixed")}

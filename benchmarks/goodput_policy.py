@@ -3,25 +3,22 @@ r"""What `Goodput` loses to learning the acceptance, with exact costs and no tim
   python benchmarks/goodput_policy.py [--costs=1.56,1.89,...] [--tokens=128]
       [--batch=1] [--spread=0.0] [--burst=0.0 --switch=0.05]
       [--overlap_var=0.0] [--change=0.0] [--priors=1:1,...]
-      [--hystereses=0,0.1,...] [--switch_costs=0,0.5,...]
+      [--hystereses=0,0.1,...] [--switch_costs=0,0.5,...] [--lockstep]
 
-Simulates, at batch 1 (or `--batch` rows, every round run for the whole
-batch while any row is active), the rounds
-`speculative_generate(gamma=rule)` runs (`loop._planned_loop`: a width kept
-while `rule.keeps` it; off stretches of a probe round, then
-`probe_every - 1` autoregressive steps if the rule still keeps width 0) on
-rows whose every draft is accepted independently with probability alpha
-(with `--spread`, row b's own alpha_b, uniform in alpha +- spread; with
-`--burst`, in easy and hard runs of alpha_b +- burst), and
-charges each round the cost of its width from `--costs` (widths
-1..gamma_max, in `generate` steps; the default is the loop's own rounds of
-the quick job's distilled draft at batch 1, from
+Simulates (`specjax.harness.policy_sim`), at batch 1 or `--batch` rows,
+the rounds `speculative_generate(gamma=rule)` runs on `Synthetic` rows:
+every draft kept with probability alpha (with `--spread`, row b's own
+alpha_b, uniform in alpha +- spread; with `--burst`, in easy and hard runs
+of alpha_b +- burst; with `--overlap_var`, each draft's keep probability
+strays from its run's), each round charged the cost of its width from
+`--costs` (widths 1..gamma_max, in `generate` steps; the default is the
+loop's own rounds of the quick job's distilled draft at batch 1, from
 `python benchmarks/goodput_costs.py`), plus `--change` steps for each
-change of width. The decisions are the library's own
-(`Goodput.remaining_time` and `Goodput.keeps` on the rows' counts, as the
-loop's `RowStats` keeps them, with `measure_goodput`'s margins:
-`BATCHED_HYSTERESIS` above batch 1, the default `switch_cost` in steps),
-priced with the same costs, so the rule's only handicap is what it does
+change of width. The decisions are the library's own (`policy_sim.Rule`:
+`Goodput.plan` and `Goodput.keeps` on the rows' counts, with
+`measure_goodput`'s margins: `BATCHED_HYSTERESIS` above batch 1, the
+default `switch_cost` in steps), priced with the same costs
+(`policy_sim.rule_in_steps`), so the rule's only handicap is what it does
 not know: alpha (and, with `--overlap_var`, how each draft's keep
 probability strays from it). Prints, per alpha, the
 speedup over `generate` of every fixed gamma in {1, 2, 4, 8} and of the
@@ -31,14 +28,16 @@ true alpha (`Goodput.warm_start`, strength 16) and at alpha -+ 0.1; from
 each prior of `--priors` (pseudo-counts a:b; 1:1 is the uniform prior);
 with each margin of `--hystereses` as its `hysteresis` and each cost of
 `--switch_costs` as its `switch_cost`. Each with its
-ratio to the best fixed gamma; means over `--runs` rows (batches),
-every variant on the same simulated rows. Candidates the library does not
-have: expected tokens averaged over each row's posterior (`Posterior`),
-and with `--batch` > 1 each row's estimate shrunk toward the batch's
-pooled acceptance, by a fixed weight (`Shrunk`) or by one estimated from
-the rows' spread (`Moments`); these count kept drafts, as the library did
-before `estimator="overlap"`. Counts, not timings: the same numbers on any
-machine.
+ratio to the best fixed gamma; speedups are tokens over the mean steps of
+`--runs` rows (batches), every variant on the same simulated rows, run one
+after another (`--lockstep`: all at once, faster, other draws).
+Candidates the library does not have: expected tokens averaged over each
+row's posterior (`Posterior`), and with `--batch` > 1 each row's estimate
+shrunk toward the batch's pooled acceptance, by a fixed weight (`Shrunk`)
+or by one estimated from the rows' spread (`Moments`); these count kept
+drafts, as the library did before `estimator="overlap"`. They stay here,
+experiments the library does not offer; `policy_sim.Rule` takes any
+`Goodput`. Counts, not timings: the same numbers on any machine.
 """
 
 import argparse
@@ -46,14 +45,14 @@ import dataclasses
 import os
 import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from specjax.decode import draft_length  # noqa: E402
-from specjax.decode import state  # noqa: E402
+from specjax.harness import autotune  # noqa: E402
+from specjax.harness import policy_sim  # noqa: E402
 
 # The loop's own rounds of widths 1..8, in `generate` steps: the quick job's
 # distilled draft at batch 1 (results/adaptive_gamma/goodput_costs.txt).
@@ -61,118 +60,6 @@ DEFAULT_COSTS = "1.43,1.76,2.41,2.66,3.15,3.19,3.48,3.52"
 # A probe round, in `generate` steps (an off round cost 1.04-1.10 steps:
 # results/adaptive_gamma/planned_loop.txt).
 PROBE = 1.1
-
-
-def make_rule(costs):
-  """A `Goodput` whose round of width g costs costs[g - 1] `generate` steps
-  (the unit: c = overhead = 0, so a step costs 1)."""
-  return draft_length.Goodput(c=0.0, r=tuple(costs), c_first=0.0,
-                              overhead=0.0, probe=PROBE)
-
-
-def decisions(rule, batch=1):
-  """(accepted_B, verified_B, overlap_B, remaining_B, active_B) -> (best
-  width, keeps per width), the rule's own `plan` and `keeps` on the rows'
-  counts."""
-
-  @jax.jit
-  def fn(accepted_B, verified_B, overlap_B, remaining_B, active_B):
-    stats = state.RowStats.zeros(batch, 1).replace(
-        accepted=accepted_B, verified=verified_B, overlap_sum=overlap_B)
-    width = draft_length.widest(
-        rule.plan(stats, active_B, remaining_B), active_B)
-    return width, jnp.stack([
-        rule.keeps(w, stats, active_B, remaining_B)
-        for w in range(rule.min_width, rule.gamma_max + 1)])
-  return lambda a, v, o, n, act: jax.device_get(fn(
-      jnp.asarray(a, jnp.int32), jnp.asarray(v, jnp.int32),
-      jnp.asarray(o, jnp.float32), jnp.asarray(n, jnp.int32),
-      jnp.asarray(act)))
-
-
-def simulate(rule, decide, alpha, tokens, rng, fixed=None, batch=1,
-             spread=0.0, burst=0.0, switch=0.05, overlap_var=0.0,
-             change=0.0):
-  """`generate` steps for `batch` rows to emit `tokens` tokens each with the
-  rule (or a fixed gamma): the planned loop's rounds, as in
-  `loop._planned_loop`; every round runs for the whole batch while any row
-  is active, as the loop does. Row b keeps each draft with probability
-  alpha_b, uniform in alpha +- spread (clipped to [0.01, 0.99]); with
-  `burst`, the row's text alternates between easy and hard stretches
-  (alpha_b + burst and alpha_b - burst, clipped; each judged draft
-  switches with probability `switch`), so its acceptance comes in runs at
-  the same mean, as a text's easy and hard passages give it. Each judged
-  draft adds its keep probability to the row's overlap sum (what the
-  library's `estimator="overlap"` counts; here a draft's sum_x min(p, q)
-  is its stretch's alpha, or with `overlap_var` drawn about it from a Beta
-  of that variance, as a text's drafts differ). Each change of width costs
-  `change` steps more (the loop leaves one width's loop for another's)."""
-  alpha_B = np.clip(alpha + spread * rng.uniform(-1.0, 1.0, batch), 0.01,
-                    0.99)
-  easy_B = rng.random(batch) < 0.5
-  def keeps_draft(b):
-    if rng.random() < switch:
-      easy_B[b] = not easy_B[b]
-    a = min(max(alpha_B[b] + (burst if easy_B[b] else -burst), 0.01), 0.99)
-    if overlap_var:
-      # This draft's own keep probability, Beta-distributed about the
-      # stretch's alpha with variance overlap_var (the marginal keep
-      # probability stays a).
-      kappa = max(a * (1.0 - a) / overlap_var - 1.0, 1e-3)
-      a = rng.beta(a * kappa, (1.0 - a) * kappa)
-    overlap[b] += a  # the draft is judged
-    return rng.random() < a
-  costs = rule.round_costs()  # width 0 (an off stretch's mean), 1..gamma_max
-  accepted, verified = np.zeros(batch, int), np.zeros(batch, int)
-  overlap = np.zeros(batch)
-  emitted = np.zeros(batch, int)
-  time = 0.0
-  going = lambda: bool((emitted < tokens).any())
-  plan = lambda: decide(accepted, verified, overlap, tokens - emitted,
-                        emitted < tokens)
-
-  last = None  # the width of the last round (0: a probe round)
-
-  def enter(w):
-    nonlocal time, last
-    if last is not None and w != last:
-      time += change
-    last = w
-
-  def round_of(w):
-    nonlocal time
-    enter(w)
-    for b in np.flatnonzero(emitted < tokens):
-      k = 0
-      while k < w and keeps_draft(b):
-        k += 1
-      accepted[b] += k
-      verified[b] += min(k + 1, w)
-      emitted[b] = min(tokens, emitted[b] + k + 1)
-    time += costs[w]
-
-  while going():
-    if fixed is not None:
-      round_of(fixed)
-      continue
-    w, _ = plan()
-    if w:
-      round_of(w)
-      while going() and plan()[1][w]:
-        round_of(w)
-      continue
-    # A probe round: one draft, judged by the 1-token pass, one token.
-    enter(0)
-    for b in np.flatnonzero(emitted < tokens):
-      k = int(keeps_draft(b))
-      accepted[b], verified[b], emitted[b] = (accepted[b] + k,
-                                              verified[b] + 1, emitted[b] + 1)
-    time += rule.probe
-    if going() and plan()[1][0]:
-      off = min(rule.probe_every - 1, int((tokens - emitted).max()))
-      emitted[:] = np.minimum(tokens, emitted + off)
-      time += off  # a step costs 1
-  return time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,20 +128,6 @@ class Posterior(draft_length.Goodput):
     return tokens_BxW[:, self.min_width:]
 
 
-def warm(rule, alpha, judged=10_000):
-  """`rule.warm_start` (its default strength) of a pilot row that kept
-  `alpha` (clipped to [0.01, 0.99]: a pilot's alpha +- 0.1) of `judged`
-  drafts."""
-  alpha = min(max(alpha, 0.01), 0.99)
-  stats = state.RowStats.zeros(1, 1).replace(
-      accepted=jnp.array([round(alpha * judged)], jnp.int32),
-      verified=jnp.array([judged], jnp.int32))
-  pilot = state.GenerationResult(tokens=jnp.zeros((1, 1), jnp.int32),
-                                 lengths=jnp.ones((1,), jnp.int32),
-                                 stats=stats)
-  return rule.warm_start(pilot)
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--costs", default=DEFAULT_COSTS)
@@ -280,11 +153,14 @@ def main():
   parser.add_argument("--only", default="",
                       help="comma-separated variant names to run besides "
                       "the fixed gammas, which the ratios need (all: '')")
+  parser.add_argument("--lockstep", action="store_true",
+                      help="simulate a cell's runs at once: faster, with "
+                      "other draws than the default's one run after another")
   args = parser.parse_args()
-  rule = make_rule([float(x) for x in args.costs.split(",")])
+  costs_W = [float(x) for x in args.costs.split(",")]
+  rule = policy_sim.rule_in_steps(costs_W, probe=PROBE)
   if args.batch > 1:
-    rule = dataclasses.replace(
-        rule, hysteresis=draft_length.BATCHED_HYSTERESIS)
+    rule = dataclasses.replace(rule, hysteresis=autotune.BATCHED_HYSTERESIS)
   print(f"batch {args.batch}, {args.tokens} tokens, {args.runs} "
         f"{'rows' if args.batch == 1 else 'batches'} per cell; round "
         f"costs of widths 1..{rule.gamma_max} in generate steps: "
@@ -297,43 +173,44 @@ def main():
            if args.change else "") + "; "
         "speedup over generate (ratio to the best fixed)")
   fields = {f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)}
+  auto = policy_sim.Rule  # the rule deciding as the loop does
   for alpha in (float(a) for a in args.alphas.split(",")):
-    variants = {f"gamma={g}": (rule, g) for g in (1, 2, 4, 8)
+    variants = {f"gamma={g}": policy_sim.Fixed(g) for g in (1, 2, 4, 8)
                 if g <= rule.gamma_max}
     variants.update({
-        "auto": (rule, None),
-        "auto counts": (dataclasses.replace(rule, estimator="accepted"),
-                        None),
-        "auto warm": (warm(rule, alpha), None),
-        "auto warm -0.1": (warm(rule, alpha - 0.1), None),
-        "auto warm +0.1": (warm(rule, alpha + 0.1), None),
-        "auto posterior": (Posterior(**fields), None)})
+        "auto": auto(rule),
+        "auto counts": auto(dataclasses.replace(rule, estimator="accepted")),
+        "auto warm": auto(policy_sim.warm_rule(rule, alpha)),
+        "auto warm -0.1": auto(policy_sim.warm_rule(rule, alpha - 0.1)),
+        "auto warm +0.1": auto(policy_sim.warm_rule(rule, alpha + 0.1)),
+        "auto posterior": auto(Posterior(**fields))})
     if args.batch > 1:
-      variants["auto shrunk to the batch"] = (Shrunk(**fields), None)
-      variants["auto shrunk by moments"] = (Moments(**fields), None)
+      variants["auto shrunk to the batch"] = auto(Shrunk(**fields))
+      variants["auto shrunk by moments"] = auto(Moments(**fields))
     for prior in filter(None, args.priors.split(",")):
       a0, b0 = (float(x) for x in prior.split(":"))
-      variants[f"auto prior {prior}"] = (
-          dataclasses.replace(rule, prior=(a0, b0)), None)
+      variants[f"auto prior {prior}"] = auto(
+          dataclasses.replace(rule, prior=(a0, b0)))
     for m in filter(None, args.switch_costs.split(",")):
-      variants[f"auto switch_cost {m}"] = (
-          dataclasses.replace(rule, switch_cost=float(m)), None)
+      variants[f"auto switch_cost {m}"] = auto(
+          dataclasses.replace(rule, switch_cost=float(m)))
     for h in filter(None, args.hystereses.split(",")):
-      variants[f"auto hysteresis {h}"] = (
-          dataclasses.replace(rule, hysteresis=float(h)), None)
+      variants[f"auto hysteresis {h}"] = auto(
+          dataclasses.replace(rule, hysteresis=float(h)))
     if args.only:
       keep = args.only.split(",")
       variants = {k: v for k, v in variants.items()
                   if k.startswith("gamma=") or k in keep}
+    rows = policy_sim.Synthetic(
+        alpha, args.tokens, args.batch, spread=args.spread, burst=args.burst,
+        switch=args.switch, overlap_var=args.overlap_var)
     speed = {}
-    for name, (r, fixed) in variants.items():
-      decide = decisions(r, args.batch)
-      rng = np.random.default_rng(0)  # every variant sees the same rows
-      speed[name] = args.tokens / np.mean(
-          [simulate(r, decide, alpha, args.tokens, rng, fixed, args.batch,
-                    args.spread, args.burst, args.switch,
-                    args.overlap_var, args.change)
-           for _ in range(args.runs)])
+    for name, policy in variants.items():
+      # Every variant sees the same rows (the same seed).
+      speed[name] = policy_sim.simulate(
+          rows, costs_W, policy, args.runs, np.random.default_rng(0),
+          probe=PROBE, change=args.change,
+          lockstep=args.lockstep).speedup_of_mean()
     best = max(v for k, v in speed.items() if k.startswith("gamma="))
     print(f"alpha {alpha:.2f}: " + "  ".join(
         f"{k} {v:.2f}x ({v / best:.3f})" for k, v in speed.items()),
