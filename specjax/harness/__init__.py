@@ -6,6 +6,8 @@ core (`specjax`) and the oracle (`specjax.lab`, `specjax.testing`).
                    "distilled-draft-0.1m@target-3m", a checkpoint) -> a draft
   measure          timers and the cost model of the compiled loop
   autotune         `Goodput` rules priced on this machine (gamma="auto")
+  policy_sim       the planned draft-length policy simulated on rows of
+                   given acceptance (counts, no timer)
   sweep            the measurement grid behind the paper figures
   figures          rows, plots and tables from a sweep's results
   expected_tokens  Rao-Blackwellised expected tokens per round
