@@ -22,6 +22,7 @@ import pytest
 
 import specjax as sj
 from specjax import data
+from specjax import testing
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models import eagle
 from specjax.train import checkpoint as checkpoint_lib
@@ -32,16 +33,11 @@ V = 16
 
 
 def _target(flavour="gpt2", vocab=V, d_model=32, seed=0, scale=1.0):
-  config = TransformerConfig(
-      vocab_size=vocab, d_model=d_model, num_layers=2, num_heads=4,
-      num_kv_heads=2 if flavour == "llama" else None, max_positions=64,
-      flavour=flavour)
-  model = TransformerLM.create(config, seed)
-  if scale != 1.0:  # peaked laws, so that argmaxes are far from ties
-    model = model.replace(state=jax.tree_util.tree_map_with_path(
-        lambda path, x: scale * x if "embed" in jax.tree_util.keystr(path)
-        else x, model.state))
-  return model
+  # scale > 1: peaked laws, so that argmaxes are far from ties.
+  return testing.toy_transformer(
+      vocab, seed, flavour=flavour, embed_scale=scale, d_model=d_model,
+      num_layers=2, num_heads=4,
+      num_kv_heads=2 if flavour == "llama" else None, max_positions=64)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])

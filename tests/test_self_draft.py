@@ -13,7 +13,6 @@ and a deliberately broken cache-sharing hook fails the same test; bad input
 gets a clear error.
 """
 
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,6 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.exit_adapter import ExitAdapter
@@ -31,18 +29,12 @@ V = 16
 
 
 def _target(flavour="gpt2", layers=3, vocab=V, seed=0, embed_scale=1.0):
-  config = TransformerConfig(
-      vocab_size=vocab, d_model=32, num_layers=layers, num_heads=4,
-      num_kv_heads=2 if flavour == "llama" else None, max_positions=64,
-      flavour=flavour)
-  model = TransformerLM.create(config, seed)
-  if embed_scale != 1.0:
-    # Peaked, distinct p and q, so that wrong samplers are visible.
-    state = jax.tree_util.tree_map_with_path(
-        lambda path, x: embed_scale * x
-        if "embed" in jax.tree_util.keystr(path) else x, model.state)
-    model = model.replace(state=state)
-  return model
+  # embed_scale > 1: peaked, distinct p and q, so that wrong samplers are
+  # visible.
+  return testing.toy_transformer(
+      vocab, seed, flavour=flavour, d_model=32, num_layers=layers,
+      num_heads=4, num_kv_heads=2 if flavour == "llama" else None,
+      max_positions=64, embed_scale=embed_scale)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -248,25 +240,14 @@ def exact_target():
                                                               model.state))
 
 
-def _exact_law(target, sampling):
-  seqs = np.array(list(itertools.product(range(EV), repeat=EK)), np.int32)
-  full = np.concatenate([np.tile(EPROMPT, (len(seqs), 1)), seqs], 1)
-  p = np.asarray(sampling_lib.probabilities(target.logits(jnp.asarray(full)),
-                                            sampling), np.float64)
-  law = np.ones(len(seqs))
-  for k in range(EK):
-    law *= p[np.arange(len(seqs)), len(EPROMPT) - 1 + k, seqs[:, k]]
-  return law
-
-
-def _sample_ids(target, draft, sampling, gamma, verifier="token"):
-  """gamma None: the tree verifier's depth."""
+def _sample(target, draft, sampling, gamma, verifier="token"):
+  """(tokens, summary) of EN generations; gamma None: the tree verifier's
+  depth."""
   out = sj.speculative_generate(
       target, draft, np.tile(EPROMPT, (EN, 1)), np.full(EN, 3, np.int32),
       jax.random.key(gamma or 0), gamma=gamma, max_new_tokens=EK,
       sampling=sampling, verifier=verifier)
-  tokens = np.asarray(out.tokens)
-  return (tokens * EV ** np.arange(EK - 1, -1, -1)).sum(1), out.summary()
+  return out.tokens, out.summary()
 
 
 class _EarlyViewSelfDraft(SelfDraft):
@@ -307,9 +288,9 @@ def test_generations_are_exact(exact_target, layers, share, adapter,
                     adapter=(perturbed_adapter(exact_target, layers, scale=2.0)
                              if adapter else None))
   tree = verifier != "token"
-  ids, s = _sample_ids(exact_target, draft, sampling,
-                       gamma=None if tree else 2, verifier=verifier)
-  result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
+  tokens, s = _sample(exact_target, draft, sampling,
+                      gamma=None if tree else 2, verifier=verifier)
+  result = testing.check_generation(tokens, exact_target, EPROMPT, sampling)
   assert result.passed, str(result)
   # Far enough from the target that the control below has room to fail.
   assert s["one_minus_tv"] < 0.9, s
@@ -323,9 +304,9 @@ def test_broken_cache_sharing_is_rejected(exact_target, verifier):
   sampling = sj.SamplingConfig(temperature=1.0)
   draft = _EarlyViewSelfDraft(exact_target, layers=1, share_cache=True)
   tree = verifier != "token"
-  ids, _ = _sample_ids(exact_target, draft, sampling,
-                       gamma=None if tree else 2, verifier=verifier)
-  result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
+  tokens, _ = _sample(exact_target, draft, sampling,
+                      gamma=None if tree else 2, verifier=verifier)
+  result = testing.check_generation(tokens, exact_target, EPROMPT, sampling)
   assert not result.passed, str(result)
 
 
