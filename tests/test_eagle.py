@@ -6,11 +6,11 @@ agree; it sees token order; training reads the pairs drafting reads; the
 decode loop feeds it exactly the features a from-scratch reference computes
 (acceptance counts match a Python re-enactment, in a chain and in a tree
 of one child per node), and a tree level's logits equal the head's chain
-along each root-to-node path; greedy
-speculative output equals greedy autoregressive output (ragged prompts,
-length 1, EOS, an adaptive draft length); training lowers the loss and
-restores bitwise; bad input gets a clear error. Whole-generation exactness
-is in tests/test_exactness.py (`eagle` in `_draft_kinds`, and in
+along each root-to-node path; training lowers the loss and restores
+bitwise; bad input gets a clear error. Greedy speculative output equals
+greedy autoregressive output (ragged prompts, length 1, EOS, an adaptive
+draft length) in tests/test_greedy.py; whole-generation exactness in
+tests/test_exactness.py (`eagle` in `_draft_kinds`, and in
 `test_tree_generations_are_exact`).
 """
 
@@ -165,37 +165,6 @@ def test_loss_masks_the_byte_pad_only_in_the_byte_vocabulary():
       eagle_train.eagle_loss()(draft.head.module(),
                                {"tokens": jnp.asarray(bad, jnp.int32)},
                                jax.random.key(0), target)
-
-
-@pytest.mark.parametrize("flavour, gamma, eos", [
-    ("gpt2", 3, 5), pytest.param("llama", 3, 5, marks=pytest.mark.slow),
-    pytest.param("gpt2", 1, None, marks=pytest.mark.slow)])
-def test_greedy_speculative_equals_autoregressive(flavour, gamma, eos):
-  target = _target(flavour)
-  prompts, lengths = _prompts(6, seed=gamma)
-  key = jax.random.key(0)
-  kwargs = dict(max_new_tokens=20, sampling=sj.GREEDY, eos_id=eos)
-  ref = sj.generate(target, prompts, lengths, key, **kwargs)
-  out = sj.speculative_generate(target, sj.EagleDraft.create(target, 2),
-                                prompts, lengths, key, gamma=gamma, **kwargs)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
-  np.testing.assert_array_equal(out.lengths, ref.lengths)
-  if eos is not None:
-    assert (np.asarray(out.lengths) < 20).any()  # some row stopped at EOS
-
-
-@pytest.mark.slow
-def test_adaptive_draft_length_greedy_equality():
-  target = _target("llama")
-  prompts, lengths = _prompts(4, seed=9)
-  key = jax.random.key(3)
-  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=16,
-                    sampling=sj.GREEDY)
-  out = sj.speculative_generate(
-      target, sj.EagleDraft.create(target, 4), prompts, lengths, key,
-      gamma=sj.Confidence(threshold=0.3, gamma_max=3), max_new_tokens=16,
-      sampling=sj.GREEDY)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
 def _reference_accepted(target, draft, prompts, lengths, gamma, max_new):

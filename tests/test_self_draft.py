@@ -1,18 +1,18 @@
 """SelfDraft: the target's own shallow layers as a draft, with and without a shared cache.
 
 Also with an exit adapter (exit_adapter.py): the adapter variants join the
-greedy-equality and whole-generation exactness tests; its own checks are in
+whole-generation exactness tests; its own checks are in
 tests/test_exit_adapter.py. So do draft trees (`verifier="tree:..."`), on
 either cache.
 
 Checks: the weights are shared, not copied; the draft's forward equals the
 kept blocks' forward; a shared-cache draft reads exactly the keys/values an
-own-cache draft computes; greedy speculative output equals greedy
-autoregressive output; whole generations are exact (statistical harness),
-and a deliberately broken cache-sharing hook fails the same test; bad input
-gets a clear error.
+own-cache draft computes; whole generations are exact (statistical
+harness), and a deliberately broken cache-sharing hook fails the same test;
+bad input gets a clear error. Greedy speculative output equals greedy
+autoregressive output for every variant, with and without trees, in
+tests/test_greedy.py.
 """
-
 
 import jax
 import jax.numpy as jnp
@@ -109,63 +109,6 @@ def test_shared_cache_holds_the_drafts_own_keys_and_values(target):
   back = shared.cache_to_target(tcache, view2)
   np.testing.assert_array_equal(back.lengths, tcache.lengths)
   assert back.k[2] is tcache.k[2]
-
-
-def _variants(target):
-  # Every layer shared is `test_all_layers_shared_accepts_everything`'s.
-  return {
-      "first-1": SelfDraft(target, layers=1),
-      "first-2-shared": SelfDraft(target, layers=2, share_cache=True),
-      "embed-only-shared": SelfDraft(target, layers=0, share_cache=True),
-      "skip-middle": SelfDraft.skipping(target, skip=[1]),
-      "embed-only": SelfDraft(target, layers=0),  # a cache of no layers
-      "first-2-shared-adapter": SelfDraft(
-          target, layers=2, share_cache=True,
-          adapter=perturbed_adapter(target, 2)),
-  }
-
-
-@pytest.mark.parametrize("gamma, batch", [
-    # Every variant in the slow case; three in the default run.
-    pytest.param(3, 1, marks=pytest.mark.slow), (4, 8)])
-def test_greedy_speculative_equals_autoregressive(target, gamma, batch):
-  prompts, lengths = _prompts(batch, seed=gamma + batch)
-  key = jax.random.key(0)
-  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=24,
-                    sampling=sj.GREEDY)
-  variants = _variants(target)
-  if batch > 1:  # the default case: own cache, skip set, shared + adapter
-    variants = {k: variants[k] for k in ("first-1", "skip-middle",
-                                         "first-2-shared-adapter")}
-  for name, draft in variants.items():
-    out = sj.speculative_generate(target, draft, prompts, lengths, key,
-                                  gamma=gamma, max_new_tokens=24,
-                                  sampling=sj.GREEDY)
-    np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=name)
-    np.testing.assert_array_equal(out.lengths, ref.lengths, err_msg=name)
-
-
-@pytest.mark.parametrize("name, spec", [
-    # Level-by-level drafting through the kept blocks on the target's cache
-    # (the tree round's hand-off), and on the draft's own (moved) cache.
-    ("first-2-shared-adapter", "tree:2,2"),
-    ("skip-middle", "tree-wor:parents=-1,-1,0,1,2"),
-    # The tree round moves the kept path in the draft's own cache, here one
-    # of no layers (it raised an IndexError while tracing).
-    pytest.param("embed-only", "tree:2,1", marks=pytest.mark.slow)])
-def test_greedy_trees_equal_greedy_autoregressive(name, spec):
-  # One flavour: the tree pass itself is checked on both in test_trees.py.
-  target = _target("llama")
-  prompts, lengths = _prompts(4, seed=9)
-  key = jax.random.key(0)
-  kwargs = dict(max_new_tokens=16, sampling=sj.GREEDY, eos_id=3)
-  ref = sj.generate(target, prompts, lengths, key, **kwargs)
-  out = sj.speculative_generate(target, _variants(target)[name], prompts,
-                                lengths, key, verifier=spec, **kwargs)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
-  np.testing.assert_array_equal(out.lengths, ref.lengths)
-  s = out.summary()
-  assert s["accepted"] <= s["verified"] <= s["draft_calls"]
 
 
 @pytest.mark.parametrize("layers", [0, 2])
@@ -269,7 +212,7 @@ class _EarlyViewSelfDraft(SelfDraft):
     pytest.param(1, False, False, "token", marks=pytest.mark.slow),
     pytest.param(1, True, False, "token", marks=pytest.mark.slow),
     # The default run's cases: sharing and an adapter together (each alone is
-    # in the slow cases, and in the greedy test), and a tree drafted on the
+    # in the slow cases, and in tests/test_greedy.py), and a tree drafted on the
     # target's cache (on the draft's own cache it is any draft's tree).
     (1, True, True, "token"),
     (1, True, False, "tree:2,1"),
