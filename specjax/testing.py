@@ -711,9 +711,10 @@ def check_generation(tokens_NxK: Any, model: Any, prompt_P: Any,
   it, or one prompt's rows of a ragged batch). The rows' `generation_ids`
   are tested with `check_distribution` against `generation_law(model,
   prompt_P, K, sampling, eos_id=eos_id)`; a row outside the law's outcomes
-  (an id the enumeration never produces, e.g. padding before an EOS or a
-  row cut short without one) counts as an outcome of probability 0, so a
-  single one fails the check.
+  (e.g. a padding id before its EOS) counts as an outcome of probability 0,
+  so a single one fails the check. Generate with a `pad_id` outside [0, V)
+  so that a row cut short without an EOS is such a row, not a sequence of
+  real tokens.
 
   Args:
     tokens_NxK: int `[N, K]` (N, K >= 1) generated tokens, padded after EOS.
