@@ -35,9 +35,14 @@ Acceptance rates are checked with an exact two-sided binomial test against the
 theoretical rate sum_x min(p(x), q(x)); the z-score and standard error
 sqrt(r(1-r)/n) are reported alongside.
 
-Outcomes are integer ids in [0, V). To check whole generations, map each
-sequence to an id (e.g. mixed radix over the vocabulary) and pass the exact
-sequence distribution as `expected_probs`.
+Outcomes are integer ids in [0, V). Whole generations are checked the same
+way, over the outcomes "these K tokens after this prompt":
+`generation_law` enumerates all V**K continuations and scores them with the
+model's own forward pass (`__call__` from an empty cache) under the sampling
+transform, `generation_ids` maps sequences to ids (cut after the first EOS),
+and `check_generation` runs both tests on generated rows against that law.
+`toy_transformer` builds the tiny Transformers with peaked laws such checks
+need: under a near-uniform law every rule looks exact.
 
 The module also holds two deliberately WRONG couplings, the negative controls
 that every exactness test must reject: `wrong_fallback_coupling` (resamples
@@ -48,6 +53,7 @@ both run the decoder's control verifiers on one key (`specjax.get_verifier`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable
 
@@ -56,7 +62,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax import sampling as sampling_lib
 from specjax.decode import verifiers
+from specjax.models import transformer
 
 DEFAULT_SIGNIFICANCE = 1e-6
 MIN_EXPECTED = 5.0
@@ -475,6 +483,324 @@ def check_coupling(coupling_fn: CouplingFn, p_V: Any, q_V: Any, *,
   tv_pq = float(0.5 * np.abs(p64_V - q64_V).sum())
   return CouplingResult(output=output, acceptance=acceptance, tv_pq=tv_pq,
                         passed=output.passed and acceptance.passed)
+
+
+# Whole generations: the exact law of K tokens after a prompt, by enumeration.
+
+# Continuations `generation_law` enumerates by default at most: 4**10 (V = 4,
+# K = 10) or 16**5, each scored at K positions; beyond that, enumerating is
+# the wrong tool (check a position or a pair of positions at a time).
+MAX_SEQUENCES = 1 << 20
+
+# Rows per forward pass of the enumeration: one compiled program per
+# (model, prompt length, K) whatever the number of continuations.
+_CHUNK_ROWS = 1 << 14
+
+
+def _check_vocab_size(vocab_size) -> int:
+  return _checks.check_int("vocab_size", vocab_size, low=1)
+
+
+def _check_eos(eos_id, vocab_size: int) -> int | None:
+  if eos_id is None:
+    return None
+  return _checks.check_int("eos_id", eos_id, low=0, high=vocab_size - 1)
+
+
+def _radix(vocab_size: int, eos_id: int | None) -> int:
+  """Digits per position: the tokens, and with an EOS a padding digit V."""
+  return vocab_size + (eos_id is not None)
+
+
+def _check_id_range(name: str, vocab_size: int, eos_id: int | None,
+                    num_tokens: int) -> None:
+  radix = _radix(vocab_size, eos_id)
+  if radix ** num_tokens > np.iinfo(np.int64).max:
+    digits = (f"vocab_size + 1 = {radix} (the padding digit after eos_id)"
+              if eos_id is not None else f"vocab_size = {radix}")
+    raise ValueError(
+        f"{name}: {num_tokens} tokens in radix {digits} overflow int64 "
+        "outcome ids; check fewer tokens at a time.")
+
+
+def generation_ids(tokens_NxK: Any, vocab_size: int, *,
+                   eos_id: int | None = None) -> np.ndarray:
+  """Maps each generated row to one outcome id: int64 `[N]`.
+
+  The row is read as a number in radix V (V = vocab_size), first token most
+  significant. With `eos_id`, the radix is V + 1 and every position after
+  the row's first EOS reads as the padding digit V, whatever it holds, so
+  sequences that differ only past their EOS are one outcome (the decoder
+  fills them with `pad_id`). A row holding an id outside [0, V) before its
+  first EOS (at any position without `eos_id`) gets id -1, which no law
+  gives positive probability: `check_distribution` counts it impossible.
+
+  Args:
+    tokens_NxK: int `[N, K]` (K >= 1), e.g. `GenerationResult.tokens`.
+    vocab_size: V, the model's vocabulary (>= 1).
+    eos_id: None, or the id in [0, V) that ends a row.
+
+  Returns:
+    int64 `[N]` ids in [0, radix**K), or -1 (see above). Ids of the same
+    (vocab_size, K, eos_id) are comparable with `generation_law`'s.
+  """
+  tokens_NxK = _checks.check_array("tokens_NxK", tokens_NxK, rank=2, kind="i")
+  vocab_size = _check_vocab_size(vocab_size)
+  eos_id = _check_eos(eos_id, vocab_size)
+  num_tokens = tokens_NxK.shape[1]
+  if num_tokens < 1:
+    raise ValueError("tokens_NxK must hold at least one token per row, got "
+                     f"shape {tuple(tokens_NxK.shape)}.")
+  _check_id_range("tokens_NxK", vocab_size, eos_id, num_tokens)
+  radix = _radix(vocab_size, eos_id)
+  tokens_NxK = np.asarray(tokens_NxK, np.int64)
+  if eos_id is not None:
+    # Positions after the first EOS: the cumulative count of EOS before them
+    # is positive.
+    is_eos_NxK = tokens_NxK == eos_id
+    after_NxK = (np.cumsum(is_eos_NxK, axis=1) - is_eos_NxK) > 0
+    tokens_NxK = np.where(after_NxK, vocab_size, tokens_NxK)
+    real_NxK = ~after_NxK
+  else:
+    real_NxK = np.ones(tokens_NxK.shape, bool)
+  bad_N = (real_NxK & ((tokens_NxK < 0) | (tokens_NxK >= vocab_size))).any(1)
+  weights_K = radix ** np.arange(num_tokens - 1, -1, -1, dtype=np.int64)
+  ids_N = np.where(bad_N[:, None], 0, tokens_NxK) @ weights_K
+  return np.where(bad_N, -1, ids_N).astype(np.int64)
+
+
+@functools.partial(jax.jit, static_argnames=("first",))
+def _scored_logits(model, tokens_BxT, first):
+  """`model`'s logits at new positions >= first, from an empty cache."""
+  cache = model.init_cache(tokens_BxT.shape[0], tokens_BxT.shape[1])
+  logits_BxTxV, _ = model(tokens_BxT, cache)
+  return logits_BxTxV[:, first:]
+
+
+def _check_model(model) -> int:
+  """The vocabulary of a `CausalLM` (see `specjax.models.protocol`)."""
+  if not (callable(model) and callable(getattr(model, "init_cache", None))
+          and hasattr(model, "vocab_size")):
+    raise TypeError(
+        "model must be a CausalLM (vocab_size, init_cache(batch_size, "
+        "max_len) and __call__(tokens_BxT, cache) -> (logits, cache)), got "
+        f"{type(model).__name__}.")
+  return _checks.check_int("model.vocab_size", model.vocab_size, low=1)
+
+
+def _check_law_args(model, prompt_P, num_tokens, sampling, eos_id,
+                    max_sequences):
+  """Validated (vocab_size, prompt_P, num_tokens, sampling, eos_id)."""
+  vocab_size = _check_model(model)
+  prompt_P = _checks.check_array("prompt_P", prompt_P, rank=1, kind="i")
+  if prompt_P.shape[0] < 1:
+    raise ValueError("prompt_P must hold at least one token: the first "
+                     "generated token is scored at its last position.")
+  _checks.check_token_range("prompt_P", prompt_P, vocab_size)
+  num_tokens = _checks.check_int("num_tokens", num_tokens, low=1)
+  if sampling is None:
+    sampling = sampling_lib.SamplingConfig()
+  if not isinstance(sampling, sampling_lib.SamplingConfig):
+    raise TypeError("sampling must be a specjax.SamplingConfig or None (T = "
+                    f"1), got {type(sampling).__name__}.")
+  sampling.check_vocab(vocab_size)
+  eos_id = _check_eos(eos_id, vocab_size)
+  max_sequences = _checks.check_int("max_sequences", max_sequences, low=1)
+  if vocab_size ** num_tokens > max_sequences:
+    raise ValueError(
+        f"generation_law enumerates vocab_size**num_tokens = {vocab_size}**"
+        f"{num_tokens} = {vocab_size ** num_tokens:,} continuations, more "
+        f"than max_sequences={max_sequences:,}: lower num_tokens, use a "
+        "model with a smaller vocabulary, or raise max_sequences.")
+  _check_id_range("num_tokens", vocab_size, eos_id, num_tokens)
+  width = prompt_P.shape[0] + num_tokens - 1
+  limit = getattr(model, "max_positions", None)
+  if limit is not None and width > limit:
+    raise ValueError(
+        f"prompt_P ({prompt_P.shape[0]} tokens) and num_tokens={num_tokens} "
+        f"need {width} positions; the model has max_positions={limit}.")
+  return (vocab_size, np.asarray(prompt_P, np.int32), num_tokens, sampling,
+          eos_id)
+
+
+def generation_law(model: Any, prompt_P: Any, num_tokens: int,
+                   sampling: sampling_lib.SamplingConfig | None = None, *,
+                   eos_id: int | None = None,
+                   max_sequences: int = MAX_SEQUENCES
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """The exact law of `num_tokens` tokens sampled from `model` after a prompt.
+
+  Enumerates all V**K continuations (V = model.vocab_size, K = num_tokens),
+  scores each with the model's own forward pass (`__call__` on prompt +
+  continuation from an empty `init_cache`, jitted, in chunks of rows), turns
+  the logits into probabilities with `specjax.sampling.probabilities` (the
+  transform the decoder samples), and multiplies each sequence's K
+  per-position probabilities in float64. With `eos_id`, a sequence ends at
+  its first EOS: later positions contribute no factor and sequences that
+  differ only past their EOS are one outcome (`generation_ids`). This is
+  the target's law, which any exact decoder (`specjax.generate`, or
+  `specjax.speculative_generate` with an exact verifier) must sample.
+
+  Args:
+    model: a `CausalLM` (e.g. `toy_transformer(...)`), pure and jit-able.
+    prompt_P: int `[P]` (P >= 1) token ids in [0, V).
+    num_tokens: K >= 1, the generated tokens the law covers.
+    sampling: the `SamplingConfig` the generation used (temperature,
+      top-k, top-p); None is `SamplingConfig()` (T = 1), the decoder's
+      default.
+    eos_id: None, or the id in [0, V) that ends a row.
+    max_sequences: the most continuations (V**K) to enumerate; more is
+      refused with a ValueError before any work.
+
+  Returns:
+    `(ids_M, law_M)`: int64 `[M]` sorted outcome ids (`generation_ids` of
+    the continuations: M = V**K without EOS, fewer with it) and float64
+    `[M]` their probabilities (summing to 1 up to float32 rounding of the
+    model's probabilities; outcomes the sampling transform masks have 0).
+  """
+  vocab_size, prompt_P, num_tokens, sampling, eos_id = _check_law_args(
+      model, prompt_P, num_tokens, sampling, eos_id, max_sequences)
+  num_seqs, num_prompt = vocab_size ** num_tokens, prompt_P.shape[0]
+  # Continuation m is m's digits in radix V (itertools.product order).
+  weights_K = vocab_size ** np.arange(num_tokens - 1, -1, -1, dtype=np.int64)
+  seqs_MxK = ((np.arange(num_seqs, dtype=np.int64)[:, None] // weights_K)
+              % vocab_size).astype(np.int32)
+  # The last token is scored, never fed: P + K - 1 positions per row.
+  inputs_MxT = np.concatenate(
+      [np.broadcast_to(prompt_P, (num_seqs, num_prompt)), seqs_MxK[:, :-1]],
+      axis=1)
+  rows = min(num_seqs, _CHUNK_ROWS)
+  probs_MxK = np.empty((num_seqs, num_tokens))
+  for start in range(0, num_seqs, rows):
+    chunk_CxT = inputs_MxT[start:start + rows]
+    num_real = chunk_CxT.shape[0]
+    if num_real < rows:  # the last chunk, padded to the compiled shape
+      chunk_CxT = np.concatenate([chunk_CxT, np.broadcast_to(
+          chunk_CxT[:1], (rows - num_real, chunk_CxT.shape[1]))])
+    logits_CxKxV = _scored_logits(model, jnp.asarray(chunk_CxT),
+                                  first=num_prompt - 1)
+    # Eagerly: refuses NaN or +inf logits, naming the row.
+    p_CxKxV = np.asarray(sampling_lib.probabilities(logits_CxKxV, sampling),
+                         np.float64)[:num_real]
+    probs_MxK[start:start + num_real] = np.take_along_axis(
+        p_CxKxV, seqs_MxK[start:start + num_real, :, None], axis=2)[..., 0]
+  if eos_id is not None:
+    is_eos_MxK = seqs_MxK == eos_id
+    after_MxK = (np.cumsum(is_eos_MxK, axis=1) - is_eos_MxK) > 0
+    probs_MxK = np.where(after_MxK, 1.0, probs_MxK)
+  law_M = probs_MxK.prod(axis=1)
+  # Continuations that differ only past their EOS share an id and a
+  # probability (their factors past it are 1): keep one of each.
+  ids_M, first_M = np.unique(generation_ids(seqs_MxK, vocab_size,
+                                            eos_id=eos_id),
+                             return_index=True)
+  return ids_M, law_M[first_M]
+
+
+def check_generation(tokens_NxK: Any, model: Any, prompt_P: Any,
+                     sampling: sampling_lib.SamplingConfig | None = None, *,
+                     eos_id: int | None = None,
+                     significance: float = DEFAULT_SIGNIFICANCE,
+                     min_expected: float = MIN_EXPECTED,
+                     max_sequences: int = MAX_SEQUENCES
+                     ) -> DistributionResult:
+  """Tests whether generated rows are exact samples of `model` after a prompt.
+
+  Each row must be an independent generation of K tokens continuing the
+  same `prompt_P` (e.g. `speculative_generate(...).tokens` on N copies of
+  it, or one prompt's rows of a ragged batch). The rows' `generation_ids`
+  are tested with `check_distribution` against `generation_law(model,
+  prompt_P, K, sampling, eos_id=eos_id)`; a row outside the law's outcomes
+  (e.g. a padding id before its EOS) counts as an outcome of probability 0,
+  so a single one fails the check. Generate with a `pad_id` outside [0, V)
+  so that a row cut short without an EOS is such a row, not a sequence of
+  real tokens.
+
+  Args:
+    tokens_NxK: int `[N, K]` (N, K >= 1) generated tokens, padded after EOS.
+    model: the target: the `CausalLM` whose law the rows must follow.
+    prompt_P: int `[P]`, the prompt every row continues.
+    sampling: the `SamplingConfig` the rows were generated with (None:
+      `SamplingConfig()`, T = 1).
+    eos_id: the EOS the generation stopped rows at, or None.
+    significance: see `check_counts`.
+    min_expected: see `check_counts`.
+    max_sequences: see `generation_law`.
+
+  Returns:
+    A `DistributionResult` over the law's outcomes plus one impossible
+    outcome; `passed` is the decision.
+  """
+  tokens_NxK = _checks.check_array("tokens_NxK", tokens_NxK, rank=2, kind="i")
+  if min(tokens_NxK.shape) < 1:
+    raise ValueError("tokens_NxK must hold at least one row of at least one "
+                     f"token, got shape {tuple(tokens_NxK.shape)}.")
+  significance = _check_significance(significance)
+  min_expected = _checks.check_float("min_expected", min_expected)
+  if min_expected <= 0:
+    raise ValueError(f"min_expected must be > 0, got {min_expected}.")
+  num_tokens = tokens_NxK.shape[1]
+  vocab_size, *_ = _check_law_args(model, prompt_P, num_tokens, sampling,
+                                   eos_id, max_sequences)
+  ids_N = generation_ids(tokens_NxK, vocab_size, eos_id=eos_id)
+  ids_M, law_M = generation_law(model, prompt_P, num_tokens, sampling,
+                                eos_id=eos_id, max_sequences=max_sequences)
+  # Each sample's index among the law's outcomes; an id outside them goes to
+  # an extra outcome of probability 0.
+  pos_N = np.clip(np.searchsorted(ids_M, ids_N), 0, len(ids_M) - 1)
+  index_N = np.where(ids_M[pos_N] == ids_N, pos_N, len(ids_M))
+  return check_distribution(index_N, np.append(law_M, 0.0),
+                            significance=significance,
+                            min_expected=min_expected)
+
+
+def toy_transformer(vocab_size: int, seed: int = 0, *, flavour: str = "gpt2",
+                    embed_scale: float = 4.0, d_model: int = 16,
+                    num_layers: int = 1, num_heads: int = 2,
+                    num_kv_heads: int | None = None,
+                    max_positions: int = 32,
+                    dtype: str = "float32") -> transformer.TransformerLM:
+  """A tiny random `TransformerLM` whose next-token laws are peaked.
+
+  Random initialisation gives nearly uniform next-token laws, under which
+  target and draft nearly agree and every verification rule looks exact: a
+  statistical check (`check_generation`) cannot tell a wrong rule from a
+  right one. Multiplying every embedding table (the token embedding, and
+  gpt2's learned positions) by `embed_scale` peaks the gpt2 flavour's laws,
+  so two such models differ enough for a wrong rule's output law to show.
+  The llama flavour's RMSNorm undoes most of the scale: its laws stay close
+  to uniform, and it still differs from a gpt2 model. The same arguments
+  give the same weights.
+
+  Args:
+    vocab_size: V, small enough for `generation_law` to enumerate V**K.
+    seed: the initialisation seed (`TransformerLM.create`).
+    flavour: "gpt2" or "llama" (`TransformerConfig.flavour`).
+    embed_scale: the factor on the embedding tables (1.0 leaves the random
+      initialisation as it is); the scaled weights keep their dtype.
+    d_model, num_layers, num_heads, num_kv_heads, max_positions: the
+      `TransformerConfig` fields of the same names (num_kv_heads None: one
+      per query head).
+    dtype: the compute and parameter dtype ("float32" or "bfloat16");
+      logits stay float32.
+
+  Returns:
+    The `TransformerLM`.
+  """
+  embed_scale = _checks.check_float("embed_scale", embed_scale)
+  if embed_scale <= 0:
+    raise ValueError(f"embed_scale must be > 0, got {embed_scale}.")
+  config = transformer.TransformerConfig(
+      vocab_size=vocab_size, d_model=d_model, num_layers=num_layers,
+      num_heads=num_heads, num_kv_heads=num_kv_heads,
+      max_positions=max_positions, flavour=flavour, dtype=dtype,
+      param_dtype=dtype)
+  model = transformer.TransformerLM.create(config, seed)
+  if embed_scale == 1.0:
+    return model
+  return model.replace(state=jax.tree_util.tree_map_with_path(
+      lambda path, x: (embed_scale * x).astype(x.dtype)
+      if "embed" in jax.tree_util.keystr(path) else x, model.state))
 
 
 # Negative controls: deliberately wrong couplings that exactness tests must

@@ -27,11 +27,11 @@ import time
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import specjax as sj
 from specjax import sharding
+from specjax import testing
 from specjax.decode import loop
 from specjax.decode.verifiers import controls
 
@@ -121,40 +121,23 @@ PROMPT = np.array([1, 2, 3], np.int32)
 
 
 def _peaked(seed, flavour):
-  config = sj.TransformerConfig(vocab_size=V, d_model=16, num_layers=1,
-                                num_heads=4, num_kv_heads=4, max_positions=16,
-                                flavour=flavour)
-  model = sj.TransformerLM.create(config, seed)
-  state = jax.tree_util.tree_map_with_path(
-      lambda path, x: 6.0 * x if "embed" in jax.tree_util.keystr(path) else x,
-      model.state)
-  return model.replace(state=state)
-
-
-def _exact_law(target):
-  seqs = np.array(list(itertools.product(range(V), repeat=K)), np.int32)
-  full = np.concatenate([np.tile(PROMPT, (len(seqs), 1)), seqs], 1)
-  p = np.asarray(jax.nn.softmax(target.logits(jnp.asarray(full)), -1),
-                 np.float64)
-  law = np.ones(len(seqs))
-  for k in range(K):
-    law *= p[np.arange(len(seqs)), len(PROMPT) - 1 + k, seqs[:, k]]
-  return law
+  return testing.toy_transformer(V, seed, flavour=flavour, num_heads=4,
+                                 num_kv_heads=4, max_positions=16,
+                                 embed_scale=6.0)
 
 
 def chi_square_2x4():
-  from specjax import testing  # pylint: disable=g-import-not-at-top
   mesh = _mesh("data:2,model:4")
   target, draft = _peaked(0, "llama"), _peaked(1, "gpt2")
-  law = _exact_law(target)
   p = np.tile(PROMPT, (N, 1))
   lens = np.full(N, len(PROMPT), np.int32)
   sampling = sj.SamplingConfig(temperature=1.0)
-  ids = lambda t: (np.asarray(t) * V ** np.arange(K - 1, -1, -1)).sum(1)
+  check = lambda tokens: testing.check_generation(
+      np.asarray(tokens), target, PROMPT, sampling)
   out = sj.speculative_generate(target, draft, p, lens, jax.random.key(3),
                                 gamma=3, max_new_tokens=K, sampling=sampling,
                                 mesh=mesh)
-  exact = testing.check_distribution(ids(out.tokens), law)
+  exact = check(out.tokens)
   # The same sharded program with the wrong fallback must be rejected.
   args = _placed(target, draft, p, lens, jax.random.key(3), mesh, gamma=3,
                  max_new_tokens=K, sampling=sampling)
@@ -162,7 +145,7 @@ def chi_square_2x4():
     wrong = loop._generate(  # pylint: disable=protected-access
         *args, gamma=3, max_new_tokens=K, sampling=sampling, eos_id=None,
         pad_id=0, coupling_rule=controls.wrong_fallback_rule)
-  control = testing.check_distribution(ids(wrong.tokens), law)
+  control = check(wrong.tokens)
   return {"exact_passed": bool(exact.passed), "exact": str(exact),
           "control_passed": bool(control.passed), "control": str(control),
           "one_minus_tv": out.summary()["one_minus_tv"],
@@ -308,13 +291,10 @@ def kinds(spec="data:2,model:4"):
   """{case: True if the mesh `spec` gave the unmeshed tokens (and greedy,
   `generate`'s)} for every draft kind x verifier / draft-length rule, at
   T = 0 and 1."""
-  target = sj.TransformerLM.create(sj.TransformerConfig(
-      vocab_size=64, d_model=32, num_layers=3, num_heads=4, num_kv_heads=2,
-      max_positions=48, flavour="llama"), 0)
   # Peaked laws, so that drafts are rejected and the residual is drawn.
-  target = target.replace(state=jax.tree_util.tree_map_with_path(
-      lambda path, x: 4.0 * x if "embed" in jax.tree_util.keystr(path) else x,
-      target.state))
+  target = testing.toy_transformer(64, 0, flavour="llama", d_model=32,
+                                   num_layers=3, num_heads=4, num_kv_heads=2,
+                                   max_positions=48)
   small = sj.TransformerLM.create(sj.TransformerConfig(
       vocab_size=64, d_model=16, num_layers=1, num_heads=2, max_positions=48),
                                   1)

@@ -6,11 +6,11 @@ agree; it sees token order; training reads the pairs drafting reads; the
 decode loop feeds it exactly the features a from-scratch reference computes
 (acceptance counts match a Python re-enactment, in a chain and in a tree
 of one child per node), and a tree level's logits equal the head's chain
-along each root-to-node path; greedy
-speculative output equals greedy autoregressive output (ragged prompts,
-length 1, EOS, an adaptive draft length); training lowers the loss and
-restores bitwise; bad input gets a clear error. Whole-generation exactness
-is in tests/test_exactness.py (`eagle` in `_draft_kinds`, and in
+along each root-to-node path; training lowers the loss and restores
+bitwise; bad input gets a clear error. Greedy speculative output equals
+greedy autoregressive output (ragged prompts, length 1, EOS, an adaptive
+draft length) in tests/test_greedy.py; whole-generation exactness in
+tests/test_exactness.py (`eagle` in `_draft_kinds`, and in
 `test_tree_generations_are_exact`).
 """
 
@@ -22,6 +22,7 @@ import pytest
 
 import specjax as sj
 from specjax import data
+from specjax import testing
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models import eagle
 from specjax.train import checkpoint as checkpoint_lib
@@ -32,16 +33,11 @@ V = 16
 
 
 def _target(flavour="gpt2", vocab=V, d_model=32, seed=0, scale=1.0):
-  config = TransformerConfig(
-      vocab_size=vocab, d_model=d_model, num_layers=2, num_heads=4,
-      num_kv_heads=2 if flavour == "llama" else None, max_positions=64,
-      flavour=flavour)
-  model = TransformerLM.create(config, seed)
-  if scale != 1.0:  # peaked laws, so that argmaxes are far from ties
-    model = model.replace(state=jax.tree_util.tree_map_with_path(
-        lambda path, x: scale * x if "embed" in jax.tree_util.keystr(path)
-        else x, model.state))
-  return model
+  # scale > 1: peaked laws, so that argmaxes are far from ties.
+  return testing.toy_transformer(
+      vocab, seed, flavour=flavour, embed_scale=scale, d_model=d_model,
+      num_layers=2, num_heads=4,
+      num_kv_heads=2 if flavour == "llama" else None, max_positions=64)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -169,37 +165,6 @@ def test_loss_masks_the_byte_pad_only_in_the_byte_vocabulary():
       eagle_train.eagle_loss()(draft.head.module(),
                                {"tokens": jnp.asarray(bad, jnp.int32)},
                                jax.random.key(0), target)
-
-
-@pytest.mark.parametrize("flavour, gamma, eos", [
-    ("gpt2", 3, 5), pytest.param("llama", 3, 5, marks=pytest.mark.slow),
-    pytest.param("gpt2", 1, None, marks=pytest.mark.slow)])
-def test_greedy_speculative_equals_autoregressive(flavour, gamma, eos):
-  target = _target(flavour)
-  prompts, lengths = _prompts(6, seed=gamma)
-  key = jax.random.key(0)
-  kwargs = dict(max_new_tokens=20, sampling=sj.GREEDY, eos_id=eos)
-  ref = sj.generate(target, prompts, lengths, key, **kwargs)
-  out = sj.speculative_generate(target, sj.EagleDraft.create(target, 2),
-                                prompts, lengths, key, gamma=gamma, **kwargs)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
-  np.testing.assert_array_equal(out.lengths, ref.lengths)
-  if eos is not None:
-    assert (np.asarray(out.lengths) < 20).any()  # some row stopped at EOS
-
-
-@pytest.mark.slow
-def test_adaptive_draft_length_greedy_equality():
-  target = _target("llama")
-  prompts, lengths = _prompts(4, seed=9)
-  key = jax.random.key(3)
-  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=16,
-                    sampling=sj.GREEDY)
-  out = sj.speculative_generate(
-      target, sj.EagleDraft.create(target, 4), prompts, lengths, key,
-      gamma=sj.Confidence(threshold=0.3, gamma_max=3), max_new_tokens=16,
-      sampling=sj.GREEDY)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
 def _reference_accepted(target, draft, prompts, lengths, gamma, max_new):

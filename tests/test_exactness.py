@@ -12,23 +12,19 @@ coupling rule must fail it.
 """
 
 import dataclasses
-import itertools
 from typing import Any
 
 import flax.struct
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.decode import draft_length
 from specjax.decode import loop
 from specjax.decode.verifiers import controls
 from specjax.decode.verifiers.block import BlockVerifier
-from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.vocab import PaddedVocabLM, ReducedVocabLM
@@ -39,50 +35,18 @@ PROMPTS = (np.array([1, 2, 0], np.int32), np.array([2, 0, 1, 1, 3, 2], np.int32)
 
 
 def _model(seed, flavour):
-  config = TransformerConfig(vocab_size=V, d_model=16, num_layers=1,
-                             num_heads=2, num_kv_heads=1 if flavour == "llama"
-                             else None, max_positions=32, flavour=flavour)
-  model = TransformerLM.create(config, seed)
   # Random init gives nearly uniform next-token laws, under which every rule
-  # looks exact. Scaling the embeddings peaks the gpt2 flavour's laws (the
-  # target); the llama flavour's RMSNorm undoes the scale, so its q stays
-  # near uniform (about .24-.26 each). p and q differ all the same (the
-  # main test asserts 1 - TV < 0.9), which is what the controls need.
-  state = jax.tree_util.tree_map_with_path(
-      lambda path, x: 4.0 * x if "embed" in jax.tree_util.keystr(path) else x,
-      model.state)
-  return model.replace(state=state)
+  # looks exact. The toy's scaled embeddings peak the gpt2 flavour's laws
+  # (the target); the llama flavour's RMSNorm undoes the scale, so its q
+  # stays near uniform (about .24-.26 each). p and q differ all the same
+  # (the main test asserts 1 - TV < 0.9), which is what the controls need.
+  return testing.toy_transformer(
+      V, seed, flavour=flavour, num_kv_heads=1 if flavour == "llama" else None)
 
 
 @pytest.fixture(scope="module")
 def models():
   return _model(0, "gpt2"), _model(1, "llama")
-
-
-def _outcome_ids(tokens_NxK):
-  """Sequence ids in radix V + 1 (PAD = V marks the positions after EOS)."""
-  tokens_NxK = np.asarray(tokens_NxK, np.int64)
-  k = tokens_NxK.shape[1]
-  return (tokens_NxK * (V + 1) ** np.arange(k - 1, -1, -1)).sum(1)
-
-
-def _exact_law(target, sampling, prompt, k):
-  """(ids [M], float64 law [M]) of the first k tokens, cut after an EOS."""
-  seqs_SxK = np.array(list(itertools.product(range(V), repeat=k)), np.int32)
-  full = np.concatenate([np.tile(prompt, (len(seqs_SxK), 1)), seqs_SxK], 1)
-  p = np.asarray(sampling_lib.probabilities(target.logits(jnp.asarray(full)),
-                                            sampling), np.float64)
-  rows = np.arange(len(seqs_SxK))
-  law = np.ones(len(seqs_SxK))
-  ended = np.zeros(len(seqs_SxK), bool)
-  cut = seqs_SxK.copy()
-  for i in range(k):
-    law *= np.where(ended, 1.0, p[rows, len(prompt) - 1 + i, seqs_SxK[:, i]])
-    cut[ended, i] = PAD
-    ended |= seqs_SxK[:, i] == EOS
-  # Sequences that differ only after their EOS are one outcome: keep one.
-  ids, first = np.unique(_outcome_ids(cut), return_index=True)
-  return ids, law[first]
 
 
 def _run(target, draft, sampling, gamma, k, coupling_rule=None, seed=0, n=N,
@@ -103,18 +67,13 @@ def _run(target, draft, sampling, gamma, k, coupling_rule=None, seed=0, n=N,
                         coupling_rule=coupling_rule, **kwargs)
 
 
-def _check(target, out, sampling, k):
-  """Both prompts' rows against their exact laws; returns the results."""
-  results = []
-  ids_N = _outcome_ids(out.tokens)
-  for i, prompt in enumerate(PROMPTS):
-    ids_M, law_M = _exact_law(target, sampling, prompt, k)
-    # Index every sample into the law's outcomes; an id outside it (an
-    # impossible sequence) goes to an extra outcome of probability 0.
-    pos = np.clip(np.searchsorted(ids_M, ids_N[i::2]), 0, len(ids_M) - 1)
-    index = np.where(ids_M[pos] == ids_N[i::2], pos, len(ids_M))
-    results.append(testing.check_distribution(index, np.append(law_M, 0.0)))
-  return results
+def _check(target, out, sampling):
+  """Both prompts' rows (the batch alternates them) against their exact
+  laws; returns the results."""
+  tokens = np.asarray(out.tokens)
+  return [testing.check_generation(tokens[i::2], target, prompt, sampling,
+                                   eos_id=EOS)
+          for i, prompt in enumerate(PROMPTS)]
 
 
 def _assert_covers_full_accepts_and_eos(out, gamma, k):
@@ -139,7 +98,7 @@ def test_speculative_generations_are_exact(models, sampling, gamma):
   target, draft = models
   k = 2 * (gamma + 1)
   out = _run(target, draft, sampling, gamma, k)
-  for result in _check(target, out, sampling, k):
+  for result in _check(target, out, sampling):
     assert result.passed, str(result)
   _assert_covers_full_accepts_and_eos(out, gamma, k)
   s = out.summary()
@@ -162,7 +121,7 @@ def test_block_verification_generations_are_exact(models):
   gamma = 3
   k = 2 * (gamma + 1)
   out = _run(target, draft, sampling, gamma, k, verifier="block")
-  for result in _check(target, out, sampling, k):
+  for result in _check(target, out, sampling):
     assert result.passed, str(result)
   _assert_covers_full_accepts_and_eos(out, gamma, k)
 
@@ -187,7 +146,7 @@ def test_adaptive_generations_past_full_accepts_are_exact(models, rule):
   sampling = sj.SamplingConfig(temperature=1.0)
   k = 2 * (rule.gamma_max + 1)
   out = _run(target, draft, sampling, rule, k)
-  for result in _check(target, out, sampling, k):
+  for result in _check(target, out, sampling):
     assert result.passed, str(result)
   _assert_covers_full_accepts_and_eos(out, rule.gamma_max, k)
 
@@ -199,18 +158,13 @@ def test_self_draft_generations_past_full_accepts_are_exact():
   after a full accept the bonus token's keys and values are not yet in the
   shared cache when the next round drafts. tests/test_self_draft.py checks
   3 tokens at gamma 2, which never reach that round."""
-  config = TransformerConfig(vocab_size=V, d_model=16, num_layers=2,
-                             num_heads=2, max_positions=32)
-  target = TransformerLM.create(config, 2)
-  target = target.replace(state=jax.tree_util.tree_map_with_path(
-      lambda path, x: 4.0 * x if "embed" in jax.tree_util.keystr(path) else x,
-      target.state))
+  target = testing.toy_transformer(V, 2, num_layers=2)
   draft = sj.SelfDraft(target, layers=1, share_cache=True)
   sampling = sj.SamplingConfig(temperature=1.0)
   gamma = 2
   k = 2 * (gamma + 1)
   out = _run(target, draft, sampling, gamma, k)
-  for result in _check(target, out, sampling, k):
+  for result in _check(target, out, sampling):
     assert result.passed, str(result)
   _assert_covers_full_accepts_and_eos(out, gamma, k)
 
@@ -234,7 +188,7 @@ def test_block_control_is_rejected(models):
   target, draft = models
   sampling = sj.SamplingConfig(temperature=1.0)
   out = _run(target, draft, sampling, 3, 8, n=N // 5, verifier=_BlockWrongQ())
-  results = _check(target, out, sampling, 8)
+  results = _check(target, out, sampling)
   assert not any(r.passed for r in results), "\n".join(map(str, results))
 
 
@@ -302,10 +256,10 @@ def test_every_draft_kind_is_exact(models, kind):
     run_target, draft = target, _draft_kinds(models)[kind]
   out = _run(run_target, draft, sampling, gamma, k, seed=7)
   tokens = np.asarray(out.tokens)
-  # Only real ids, then PAD after EOS: the outcome ids below would alias a
-  # padding id (radix V + 1) onto a real sequence.
+  # Only real ids, then PAD after EOS (a padding id emitted before an EOS
+  # would also fail the check below, as an impossible outcome).
   assert ((tokens < V) | (tokens == PAD)).all(), kind
-  for result in _check(target, out, sampling, k):
+  for result in _check(target, out, sampling):
     assert result.passed, f"{kind}: {result}"
   # Far enough from the target that a wrong rule would show: the bound
   # test_speculative_generations_are_exact sets for the pair the controls
@@ -330,7 +284,7 @@ def test_negative_controls_are_rejected(models, name, sampling):
   # reject them with less data than the exact rule is checked with.
   out = _run(target, draft, sampling, gamma, k,
              coupling_rule=controls.RULES[name], n=N // 5)
-  results = _check(target, out, sampling, k)
+  results = _check(target, out, sampling)
   assert not any(r.passed for r in results), "\n".join(map(str, results))
 
 
@@ -357,7 +311,7 @@ def test_tree_generations_are_exact(models, spec, n, kind):
   sampling = sj.SamplingConfig(temperature=1.0)
   depth, k = 2, 6
   out = _run(target, draft, sampling, None, k, n=n, verifier=spec)
-  results = _check(target, out, sampling, k)
+  results = _check(target, out, sampling)
   if spec.startswith("tree-skip"):
     assert not any(r.passed for r in results), "\n".join(map(str, results))
     return

@@ -1,7 +1,8 @@
 """The exit adapter of a SelfDraft: identity at init, no copy, bad input, training.
 
 Greedy equality and whole-generation exactness of a SelfDraft with an
-adapter are in tests/test_self_draft.py (with the other SelfDraft variants).
+adapter are in tests/test_greedy.py and tests/test_self_draft.py (with the
+other SelfDraft variants).
 """
 
 import os

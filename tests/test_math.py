@@ -545,9 +545,7 @@ def test_same_transform_for_target_and_draft(config):
   # verified position, so sum_x min(p, q) is 1 and every draft is kept. A
   # transform applied to one side only (or differently) makes q != p and
   # both numbers drop below 1 (the wrong-temperature control below).
-  model = specjax.TransformerLM.create(specjax.TransformerConfig(
-      vocab_size=32, d_model=16, num_layers=1, num_heads=2,
-      max_positions=32), 3)
+  model = testing.toy_transformer(32, 3, embed_scale=1.0)
   prompts = np.tile(np.arange(1, 5, dtype=np.int32), (4, 1))
   lengths = np.full(4, 4, np.int32)
   out = specjax.speculative_generate(model, model, prompts, lengths,
@@ -558,9 +556,7 @@ def test_same_transform_for_target_and_draft(config):
   assert s["one_minus_tv"] == pytest.approx(1.0, abs=1e-5), s
   # Control: scaling only the draft's logits (a different temperature) is
   # visible in the same statistic.
-  hotter = model.replace(state=jax.tree_util.tree_map_with_path(
-      lambda path, x: 0.5 * x if "embed" in jax.tree_util.keystr(path) else x,
-      model.state))
+  hotter = testing.toy_transformer(32, 3, embed_scale=0.5)
   other = specjax.speculative_generate(model, hotter, prompts, lengths,
                                        jax.random.key(0), gamma=3,
                                        max_new_tokens=8, sampling=config)

@@ -1,19 +1,18 @@
 """SelfDraft: the target's own shallow layers as a draft, with and without a shared cache.
 
 Also with an exit adapter (exit_adapter.py): the adapter variants join the
-greedy-equality and whole-generation exactness tests; its own checks are in
+whole-generation exactness tests; its own checks are in
 tests/test_exit_adapter.py. So do draft trees (`verifier="tree:..."`), on
 either cache.
 
 Checks: the weights are shared, not copied; the draft's forward equals the
 kept blocks' forward; a shared-cache draft reads exactly the keys/values an
-own-cache draft computes; greedy speculative output equals greedy
-autoregressive output; whole generations are exact (statistical harness),
-and a deliberately broken cache-sharing hook fails the same test; bad input
-gets a clear error.
+own-cache draft computes; whole generations are exact (statistical
+harness), and a deliberately broken cache-sharing hook fails the same test;
+bad input gets a clear error. Greedy speculative output equals greedy
+autoregressive output for every variant, with and without trees, in
+tests/test_greedy.py.
 """
-
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +20,6 @@ import numpy as np
 import pytest
 
 import specjax as sj
-from specjax import sampling as sampling_lib
 from specjax import testing
 from specjax.models import TransformerConfig, TransformerLM
 from specjax.models.exit_adapter import ExitAdapter
@@ -31,18 +29,12 @@ V = 16
 
 
 def _target(flavour="gpt2", layers=3, vocab=V, seed=0, embed_scale=1.0):
-  config = TransformerConfig(
-      vocab_size=vocab, d_model=32, num_layers=layers, num_heads=4,
-      num_kv_heads=2 if flavour == "llama" else None, max_positions=64,
-      flavour=flavour)
-  model = TransformerLM.create(config, seed)
-  if embed_scale != 1.0:
-    # Peaked, distinct p and q, so that wrong samplers are visible.
-    state = jax.tree_util.tree_map_with_path(
-        lambda path, x: embed_scale * x
-        if "embed" in jax.tree_util.keystr(path) else x, model.state)
-    model = model.replace(state=state)
-  return model
+  # embed_scale > 1: peaked, distinct p and q, so that wrong samplers are
+  # visible.
+  return testing.toy_transformer(
+      vocab, seed, flavour=flavour, d_model=32, num_layers=layers,
+      num_heads=4, num_kv_heads=2 if flavour == "llama" else None,
+      max_positions=64, embed_scale=embed_scale)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "llama"])
@@ -119,63 +111,6 @@ def test_shared_cache_holds_the_drafts_own_keys_and_values(target):
   assert back.k[2] is tcache.k[2]
 
 
-def _variants(target):
-  # Every layer shared is `test_all_layers_shared_accepts_everything`'s.
-  return {
-      "first-1": SelfDraft(target, layers=1),
-      "first-2-shared": SelfDraft(target, layers=2, share_cache=True),
-      "embed-only-shared": SelfDraft(target, layers=0, share_cache=True),
-      "skip-middle": SelfDraft.skipping(target, skip=[1]),
-      "embed-only": SelfDraft(target, layers=0),  # a cache of no layers
-      "first-2-shared-adapter": SelfDraft(
-          target, layers=2, share_cache=True,
-          adapter=perturbed_adapter(target, 2)),
-  }
-
-
-@pytest.mark.parametrize("gamma, batch", [
-    # Every variant in the slow case; three in the default run.
-    pytest.param(3, 1, marks=pytest.mark.slow), (4, 8)])
-def test_greedy_speculative_equals_autoregressive(target, gamma, batch):
-  prompts, lengths = _prompts(batch, seed=gamma + batch)
-  key = jax.random.key(0)
-  ref = sj.generate(target, prompts, lengths, key, max_new_tokens=24,
-                    sampling=sj.GREEDY)
-  variants = _variants(target)
-  if batch > 1:  # the default case: own cache, skip set, shared + adapter
-    variants = {k: variants[k] for k in ("first-1", "skip-middle",
-                                         "first-2-shared-adapter")}
-  for name, draft in variants.items():
-    out = sj.speculative_generate(target, draft, prompts, lengths, key,
-                                  gamma=gamma, max_new_tokens=24,
-                                  sampling=sj.GREEDY)
-    np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=name)
-    np.testing.assert_array_equal(out.lengths, ref.lengths, err_msg=name)
-
-
-@pytest.mark.parametrize("name, spec", [
-    # Level-by-level drafting through the kept blocks on the target's cache
-    # (the tree round's hand-off), and on the draft's own (moved) cache.
-    ("first-2-shared-adapter", "tree:2,2"),
-    ("skip-middle", "tree-wor:parents=-1,-1,0,1,2"),
-    # The tree round moves the kept path in the draft's own cache, here one
-    # of no layers (it raised an IndexError while tracing).
-    pytest.param("embed-only", "tree:2,1", marks=pytest.mark.slow)])
-def test_greedy_trees_equal_greedy_autoregressive(name, spec):
-  # One flavour: the tree pass itself is checked on both in test_trees.py.
-  target = _target("llama")
-  prompts, lengths = _prompts(4, seed=9)
-  key = jax.random.key(0)
-  kwargs = dict(max_new_tokens=16, sampling=sj.GREEDY, eos_id=3)
-  ref = sj.generate(target, prompts, lengths, key, **kwargs)
-  out = sj.speculative_generate(target, _variants(target)[name], prompts,
-                                lengths, key, verifier=spec, **kwargs)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
-  np.testing.assert_array_equal(out.lengths, ref.lengths)
-  s = out.summary()
-  assert s["accepted"] <= s["verified"] <= s["draft_calls"]
-
-
 @pytest.mark.parametrize("layers", [0, 2])
 def test_logits_at_equals_the_call_at_those_tokens(target, layers):
   """`logits_at` is the call's logits at the chosen tokens, with its cache;
@@ -248,25 +183,14 @@ def exact_target():
                                                               model.state))
 
 
-def _exact_law(target, sampling):
-  seqs = np.array(list(itertools.product(range(EV), repeat=EK)), np.int32)
-  full = np.concatenate([np.tile(EPROMPT, (len(seqs), 1)), seqs], 1)
-  p = np.asarray(sampling_lib.probabilities(target.logits(jnp.asarray(full)),
-                                            sampling), np.float64)
-  law = np.ones(len(seqs))
-  for k in range(EK):
-    law *= p[np.arange(len(seqs)), len(EPROMPT) - 1 + k, seqs[:, k]]
-  return law
-
-
-def _sample_ids(target, draft, sampling, gamma, verifier="token"):
-  """gamma None: the tree verifier's depth."""
+def _sample(target, draft, sampling, gamma, verifier="token"):
+  """(tokens, summary) of EN generations; gamma None: the tree verifier's
+  depth."""
   out = sj.speculative_generate(
       target, draft, np.tile(EPROMPT, (EN, 1)), np.full(EN, 3, np.int32),
       jax.random.key(gamma or 0), gamma=gamma, max_new_tokens=EK,
       sampling=sampling, verifier=verifier)
-  tokens = np.asarray(out.tokens)
-  return (tokens * EV ** np.arange(EK - 1, -1, -1)).sum(1), out.summary()
+  return out.tokens, out.summary()
 
 
 class _EarlyViewSelfDraft(SelfDraft):
@@ -288,7 +212,7 @@ class _EarlyViewSelfDraft(SelfDraft):
     pytest.param(1, False, False, "token", marks=pytest.mark.slow),
     pytest.param(1, True, False, "token", marks=pytest.mark.slow),
     # The default run's cases: sharing and an adapter together (each alone is
-    # in the slow cases, and in the greedy test), and a tree drafted on the
+    # in the slow cases, and in tests/test_greedy.py), and a tree drafted on the
     # target's cache (on the draft's own cache it is any draft's tree).
     (1, True, True, "token"),
     (1, True, False, "tree:2,1"),
@@ -307,9 +231,9 @@ def test_generations_are_exact(exact_target, layers, share, adapter,
                     adapter=(perturbed_adapter(exact_target, layers, scale=2.0)
                              if adapter else None))
   tree = verifier != "token"
-  ids, s = _sample_ids(exact_target, draft, sampling,
-                       gamma=None if tree else 2, verifier=verifier)
-  result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
+  tokens, s = _sample(exact_target, draft, sampling,
+                      gamma=None if tree else 2, verifier=verifier)
+  result = testing.check_generation(tokens, exact_target, EPROMPT, sampling)
   assert result.passed, str(result)
   # Far enough from the target that the control below has room to fail.
   assert s["one_minus_tv"] < 0.9, s
@@ -323,9 +247,9 @@ def test_broken_cache_sharing_is_rejected(exact_target, verifier):
   sampling = sj.SamplingConfig(temperature=1.0)
   draft = _EarlyViewSelfDraft(exact_target, layers=1, share_cache=True)
   tree = verifier != "token"
-  ids, _ = _sample_ids(exact_target, draft, sampling,
-                       gamma=None if tree else 2, verifier=verifier)
-  result = testing.check_distribution(ids, _exact_law(exact_target, sampling))
+  tokens, _ = _sample(exact_target, draft, sampling,
+                      gamma=None if tree else 2, verifier=verifier)
+  result = testing.check_generation(tokens, exact_target, EPROMPT, sampling)
   assert not result.passed, str(result)
 
 

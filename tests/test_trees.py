@@ -460,61 +460,13 @@ def test_tree_decode_matches_causal_paths_and_move_compacts_the_cache(
 
 
 # ------------------------------------ trees inside speculative_generate
-
-def _tiny(seed, flavour="gpt2", vocab=16):
-  import specjax as sj
-  config = sj.TransformerConfig(vocab_size=vocab, d_model=16, num_layers=2,
-                                num_heads=2, max_positions=64,
-                                flavour=flavour,
-                                num_kv_heads=1 if flavour == "llama" else None)
-  model = sj.TransformerLM.create(config, seed)
-  # Peaked laws, so that drafts are often rejected and the kept depth varies.
-  state = jax.tree_util.tree_map_with_path(
-      lambda path, x: 4.0 * x if "embed" in jax.tree_util.keystr(path) else x,
-      model.state)
-  return model.replace(state=state)
-
-
-@pytest.mark.parametrize("spec, flavour", [
-    ("tree:2,2,1", "llama"), ("tree-wor:parents=-1,-1,-1,0,3,1", "gpt2"),
-    ("tree-wor:12,1", "gpt2")])  # wider than the walk unrolls
-def test_greedy_trees_equal_greedy_autoregressive(spec, flavour):
-  import specjax as sj
-  from specjax.models.ngram import NGramLM
-  target = _tiny(0, flavour)
-  prompts = np.array([[1, 2, 3, 4, 5], [7, 0, 0, 0, 0], [3, 3, 9, 0, 0]],
-                     np.int32)
-  lengths = [5, 1, 3]
-  kwargs = dict(max_new_tokens=13, sampling=sj.GREEDY, eos_id=11)
-  base = sj.generate(target, prompts, lengths, jax.random.key(0), **kwargs)
-  # Drafts that agree with the target sometimes: another random Transformer
-  # (drafting level by level), or a bigram fitted to the target's greedy
-  # text plus noise (a context-free draft).
-  noise = np.random.default_rng(0).integers(0, 16, 60)
-  draft = (_tiny(5, flavour) if flavour == "llama" else NGramLM.fit(
-      np.concatenate([np.asarray(base.tokens).reshape(-1), noise]), 16))
-  out = sj.speculative_generate(target, draft, prompts, lengths,
-                                jax.random.key(4), verifier=spec, **kwargs)
-  np.testing.assert_array_equal(out.tokens, base.tokens)
-  np.testing.assert_array_equal(out.lengths, base.lengths)
-  hist = np.asarray(out.stats.accept_hist)
-  depth = tree_lib.TreeTopology(
-      sj.get_verifier(spec).topology.parents).max_depth
-  assert hist.shape == (3, depth + 1)
-  # Drafts were kept, so later rounds read moved KV entries back (the bigram
-  # keeps full-depth paths of the irregular tree); the Transformer draft is
-  # also rejected at the root.
-  assert hist[:, 1:].sum() > 0
-  assert flavour == "gpt2" or hist[:, 0].sum() > 0
-  s = out.summary()
-  assert s["draft_calls"] == depth * s["rounds"]
-  assert s["accepted"] <= s["verified"] <= depth * s["rounds"]
-
+# (greedy output equals generate's, for every tree and draft kind, in
+# tests/test_greedy.py)
 
 def test_trees_refuse_bad_inputs_before_tracing():
   import specjax as sj
   from specjax.models.prompt_lookup import PromptLookupDraft
-  target = _tiny(0)
+  target = testing.toy_transformer(16, 0, num_layers=2, max_positions=64)
   prompts, lengths = np.ones((1, 3), np.int32), [3]
   run = lambda draft, **kw: sj.speculative_generate(
       target, draft, prompts, lengths, jax.random.key(0),

@@ -375,20 +375,6 @@ def test_block_keeps_more_than_token_in_the_loop():
   assert kept["block"] > kept["token"], kept
 
 
-def test_greedy_block_equals_greedy_autoregressive():
-  pair = lab.make_markov_pair(1.5, 0.5, 0)
-  target, draft = lab_models.markov_lms(pair)
-  prompts = np.array([[1, 2, 3], [4, 0, 0]], np.int32)
-  base = sj.generate(target, prompts, [3, 1], jax.random.key(0),
-                     max_new_tokens=9, sampling=sj.GREEDY)
-  for spec in EXACT:
-    out = sj.speculative_generate(target, draft, prompts, [3, 1],
-                                  jax.random.key(5), gamma=3,
-                                  max_new_tokens=9, sampling=sj.GREEDY,
-                                  verifier=spec)
-    np.testing.assert_array_equal(out.tokens, base.tokens)
-
-
 # --------------------------------------------- the REAL loop on the lab
 
 REAL_N = 100_000
