@@ -149,6 +149,7 @@ def test_zoo_trains_once_then_loads(corpus, cache, capsys):
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.full
 def test_zoo_ngram_and_distilled_names(corpus, cache):
   bigram = zoo.load("bigram", cache_dir=cache, corpus=corpus, verbose=False)
   assert bigram.order == 2 and bigram.vocab_size == data.BYTE_VOCAB_SIZE
@@ -310,6 +311,7 @@ def test_zoo_refuses_an_entry_whose_recorded_recipe_differs(tmp_path, corpus):
              verbose=False)
 
 
+@pytest.mark.full
 def test_teacher_corpus_is_keyed_by_every_argument(corpus, tmp_path):
   config = trainer.model_config_from(recipes.train_config("tiny"))
   teacher = sj.TransformerLM.create(config, 0)

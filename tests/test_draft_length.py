@@ -155,6 +155,7 @@ def _sample(target, draft, rule, sampling):
     # round (here 3, cheap drafts) cut by the stop, rows at every length.
     draft_length.Goodput(c=0.05, r=(1.0, 1.0, 1.0), threshold=0.14),
 ])
+@pytest.mark.full
 def test_adaptive_generations_are_exact(toys, rule):
   target, draft = toys
   sampling = sj.SamplingConfig(temperature=1.0)
@@ -188,6 +189,7 @@ def test_adaptive_generations_are_exact(toys, rule):
 
 
 @pytest.mark.big_batch
+@pytest.mark.full
 def test_peeking_two_ahead_is_rejected(toys):
   target, draft = toys
   sampling = sj.SamplingConfig(temperature=1.0)
@@ -276,6 +278,7 @@ class _Cycle(draft_length.Rule):
     pytest.param("twin", "off", marks=pytest.mark.slow),
     pytest.param("self", "off", marks=pytest.mark.slow),
     pytest.param("eagle", "off", marks=pytest.mark.slow)])
+@pytest.mark.full
 def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
                                                            rules):
   """Rounds that all probe (a probe costing next to nothing): one token a
@@ -336,6 +339,7 @@ def test_probe_rounds_keep_greedy_output_and_judge_a_draft(target, kind,
     assert math.isnan(s["expected_tokens_per_target_call"])
 
 
+@pytest.mark.full
 def test_rules_that_differ_in_numbers_share_one_compiled_loop(target):
   """A rule's numbers (costs, prior, threshold) are traced, so new ones (a
   warm start, fresh measurements) reuse the compiled loop, and still take
@@ -370,6 +374,7 @@ def test_rules_that_differ_in_numbers_share_one_compiled_loop(target):
       draft_length.Confidence(0.9))
 
 
+@pytest.mark.full
 def test_a_pinned_rule_runs_one_width_on_the_rules_own_loop(target):
   """`pinned(rule, g)` plans and keeps width g whatever the rows' estimates
   and budgets, with `rule`'s skeleton: its calls run rounds of g drafts on
@@ -412,6 +417,7 @@ def test_a_pinned_rule_runs_one_width_on_the_rules_own_loop(target):
     draft_length.pinned(rule, 2.0)
 
 
+@pytest.mark.full
 def test_goodput_plans_only_its_widths(target):
   """With `widths`, `plan` gives only those widths (0 too, with a probe),
   the loop holds a loop of rounds for each of them alone, and a pinned rule
@@ -815,6 +821,7 @@ def test_prompt_overlap_scores_the_prompts_last_positions():
   np.testing.assert_allclose(np.asarray(total), np.asarray(scored), rtol=1e-5)
 
 
+@pytest.mark.full
 def test_prefill_returns_the_logits_at_the_window(target):
   """The window alone through the last block, the final norm and the head
   (a Transformer, `logits_at`), or the full logits gathered (an n-gram):

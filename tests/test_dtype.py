@@ -75,6 +75,7 @@ def test_mixed_precision_decoding_is_exact(target_dtype, draft_dtype):
 
 
 @pytest.mark.big_batch
+@pytest.mark.full
 def test_mixed_precision_negative_control_is_rejected():
   target = _model(0, "llama", "bfloat16")
   draft = _model(1, "gpt2", "float32")

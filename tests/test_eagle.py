@@ -233,6 +233,7 @@ def test_loop_feeds_the_head_the_right_features():
   np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.full
 def test_a_tree_level_is_the_heads_chain_along_each_path():
   """`tree_from_features` at every node equals the head drafting along the
   node's root-to-node path one token at a time (`__call__`, on its own
@@ -290,6 +291,7 @@ def _levels(draft, cache, nodes_BxN, topo):
   return jnp.stack(out, axis=1)
 
 
+@pytest.mark.full
 def test_a_chain_tree_feeds_the_head_as_the_chain_does():
   """A tree of one child per node is the chain: its greedy rounds keep what
   the re-enacted chain keeps, which pins down the level-0 window and the
@@ -309,6 +311,7 @@ def test_a_chain_tree_feeds_the_head_as_the_chain_does():
   np.testing.assert_array_equal(np.asarray(out.stats.accepted), want)
 
 
+@pytest.mark.full
 def test_training_lowers_the_loss_and_restores(tmp_path):
   target = TransformerLM.create(TransformerConfig(
       vocab_size=259, d_model=16, num_layers=1, num_heads=2,

@@ -94,6 +94,7 @@ def _assert_covers_full_accepts_and_eos(out, gamma, k):
     (sj.SamplingConfig(temperature=1.0), 3),
     (sj.SamplingConfig(temperature=0.7, top_k=3, top_p=0.9), 2),
 ])
+@pytest.mark.full
 def test_speculative_generations_are_exact(models, sampling, gamma):
   target, draft = models
   k = 2 * (gamma + 1)
@@ -112,6 +113,7 @@ def test_speculative_generations_are_exact(models, sampling, gamma):
 
 @pytest.mark.big_batch
 @pytest.mark.optimized
+@pytest.mark.full
 def test_block_verification_generations_are_exact(models):
   """verifier="block" on Transformers, whose KV caches keep the block's
   accepted prefix: the lab's loop checks it on stateless bigrams only. The
@@ -136,6 +138,7 @@ def test_block_verification_generations_are_exact(models):
     pytest.param(draft_length.Goodput(c=0.01, r=(1.0, 1.0, 1.0), widths=(3,)),
                  marks=pytest.mark.slow),
 ])
+@pytest.mark.full
 def test_adaptive_generations_past_full_accepts_are_exact(models, rule):
   """tests/test_draft_length.py checks the rules over 3 tokens at
   gamma_max 3, which never reaches the token after a full accept, nor the
@@ -153,6 +156,7 @@ def test_adaptive_generations_past_full_accepts_are_exact(models, rule):
 
 @pytest.mark.big_batch
 @pytest.mark.optimized
+@pytest.mark.full
 def test_self_draft_generations_past_full_accepts_are_exact():
   """A self-draft reading the target's cache, over 2 (gamma + 1) tokens:
   after a full accept the bonus token's keys and values are not yet in the
@@ -182,6 +186,7 @@ class _BlockWrongQ(BlockVerifier):
 
 
 @pytest.mark.big_batch
+@pytest.mark.full
 def test_block_control_is_rejected(models):
   """The block test's own control: its rule judging against the wrong q,
   on the same models, gamma and check, with a fifth of the samples."""
@@ -241,11 +246,15 @@ PADDED_VOCAB = V + 2
 @pytest.mark.big_batch
 @pytest.mark.optimized
 @pytest.mark.parametrize("kind", [
-    "bigram",
+    # An n-gram draft's law: in the fast tier on the lab's bigram chains
+    # (tests/test_verifiers.py), here on a Transformer target.
+    pytest.param("bigram", marks=pytest.mark.full),
     # The one-hot path without a fallback; by default it runs with one.
     pytest.param("prompt_lookup", marks=pytest.mark.slow),
-    "prompt_lookup+unigram", "lying_one_hot", "reduced_vocab", "eagle",
-    "padded_vocab"])
+    "prompt_lookup+unigram",
+    pytest.param("lying_one_hot", marks=pytest.mark.full),
+    "reduced_vocab", "eagle",
+    pytest.param("padded_vocab", marks=pytest.mark.full)])
 def test_every_draft_kind_is_exact(models, kind):
   target, _ = models
   sampling = sj.SamplingConfig(temperature=1.0)
@@ -272,11 +281,16 @@ def test_every_draft_kind_is_exact(models, kind):
 # JAX_DISABLE_MOST_OPTIMIZATIONS=0; `-n0 --durations=0 -k negative_controls`).
 @pytest.mark.big_batch
 @pytest.mark.parametrize("name, sampling", [
-    *((name, sj.SamplingConfig(temperature=1.0)) for name in controls.RULES),
+    # The fast tier's control: the check that passes the draft kinds below
+    # rejects a wrong fallback on the same pair.
+    ("wrong_fallback", sj.SamplingConfig(temperature=1.0)),
+    pytest.param("always_accept", sj.SamplingConfig(temperature=1.0),
+                 marks=pytest.mark.full),
     # The truncated case of test_speculative_generations_are_exact, whose
     # law the check reads through top-k / top-p.
-    ("wrong_fallback", sj.SamplingConfig(temperature=0.7, top_k=3,
-                                         top_p=0.9))])
+    pytest.param("wrong_fallback", sj.SamplingConfig(temperature=0.7, top_k=3,
+                                                     top_p=0.9),
+                 marks=pytest.mark.full)])
 def test_negative_controls_are_rejected(models, name, sampling):
   target, draft = models
   gamma, k = 2, 6
@@ -301,6 +315,7 @@ def test_negative_controls_are_rejected(models, name, sampling):
     # A feature-level head drafting the tree (its own path in the tree
     # round: parent features, the target's features along the kept path).
     ("tree-wor:2,1", N, "eagle")])
+@pytest.mark.full
 def test_tree_generations_are_exact(models, spec, n, kind):
   """Draft trees in the compiled loop (gpt2 target, llama draft drafting
   level by level with positions = depth, or an EAGLE head), K = 2 (depth +

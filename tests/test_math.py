@@ -535,9 +535,9 @@ def test_probabilities_are_normalised_and_keep_the_argmax(logits, temperature,
 
 
 @pytest.mark.parametrize("config", [
-    sampling.SamplingConfig(),
+    pytest.param(sampling.SamplingConfig(), marks=pytest.mark.full),
     sampling.SamplingConfig(temperature=0.6, top_k=5, top_p=0.8),
-    sampling.GREEDY,
+    pytest.param(sampling.GREEDY, marks=pytest.mark.full),
 ])
 def test_same_transform_for_target_and_draft(config):
   # The decode loop must turn target and draft logits into p and q by the

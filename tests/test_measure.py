@@ -422,6 +422,7 @@ def test_held_out_best_has_no_winners_curse():
   assert naive.mean() < units - 10 * se
 
 
+@pytest.mark.full
 def test_null_loops_run_on_a_vocabulary_of_two():
   """Their filler prompts cycled through ids 0..6, which the loop refused
   under a smaller vocabulary, so gamma="auto" failed there (audit: V = 4,

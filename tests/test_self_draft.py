@@ -37,7 +37,11 @@ def _target(flavour="gpt2", layers=3, vocab=V, seed=0, embed_scale=1.0):
       max_positions=64, embed_scale=embed_scale)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+# The Llama flavour's blocks (GQA, RMSNorm, RoPE) are the Transformer's own,
+# tested in the fast tier in tests/test_transformer.py; as a self-draft's
+# target they are in the full tier.
+@pytest.fixture(scope="module", params=[
+    "gpt2", pytest.param("llama", marks=pytest.mark.full)])
 def target(request):
   return _target(request.param)
 
@@ -145,6 +149,7 @@ def test_all_layers_shared_accepts_everything(target):
   assert s["alpha_hat"] > 0.99, s
 
 
+@pytest.mark.full
 def test_all_layers_shared_tree_accepts_everything():
   """At every node of a tree, the draft's tree pass on the target's cache
   gives the target's own p."""
@@ -215,14 +220,14 @@ class _EarlyViewSelfDraft(SelfDraft):
     # in the slow cases, and in tests/test_greedy.py), and a tree drafted on the
     # target's cache (on the draft's own cache it is any draft's tree).
     (1, True, True, "token"),
-    (1, True, False, "tree:2,1"),
+    pytest.param(1, True, False, "tree:2,1", marks=pytest.mark.full),
     # A skip set (SelfDraft.skipping(target, skip=[0])): blocks that are
     # not a prefix, so the draft keeps a cache of its own. The perturbed
     # adapter keeps it far from the target (block 1 alone has 1 - TV .96).
-    ((1,), False, True, "token"),
+    pytest.param((1,), False, True, "token", marks=pytest.mark.full),
     # No blocks at all: embedding, final norm and head (a bigram of the
     # target's own weights), on a shared cache of no layers.
-    (0, True, False, "token"),
+    pytest.param(0, True, False, "token", marks=pytest.mark.full),
     pytest.param(1, False, False, "tree-wor:2,1", marks=pytest.mark.slow)])
 def test_generations_are_exact(exact_target, layers, share, adapter,
                                verifier):
@@ -243,6 +248,7 @@ def test_generations_are_exact(exact_target, layers, share, adapter,
 @pytest.mark.optimized
 @pytest.mark.parametrize("verifier", [
     "token", pytest.param("tree:2,1", marks=pytest.mark.slow)])
+@pytest.mark.full
 def test_broken_cache_sharing_is_rejected(exact_target, verifier):
   sampling = sj.SamplingConfig(temperature=1.0)
   draft = _EarlyViewSelfDraft(exact_target, layers=1, share_cache=True)

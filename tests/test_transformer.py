@@ -63,7 +63,8 @@ def _run_chunks(model, tokens_BxN, cache, sizes):
   return jnp.concatenate(logits, axis=1), cache
 
 
-@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+@pytest.mark.parametrize("flavour", [
+    "gpt2", pytest.param("llama", marks=pytest.mark.full)])
 def test_token_by_token_and_chunks_equal_full_forward(flavour):
   model = _model(flavour)
   tokens_BxN = _tokens(1, (B, N))
@@ -373,7 +374,8 @@ def test_create_refuses_key_arrays_and_seeds_jax_would_wrap():
       TransformerLM.create(config, 2**63)
 
 
-@pytest.mark.parametrize("flavour", ["gpt2", "llama"])
+@pytest.mark.parametrize("flavour", [
+    "gpt2", pytest.param("llama", marks=pytest.mark.full)])
 def test_logits_at_equals_the_call_at_those_tokens(flavour):
   """`logits_at` runs the last block's queries and MLP, the final norm and
   the head at the chosen new tokens alone: the same logits there as

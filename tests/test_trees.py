@@ -87,7 +87,8 @@ _WIDE = (-1,) * 9 + (0, 0, 1)
 
 
 @pytest.mark.parametrize("mode", tree_lib.MODES)
-@pytest.mark.parametrize("parents", [_IRREGULAR, _WIDE])
+@pytest.mark.parametrize("parents", [
+    _IRREGULAR, pytest.param(_WIDE, marks=pytest.mark.full)])
 def test_greedy_walk_equals_recursive_rejection_with_one_hot_p(mode, parents):
   """The greedy fast path gives `tree_verify`'s outputs when p is one-hot,
   with soft draft laws, repeated and invalid children, and uniforms that
@@ -113,7 +114,8 @@ def test_greedy_walk_equals_recursive_rejection_with_one_hot_p(mode, parents):
 
 
 @pytest.mark.parametrize("mode", tree_lib.MODES)
-@pytest.mark.parametrize("update_residual", [True, False])
+@pytest.mark.parametrize("update_residual", [
+    True, pytest.param(False, marks=pytest.mark.full)])
 def test_a_looped_walk_judges_as_the_unrolled_one(monkeypatch, mode,
                                                   update_residual):
   """Nodes wider than `_UNROLL_CHILDREN` have their children judged in a
@@ -189,7 +191,7 @@ def _draft_and_verify(pair, topo, mode, ctx, key):
 
 
 @pytest.mark.parametrize("branching_or_parents, mode", [
-    ((2, 2), "iid"), ((2, 2), "wor"),
+    ((2, 2), "iid"), pytest.param((2, 2), "wor", marks=pytest.mark.full),
     pytest.param((-1, 0, 1, 2, -1, 4, -1), "iid", marks=pytest.mark.slow),
     ((-1, 0, 1, 2, -1, 4, -1), "wor"),
     pytest.param((4,), "wor", marks=pytest.mark.slow)])
@@ -354,7 +356,7 @@ def _wor_tree_law(pair, topo, ctx, judge_mode="wor", update_residual=True,
 
 
 @pytest.mark.parametrize("branching, vocab", [
-    ((3,), 4),
+    pytest.param((3,), 4, marks=pytest.mark.full),
     # 216 draws x 7 walks x a 4,096-point grid: 47 s on the 2-core box.
     pytest.param((2, 2), 3, marks=pytest.mark.slow)])
 def test_wor_tree_round_law_without_sampling(branching, vocab):
@@ -399,7 +401,8 @@ def _wrong_mode(pair, topo):
 # ------------------------------------------ model side: one-pass tree scoring
 
 @pytest.mark.parametrize("flavour, self_draft", [
-    ("gpt2", False), ("llama", False), ("llama", True)])
+    ("gpt2", False), pytest.param("llama", False, marks=pytest.mark.full),
+    ("llama", True)])
 def test_tree_decode_matches_causal_paths_and_move_compacts_the_cache(
     flavour, self_draft):
   """A Transformer's tree pass, and a self-draft's (its blocks 0 and 2 of

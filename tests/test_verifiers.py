@@ -511,7 +511,8 @@ def test_real_loop_rejects_a_subtle_residual(lab_loop):
 # ------------------------------------ trees in the REAL loop on the lab
 
 # tree:9,1's root has more children than the walk unrolls: it loops.
-TREES = ("tree:2,1", "tree-wor:2,1", "tree:9,1")
+TREES = ("tree:2,1", "tree-wor:2,1",
+         pytest.param("tree:9,1", marks=pytest.mark.full))
 
 
 @pytest.mark.big_batch
@@ -532,8 +533,9 @@ def test_real_loop_trees_on_the_lab_are_exact(lab_loop, spec):
 
 
 @pytest.mark.big_batch
-@pytest.mark.parametrize("spec", ["tree-skip-residual:2,1",
-                                  "tree-skip-residual:9,1"])
+@pytest.mark.parametrize("spec", [
+    "tree-skip-residual:2,1",
+    pytest.param("tree-skip-residual:9,1", marks=pytest.mark.full)])
 def test_real_loop_rejects_the_tree_control(lab_loop, spec):
   result, _ = _run_loop(lab_loop, spec, 2, EOS)
   assert not result.passed, f"{spec}: {result}"
@@ -548,11 +550,12 @@ def test_real_loop_rejects_the_tree_control(lab_loop, spec):
 TOP_K_P = sj.SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)
 
 
-# By default the tree whose draw meets q's zeros (a compiled loop of its
-# own, about 6 s; tests/test_exactness.py runs the chain under top-k and
-# top-p on Transformers); the rest with -m slow.
+# In the full tier the tree whose draw meets q's zeros (a compiled loop of
+# its own; tests/test_exactness.py runs the chain under top-k and top-p on
+# Transformers); the rest with -m slow.
 @pytest.mark.big_batch
-@pytest.mark.parametrize("spec", ["tree-wor:3,1"] + [
+@pytest.mark.parametrize("spec", [
+    pytest.param("tree-wor:3,1", marks=pytest.mark.full)] + [
     pytest.param(spec, marks=pytest.mark.slow)
     for spec in ("token", "block", "tree:2,1", "tree-wor:2,1")])
 def test_real_loop_under_top_k_top_p_is_exact(lab_loop, spec):
