@@ -110,45 +110,54 @@ if os.environ.get("CI"):
 # The longest files first (longest-processing-time order): `--dist
 # loadfile` hands whole files to the workers as they come free, so a long
 # file started late leaves the other workers idle at the end. The seconds
-# are each file's wall time on a worker in a full run (`python
-# benchmarks/compile_profile.py` prints them; 2-core box, 2026-12-05). Since
-# pytest-xdist 3.5 the scheduler orders files by their number of tests
-# instead unless run with `--no-loadscope-reorder` (pyproject.toml's
-# addopts): without it this order never applied, and test_exactness.py
-# (245 s) started after 466 s and ran alone to the end. Files not listed
-# (new ones) run last.
+# are each file's wall time on a worker in a cold run of the fast tier
+# (`python benchmarks/compile_profile.py` prints them). Since pytest-xdist
+# 3.5 the scheduler orders files by their number of tests instead unless
+# run with `--no-loadscope-reorder` (pyproject.toml's addopts). Files whose
+# full-tier tests are long but whose fast-tier ones take seconds come first,
+# so that in the full tier (`.ci/run`) they do not start late either. Files
+# not listed (new ones) run last.
 _LONGEST_FIRST = (
-    "test_draft_length.py",   # 274 s
-    "test_exactness.py",      # 245
-    "test_self_draft.py",     # 213
-    "test_sharding.py",       # 135
-    "test_sweep.py",          # 108
-    "test_decode.py",         # 87
-    "test_eagle.py",          # 74
-    "test_trees.py",          # 70
-    "test_verifiers.py",      # 66
-    "test_train.py",          # 65
-    "test_math.py",           # 63
-    "test_distill_zoo.py",    # 63
-    "test_hf.py",             # 62
-    "test_sampling.py",       # 56
-    "test_coupling_stats.py", # 55
-    "test_measure.py",        # 43
-    "test_figures.py",        # 36
-    "test_transformer.py",    # 36
-    "test_expected_tokens.py",  # 34
-    "test_lab.py",            # 32
-    "test_nonfinite.py",      # 31
-    "test_dtype.py",          # 31
-    "test_sharded_notebook.py",   # 26
-    "test_verifiers_notebook.py",  # 21
-    "test_experiment_flags.py",   # 20
-    "test_notebook.py",       # 19
-    "test_generate_cli.py",   # 19
-    "test_hf_notebook.py",    # 19
-    "test_readme.py",         # 15
-    "test_jit_memory.py",     # 14
-    "test_exit_adapter.py",   # 13
+    # Long in the full tier only (full-tier seconds).
+    "test_draft_length.py",        # 274
+    "test_sharding.py",            # 140
+    "test_experiment_flags.py",    # 51
+    "test_sharded_notebook.py",    # 32
+    "test_notebook.py",            # 20
+    "test_hf_notebook.py",         # 20
+    "test_generate_cli.py",        # 22
+    "test_verifiers_notebook.py",  # 15
+    "test_readme.py",              # 12
+    # The fast tier, longest first (fast-tier seconds).
+    "test_verifiers.py",           # 64
+    "test_exactness.py",           # 53
+    "test_trees.py",               # 39
+    "test_self_draft.py",          # 38
+    "test_math.py",                # 37
+    "test_coupling_stats.py",      # 36
+    "test_hf.py",                  # 34
+    "test_train.py",               # 34
+    "test_sampling.py",            # 33
+    "test_decode.py",              # 32
+    "test_greedy.py",              # 32
+    "test_eagle.py",               # 27
+    "test_transformer.py",         # 26
+    "test_figures.py",             # 19
+    "test_expected_tokens.py",     # 16
+    "test_measure.py",             # 14
+    "test_nonfinite.py",           # 13
+    "test_dtype.py",               # 12
+    "test_distill_zoo.py",         # 12
+    "test_exit_adapter.py",        # 11
+    "test_sweep.py",               # 10
+    "test_distortion.py",          # 10
+    "test_drafts.py",              # 8
+    "test_generation_check.py",    # 7
+    "test_draft_registry.py",      # 7
+    "test_policy.py",              # 5
+    "test_jit_memory.py",          # 2
+    "test_stats.py",               # 2
+    "test_lab.py",                 # 1
 )
 
 

@@ -71,6 +71,7 @@ def test_adapter_for_another_target_is_refused(target, other, match):
     sj.SelfDraft(target, layers=1, adapter=adapter)
 
 
+@pytest.mark.full
 def test_a_cast_target_is_the_same_target(target):
   """A float32 adapter drafts for its target cast to bfloat16 (as an EAGLE
   head does), and greedy output is still the target's own."""

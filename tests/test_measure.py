@@ -243,6 +243,7 @@ def test_loop_round_steps_prices_a_rule_on_its_own_loop(tiny):
                              rule=rule)
 
 
+@pytest.mark.full
 def test_null_model_accepts_its_twin_and_rejects_its_negation():
   null = measure.NullLM.like(sj.NGramLM.uniform(40))
   prompts, lengths = np.zeros((2, 8), np.int32), np.array([8, 5], np.int32)
