@@ -31,7 +31,11 @@ NAMES = ("gpt2", "llama_gqa", "llama3_tied", "qwen2", "mistral")
 ATOL = 1e-4
 
 
-@pytest.fixture(scope="module", params=NAMES)
+# GPT-2, Llama (GQA) and Qwen2 in the fast tier; Llama 3's tied head and
+# Mistral's sliding window in the full tier.
+@pytest.fixture(scope="module", params=[
+    pytest.param(name, marks=pytest.mark.full)
+    if name in ("llama3_tied", "mistral") else name for name in NAMES])
 def checkpoint(request):
   name = request.param
   model, tok = hf.load(DATA / name)

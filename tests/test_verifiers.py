@@ -492,7 +492,9 @@ def test_real_loop_on_the_lab_is_exact(lab_loop, spec, gamma, eos_id):
 
 
 @pytest.mark.big_batch
-@pytest.mark.parametrize("spec", list(CONTROLS) + [
+@pytest.mark.parametrize("spec", [
+    spec if spec == "wrong_fallback" else pytest.param(
+        spec, marks=pytest.mark.full) for spec in CONTROLS] + [
     pytest.param(spec, marks=pytest.mark.slow) for spec in LOSSY])
 def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
   result, _ = _run_loop(lab_loop, spec, 2, EOS)
@@ -500,6 +502,7 @@ def test_real_loop_rejects_controls_and_lossy(lab_loop, spec):
 
 
 @pytest.mark.big_batch
+@pytest.mark.full
 def test_real_loop_rejects_a_subtle_residual(lab_loop):
   """A residual from (p - 0.9 q)+: the whole-sequence law alone passed it
   (audit: p = 9e-4), the per-position and pair laws reject it."""
