@@ -111,6 +111,8 @@ def test_bad_arguments_are_named(gpt2, monkeypatch):
       drafts.make_draft(spec, target, prompt_ids=ids, dtype="bogus")
   with pytest.raises(TypeError, match="target must be a specjax"):
     drafts.make_draft("self:1", sj.NGramLM.uniform(8))
+  with pytest.raises(TypeError, match="target must implement"):
+    drafts.make_draft("prompt_lookup", None)
   with pytest.raises(ValueError, match="tokenizer"):
     drafts.make_draft(str(DATA / "gpt2"), target)
   with pytest.raises(ValueError, match="at id 0"):

@@ -52,6 +52,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax.data.hf_tokenizer import read_json
+from specjax.decode import validation
 from specjax.harness import zoo
 from specjax.models import derived
 from specjax.models import hf
@@ -597,6 +598,7 @@ def make_draft(spec: str, target, *, name: str | None = None,
     A `Draft`; its `target` is the one to decode with (a checkpoint draft
     with a padded vocabulary wraps both models to one vocabulary).
   """
+  validation.check_model("target", target)
   if dtype is not None:
     dtype = transformer_lib.float_dtype_name("dtype", dtype)
   entry, args = _resolve(spec)
