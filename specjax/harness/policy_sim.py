@@ -70,18 +70,17 @@ judged). Policies: `start(runs, batch, costs_W)` returns a planner with
 `choose(View)` (int `[R]`, each run's next width) and `observe(a_RxBxG,
 judged_RxB)`.
 
-Two conventions, both kept (`benchmarks/goodput_policy.py` and
-`benchmarks/gamma_oracle.py` use one each, and their recorded tables
-reproduce draw for draw):
+Two conventions, both kept (the synthetic-row study and the recorded-text
+study each use one, and their tables reproduce draw for draw):
 
-  lockstep    `simulate(lockstep=True)` (gamma_oracle) runs every run at
+  lockstep    `simulate(lockstep=True)` (recorded texts) runs every run at
               once, each round drawing for every going run;
-              `lockstep=False` (goodput_policy) runs them one after
+              `lockstep=False` (synthetic rows) runs them one after
               another, each run's draws following the last's in `rng`.
   speedup     `Simulated.mean_speedup`, the mean over runs of N / steps
-              (gamma_oracle: a call's speedup, averaged over calls), or
+              (a call's speedup, averaged over calls), or
               `Simulated.speedup_of_mean`, N / (mean steps)
-              (goodput_policy: all runs' tokens over all their steps).
+              (all runs' tokens over all their steps).
   off rounds  `Rule` goes off with a PROBE round and STEPs, as the loop
               does; `Oracle` with STEPs alone (it needs no estimate).
 """
