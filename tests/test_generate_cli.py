@@ -81,6 +81,28 @@ def test_compared_calls_take_turns():
   assert order == ["speculative", "generate"] * 4
 
 
+@pytest.mark.full
+def test_gamma_auto_measures_first_and_says_so(monkeypatch):
+  """`run(gamma="auto")` prices a Goodput rule through autotune (stubbed
+  here: the real one times the loop for tens of seconds), says so before and
+  after, and decodes with the rule: greedy, the target's own text."""
+  from specjax.harness import autotune  # pylint: disable=import-outside-toplevel
+  asked = []
+  monkeypatch.setattr(autotune, "measure_goodput", lambda *a, **k: (
+      asked.append(k) or sj.Goodput(c=0.1, r=(1.0, 1.1), gamma_max=2)))
+  target, tok = hf.load(DATA / "gpt2")
+  draft = drafts.make_draft("self:1", target).model
+  lines = []
+  auto = textgen.run(target, draft, tok, ["the quick"], gamma="auto",
+                     max_new_tokens=6, progress=lines.append, compare=True)
+  assert len(asked) == 1 and asked[0]["batch_size"] == 1
+  assert "measuring" in lines[0] or "timing" in lines[0], lines
+  assert len(lines) == 2 and "draft lengths" in lines[1], lines
+  assert auto.texts == auto.baseline_texts
+  with pytest.raises(ValueError, match="'auto'"):
+    textgen.run(target, draft, tok, ["the quick"], gamma="fast")
+
+
 def test_run_refuses_a_bare_string_and_a_bad_seed():
   """list("hello") would make five one-character prompts."""
   tok = sj.data.ByteTokenizer()
