@@ -7,17 +7,16 @@ before the tests, so a slow run can be told apart from a slow box: the
 same fixed program is traced, lowered and compiled (at the suite's
 settings, no compilation cache), run once and timed.
 
-  python benchmarks/box_speed.py
+  python -m tools.box_speed       # from the repository's root
+
+Prints one line: the seconds the program took and the machine's core count.
 """
 
 import os
-import pathlib
-import sys
 import time
 
 # The suite's compile settings, set before jax loads.
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-import compile_settings  # pylint: disable=g-import-not-at-top,wrong-import-position
+from tests import compile_settings
 compile_settings.apply()
 os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 

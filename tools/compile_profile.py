@@ -4,9 +4,9 @@ by jitted function, summed over the suite's worker processes.
 A pytest plugin and its report. Run the suite with the plugin, then the
 report:
 
-  PYTHONPATH=benchmarks COMPILE_PROFILE_DIR=/tmp/cprof \\
+  PYTHONPATH=tools COMPILE_PROFILE_DIR=/tmp/cprof \\
       python -m pytest -q -p compile_profile
-  python benchmarks/compile_profile.py /tmp/cprof
+  python -m tools.compile_profile /tmp/cprof
 
 Each worker writes one JSON file when it exits: per function name and per
 test, the count and seconds of JAX's `jaxpr_trace_duration`,

@@ -1,7 +1,7 @@
 """Memory mappings per compiled whole-generation program, and what happens
 when one process compiles enough of them to near the kernel's limit.
 
-    python benchmarks/jit_mappings.py [PROGRAMS] [--suite] [--auto]
+    python -m tools.jit_mappings [PROGRAMS] [--suite] [--auto]   # from the root
 
 Compiles PROGRAMS (default 8) distinct speculative loops: a three-block Llama
 target, its first block as a `SelfDraft` and a `Confidence` rule, one
@@ -16,14 +16,12 @@ and prints the programs it compiled and the mappings they hold.
 Counts mappings only; the compile times it prints are for orientation.
 """
 
-import os
 import sys
 import time
 import warnings
 
 if "--suite" in sys.argv:
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-  import compile_settings  # pylint: disable=g-import-not-at-top
+  from tests import compile_settings  # pylint: disable=g-import-not-at-top
   compile_settings.apply()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position

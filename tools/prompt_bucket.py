@@ -1,6 +1,6 @@
 """What the prompt-bucket floor costs a huge batch of very short prompts.
 
-    python benchmarks/prompt_bucket.py [ROWS] [PROMPT_LEN]
+    python -m tools.prompt_bucket [ROWS] [PROMPT_LEN]
 
 The loop pads prompts to a power of two of at least
 `specjax.decode.loop.MIN_PROMPT_BUCKET` (16) positions, so short prompts of
