@@ -1,15 +1,15 @@
 r"""Decode speed: `generate` vs `speculative_generate`, measured and predicted.
 
-  python benchmarks/decode.py --target=byte-85m --draft=truncated:0 \
+  python -m benchmarks.decode --target=byte-85m --draft=truncated:0 \
       --batch=1 --gamma=4 --max_new_tokens=256 --prompt_len=64 --repeats=5
 
   # speedup against batch size, figure and JSON under results/batch_scaling:
-  python benchmarks/decode.py --batches=1,2,4,8,16,32 --max_new_tokens=64
+  python -m benchmarks.decode --batches=1,2,4,8,16,32 --max_new_tokens=64
 
   # per mesh: per-device memory, tokens/s, collectives (any device count;
   # `bash benchmarks/gpu_run.sh` is the prepared GPU/TPU run):
   XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-  python benchmarks/decode.py --target=byte-3m-llama --vocab_size=256 \
+  python -m benchmarks.decode --target=byte-3m-llama --vocab_size=256 \
       --draft=truncated:1 --batch=8 --max_new_tokens=16 --prompt_len=16 \
       --repeats=2 --mesh=data:1,model:1 --mesh=data:2,model:4 \
       --mesh=data:8,model:1
@@ -81,10 +81,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# benchmarks/sharded.py, beside this file: importable whether this runs as
-# `python benchmarks/decode.py` or as `python -m benchmarks.decode`.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import sharded  # pylint: disable=g-import-not-at-top,wrong-import-position
 import specjax as sj
 from specjax import distributed
 from specjax import stats
@@ -93,6 +89,7 @@ from specjax.harness import figures
 from specjax.harness import measure
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
+from benchmarks import sharded
 
 _TARGET = flags.DEFINE_string("target", "byte-85m", "Target preset name.")
 _DRAFT = flags.DEFINE_string(
@@ -375,7 +372,7 @@ def _write_scaling(rows, target, draft_desc, sampling, load_before):
       "device": f"{jax.devices()[0].platform}, {os.cpu_count()} CPUs",
       "load_average": [load_before, os.getloadavg()[0]],
       "crossover_measured": measured, "crossover_predicted": predicted,
-      "command": "python benchmarks/decode.py " + " ".join(sys.argv[1:]),
+      "command": "python -m benchmarks.decode " + " ".join(sys.argv[1:]),
   }
   if earlier:  # --merge: the runs that measured the kept rows
     meta["earlier_commands"] = earlier

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command on a GPU (or TPU) host: the sharded-decoding table
-# (`benchmarks/decode.py --mesh=...`: per-device memory, tokens/s and the
+# (`python -m benchmarks.decode --mesh=...`: per-device memory, tokens/s and the
 # collectives of generate and speculative_generate) for every mesh shape
 # this host's devices allow, float32 and bfloat16, greedy and sampled, with
 # a byte-85m-llama target and a byte-3m-llama draft (random weights; the
@@ -24,7 +24,7 @@ COMMON=(--target=byte-85m-llama --vocab_size=256 --draft=byte-3m-llama
 for dtype in float32 bfloat16; do
   for temperature in 0 1; do
     echo "## $dtype, temperature $temperature"
-    python benchmarks/decode.py "${COMMON[@]}" --dtype=$dtype \
+    python -m benchmarks.decode "${COMMON[@]}" --dtype=$dtype \
         --param_dtype=$dtype --temperature=$temperature 2>/dev/null
     echo
   done

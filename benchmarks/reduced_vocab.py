@@ -1,6 +1,6 @@
 r"""What a reduced-vocabulary draft head does to the cost ratio c and to alpha.
 
-  python benchmarks/reduced_vocab.py --draft_layers=2 --ks=2048,8192 \
+  python -m benchmarks.reduced_vocab --draft_layers=2 --ks=2048,8192 \
       --batch=1 --gamma=4 --max_new_tokens=64
 
 Target: GPT-2-124M-shaped (`gpt2-124m` preset, V = 50,257, random weights).

@@ -1,7 +1,7 @@
 r"""The sampling transform at real vocabulary sizes: sort-free vs sort-based.
 
-  python benchmarks/sampling.py                 # the whole report
-  python benchmarks/sampling.py --vocabs=50257 --rows=5 --parts=table
+  python -m benchmarks.sampling                 # the whole report
+  python -m benchmarks.sampling --vocabs=50257 --rows=5 --parts=table
 
 Three parts, each timing the current code (`new`) and the sort-based
 definition it replaced (`old`, tests/sampling_reference.py: `jnp.sort` for
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 import time
 from typing import Any, Callable
 
@@ -47,9 +46,7 @@ from specjax.decode import loop as decode_loop
 from specjax.decode import steps
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-import sampling_reference as reference  # noqa: E402  (the old definition)
+from tests import sampling_reference as reference  # the old definition
 
 _VOCABS = flags.DEFINE_list("vocabs", ["259", "50257", "152064"],
                             "Vocabulary sizes of the table and the round.")

@@ -3,7 +3,7 @@ r"""Self-speculative drafts: alpha, c and measured speedup for every k.
 One command, both targets (about 5 min on 2 idle cores once the quick
 target and its adapters are in the zoo):
 
-  python benchmarks/self_draft.py --gamma=4 --temperature=0 \
+  python -m benchmarks.self_draft --gamma=4 --temperature=0 \
       --prompts=2 --max_new_tokens=48 --random_ks=0,1,2,4,6,8,10
 
 Targets: `--quick` (default on) is the quick main job's trained target-3m
@@ -32,8 +32,6 @@ cache layers. No second model is loaded. Per row:
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 from absl import app
@@ -41,16 +39,13 @@ from absl import flags
 import jax
 import numpy as np
 
-# configs/ is a top-level folder of the checkout, not part of the package.
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import specjax as sj  # noqa: E402
-from specjax import data  # noqa: E402
-from specjax import stats as stats_lib  # noqa: E402
-from specjax.harness import drafts as drafts_lib  # noqa: E402
-from specjax.harness import measure  # noqa: E402
-from specjax.models import TransformerConfig  # noqa: E402
-from specjax.models import TransformerLM  # noqa: E402
+import specjax as sj
+from specjax import data
+from specjax import stats as stats_lib
+from specjax.harness import drafts as drafts_lib
+from specjax.harness import measure
+from specjax.models import TransformerConfig
+from specjax.models import TransformerLM
 
 _QUICK = flags.DEFINE_bool("quick", True, "Run the quick job's trained "
                            "target-3m, with and without exit adapters.")

@@ -1,4 +1,5 @@
-"""Sharded decoding per mesh: the table `benchmarks/decode.py --mesh=...` prints.
+"""Sharded decoding per mesh: the table `python -m benchmarks.decode --mesh=...`
+prints.
 
 For each mesh spec and each program (`generate`, and `speculative_generate`
 when there is a draft), one row:

@@ -1,7 +1,7 @@
 r"""What a draft tree's size costs the compile, and a compiled call.
 
-  python benchmarks/tree_compile.py                 # the default trees
-  python benchmarks/tree_compile.py tree:8,8 tree-wor:64 ...
+  python -m benchmarks.tree_compile                 # the default trees
+  python -m benchmarks.tree_compile tree:8,8 tree-wor:64 ...
 
 A tree round is traced level by level: the draft proposes each level's
 children in one step, and the verifier's walk, unrolled, runs one step per

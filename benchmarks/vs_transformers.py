@@ -1,7 +1,7 @@
 r"""specjax vs Hugging Face transformers, same weights, greedy, side by side.
 
   pip install -e '.[reference]'     # torch (CPU wheel) + transformers
-  python benchmarks/vs_transformers.py --draft_layers=2 --gamma=4 \
+  python -m benchmarks.vs_transformers --draft_layers=2 --gamma=4 \
       --prompt_len=64 --max_new_tokens=128 --batches=1,8 --repeats=3
 
 A GPT-2-124M-shaped target with random weights (transformers' own init,

@@ -1,7 +1,7 @@
 """The XLA settings the test suite compiles with, set in the environment.
 
 `tests/conftest.py` applies them before JAX starts, so the subprocesses
-(mesh worker, notebook kernels) inherit them; `benchmarks/box_speed.py`
+(mesh worker, notebook kernels) inherit them; `tools/box_speed.py`
 applies them too, so it times compiles as the suite does them.
 """
 

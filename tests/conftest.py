@@ -69,7 +69,7 @@ def _prompt_buckets_for_big_batches(request, monkeypatch):
   """The loop pads prompts to at least `loop.MIN_PROMPT_BUCKET` (16)
   positions, so short prompts of any length share one program; on the
   statistical tests' 10^4-10^5 rows of 3-6-token prompts, that padding was
-  most of the run (`python benchmarks/prompt_bucket.py`: 7.1 s at width 16,
+  most of the run (`python -m tools.prompt_bucket`: 7.1 s at width 16,
   3.4 s at width 4). Marked tests pad to the next power of two: 3-token
   prompts to 4, ragged batches to their longest prompt's bucket, so padded
   positions stay in every such program. (The dotted target imports the loop
@@ -111,7 +111,7 @@ if os.environ.get("CI"):
 # loadfile` hands whole files to the workers as they come free, so a long
 # file started late leaves the other workers idle at the end. The seconds
 # are each file's wall time on a worker in a cold run of the fast tier
-# (`python benchmarks/compile_profile.py` prints them). Since pytest-xdist
+# (`python -m tools.compile_profile` prints them). Since pytest-xdist
 # 3.5 the scheduler orders files by their number of tests instead unless
 # run with `--no-loadscope-reorder` (pyproject.toml's addopts). Files whose
 # full-tier tests are long but whose fast-tier ones take seconds come first,

@@ -228,11 +228,11 @@ def test_a_change_of_width_is_charged_once_per_change():
 
 
 def test_synthetic_rows_draw_as_goodput_policy_drew():
-  """`Synthetic` rows run one after another draw in the order
-  benchmarks/goodput_policy.py's simulator drew before it moved here, so
-  its recorded tables reproduce: these steps are what that simulator
-  counted on these arguments (probe rounds, STEPs and changes of width
-  among them)."""
+  """`Synthetic` rows run one after another draw in the order the
+  simulator drew before it moved into the library, so the simulated tables
+  in results/adaptive_gamma/README.md reproduce: these steps are what that
+  simulator counted on these arguments (probe rounds, STEPs and changes of
+  width among them)."""
   rule = ps.rule_in_steps(COSTS_W, probe=1.1)
   rows = ps.Synthetic(0.35, 40, 2, spread=0.1, burst=0.1, overlap_var=0.01)
   sim = ps.simulate(rows, COSTS_W, ps.Rule(rule), 3,
