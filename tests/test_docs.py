@@ -13,10 +13,12 @@ The convention (docs/contributing.md, "Code blocks in the docs"):
   ```bash            is parsed with `bash -n`, never run
   ```text (or none)  is left alone: output, layouts, formulas
 
-The notebooks' markdown cells (colab/) have their links checked too.
+Every dotted `specjax.` / `sj.` name in inline code must exist, and the
+notebooks' markdown cells (colab/) have their links checked too.
 """
 
 import dataclasses
+import importlib
 import json
 import pathlib
 import re
@@ -38,6 +40,7 @@ NOTEBOOKS = sorted((REPO / "colab").glob("*.ipynb"))
 README_MAX_LINES = 250
 
 _FENCE = re.compile(r"^(\s*)```(.*)$")
+_INLINE_CODE = re.compile(r"`[^`\n]*`")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,10 +154,51 @@ def test_code_blocks_parse_and_say_what_they_are(path):
       assert done.returncode == 0, f"{block.where}: {done.stderr}"
 
 
+# ------------------------------------------------------------------ names --
+
+_QUALIFIED = re.compile(r"\b((?:specjax|sj)(?:\.[A-Za-z_]\w*)+)")
+
+
+def _resolve(name: str):
+  """The module or attribute a dotted name (`specjax.harness.zoo.load`,
+  `sj.Goodput.warm_start`) names; raises where there is none."""
+  parts = name.split(".")
+  parts[0] = "specjax"
+  for i in range(len(parts), 0, -1):
+    try:
+      found = importlib.import_module(".".join(parts[:i]))
+    except ImportError:
+      continue
+    for attribute in parts[i:]:
+      found = getattr(found, attribute)
+    return found
+  raise ImportError(name)
+
+
+@pytest.mark.parametrize("path", FILES, ids=_ids(FILES))
+def test_qualified_names_in_inline_code_exist(path):
+  """A renamed module or function shows up here, not in a reader's
+  traceback."""
+  missing = []
+  for code in _INLINE_CODE.findall(_prose(path.read_text(), inline_code=True)):
+    for name in _QUALIFIED.findall(code):
+      try:
+        _resolve(name)
+      except (ImportError, AttributeError):
+        missing.append(name)
+  assert not missing
+
+
+def test_the_name_check_finds_a_missing_name():
+  assert _resolve("sj.harness.zoo.load") is not None
+  for name in ("specjax.no_such_module", "specjax.harness.zoo.no_such_name"):
+    with pytest.raises((ImportError, AttributeError)):
+      _resolve(name)
+
+
 # ------------------------------------------------------------------ links --
 
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-_INLINE_CODE = re.compile(r"`[^`\n]*`")
 
 
 def _prose(text: str, inline_code: bool = False) -> str:
