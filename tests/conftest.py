@@ -121,13 +121,13 @@ _LONGEST_FIRST = (
     # Long in the full tier only (full-tier seconds).
     "test_draft_length.py",        # 274
     "test_sharding.py",            # 140
+    "test_docs.py",                # 70
     "test_experiment_flags.py",    # 51
     "test_sharded_notebook.py",    # 32
     "test_notebook.py",            # 20
     "test_hf_notebook.py",         # 20
     "test_generate_cli.py",        # 22
     "test_verifiers_notebook.py",  # 15
-    "test_readme.py",              # 12
     # The fast tier, longest first (fast-tier seconds).
     "test_verifiers.py",           # 64
     "test_exactness.py",           # 53
