@@ -2,7 +2,7 @@
 
 Most of the test suite's time is XLA tracing and compiling small programs,
 and on the shared 2-core box that speed moved by a factor of two to three
-within one day (README, "Set up and run"). `.ci/run` prints this line
+within one day. `.ci/run` prints this line
 before the tests, so a slow run can be told apart from a slow box: the
 same fixed program is traced, lowered and compiled (at the suite's
 settings, no compilation cache), run once and timed.

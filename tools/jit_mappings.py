@@ -11,8 +11,9 @@ compiles as the test suite does (XLA -O0, loop emitters:
 tests/compile_settings.py). Past `specjax.jit_memory.RELIEVE_AT` of
 vm.max_map_count the next call clears JAX's caches (a RuntimeWarning says
 so) and the count drops; without that, a process crashed at the limit.
-`--auto` first makes one `gamma="auto"` call on the same models (batch 1)
-and prints the programs it compiled and the mappings they hold.
+`--auto` first prices a `gamma="auto"` rule (`autotune.auto_rule`) and
+makes one call with it on the same models (batch 1), and prints the
+programs they compiled and the mappings they hold.
 Counts mappings only; the compile times it prints are for orientation.
 """
 
@@ -30,6 +31,7 @@ import numpy as np
 
 import specjax as sj
 from specjax import jit_memory
+from specjax.harness import autotune
 
 
 def main(argv):
@@ -47,9 +49,12 @@ def main(argv):
         f"settings: {'the suite' if '--suite' in argv else 'XLA defaults'}")
   if "--auto" in argv:
     before, compiled = jit_memory.mapping_count(), jit_memory.compiles()
+    sampling = sj.SamplingConfig(1.0)
+    rule = autotune.auto_rule(target, draft, prompts[:1], lengths[:1],
+                              max_new_tokens=16, sampling=sampling)
     sj.speculative_generate(target, draft, prompts[:1], lengths[:1],
-                            jax.random.key(0), gamma="auto", max_new_tokens=16,
-                            sampling=sj.SamplingConfig(1.0))
+                            jax.random.key(0), gamma=rule, max_new_tokens=16,
+                            sampling=sampling)
     previous = jit_memory.mapping_count()
     print(f"one gamma='auto' call: {jit_memory.compiles() - compiled} "
           f"programs, +{previous - before} mappings")
