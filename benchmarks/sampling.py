@@ -4,7 +4,7 @@ r"""The sampling transform at real vocabulary sizes: sort-free vs sort-based.
   python -m benchmarks.sampling --vocabs=50257 --rows=5 --parts=table
 
 Three parts, each timing the current code (`new`) and the sort-based
-definition it replaced (`old`, tests/sampling_reference.py: `jnp.sort` for
+definition it replaced (`old`, specjax/lab/sampling_reference.py: `jnp.sort` for
 top-p, a `lax.top_k` whose k-th value is sliced out for top-k, a residual
 and its CDF at every verified position) side by side in one run, the two
 interleaved so that a loaded machine slows them alike. Every number is the
@@ -44,9 +44,9 @@ from specjax import coupling
 from specjax import sampling as sampling_lib
 from specjax.decode import loop as decode_loop
 from specjax.decode import steps
+from specjax.lab import sampling_reference as reference  # the old definition
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
-from tests import sampling_reference as reference  # the old definition
 
 _VOCABS = flags.DEFINE_list("vocabs", ["259", "50257", "152064"],
                             "Vocabulary sizes of the table and the round.")

@@ -1,5 +1,5 @@
 """The sort-free top-k / top-p keep exactly the sets the sort-based
-definition (tests/sampling_reference.py) keeps.
+definition (specjax/lab/sampling_reference.py) keeps.
 
 Kept sets are compared for equality. The one exception is a top-p boundary
 whose mass above it is within float32 summation rounding of top_p: there a
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from specjax import coupling
 from specjax import sampling
 from specjax.decode import steps
-import sampling_reference as reference  # tests/ is on sys.path under pytest
+from specjax.lab import sampling_reference as reference
 
 NEW_TOL = 2e-6  # the new code's top-p mass error, absolute (masses <= 1)
 

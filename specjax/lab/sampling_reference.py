@@ -1,5 +1,6 @@
 """The sort-based sampling transform that `specjax.sampling.probabilities`
-replaced: the definition its kept sets are tested against.
+replaced: the oracle's definition its kept sets are tested against (and the
+baseline the sampling benchmark times it beside).
 
 Temperature, then top-k on the raw logits (`lax.top_k`, ties at the k-th
 value kept), then top-p on the sorted probabilities (the shortest sorted
