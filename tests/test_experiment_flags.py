@@ -1,7 +1,10 @@
 """Experiment commands refuse bad flags before loading or training a model."""
 
+import importlib.metadata
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,14 +14,15 @@ import pytest
 from conftest import REPO
 from specjax import distributed
 from specjax.lab import audit
+from specjax.models import hf
 
 DATA = REPO / "tests" / "data" / "hf"
 
 # (command, what stderr must say). Each runs against an empty zoo cache:
 # a check that came after loading the target would start training it.
 # "{file}" is an existing file; "{out}" a results_dir under tmp_path, so that
-# a command whose check is missing never writes into the checkout; "{data}"
-# tests/data/hf.
+# a command whose check is missing never writes into the checkout; "{hf}" a
+# checkpoint directory without tokenizer.json; "{data}" tests/data/hf.
 BAD = [
     (["experiments.adaptive_gamma", "--config.target=quick",
       "--config.drafts=nosuchdraft", "--config.batches=1",
@@ -107,6 +111,25 @@ BAD = [
       "--seed=-1"], "flag --seed=-1"),
     (["experiments.generate", "--target={data}/qwen2", "--prompt=hi",
       "--dtype=nosuch"], "--dtype 'nosuch' is not a dtype"),
+    # These five came as tracebacks from loading or decoding (a newcomer's
+    # first runs): each is now one line naming the flag.
+    (["experiments.generate", "--target={data}/qwen2",
+      "--draft={data}/llama3_tied", "--prompt=hi"],
+     "--draft: The draft's tokenizer differs from the target's"),
+    (["experiments.generate", "--target={data}/qwen2", "--prompt=hi",
+      "--max_new_tokens=1000"],
+     "--max_new_tokens: max_new_tokens=1000 does not fit the target's "
+     "context of 96 positions"),
+    (["experiments.generate", "--target={data}/qwen2", "--prompt=hi",
+      "--draft=self:9"], "--draft: draft 'self:9': N must be in [0, 2]"),
+    (["experiments.generate", "--target={hf}", "--prompt=hi"],
+     "has no tokenizer.json"),
+    # Offline (HF_HUB_OFFLINE=1, an empty hub cache): how to get it anyway.
+    (["experiments.generate", "--target=hf:specjax-tests/none",
+      "--prompt=hi"],
+     "--target: Could not fetch 'specjax-tests/none'"
+     if importlib.util.find_spec("huggingface_hub") else
+     "--target: hf:specjax-tests/none needs huggingface_hub (pip install"),
     (["experiments.adaptive_gamma", "--config.target=nosuch"],
      "config.target must be 'quick'"),
     (["experiments.reproduce", "--config=configs/nosuch.py:tiny",
@@ -146,10 +169,20 @@ BAD = [
 
 
 def _env(tmp_path):
-  """The commands' environment: the checkout importable, and an empty zoo
-  cache (a check that came after loading a model would start training)."""
+  """The commands' environment: the checkout importable, an empty zoo
+  cache (a check that came after loading a model would start training),
+  and the Hugging Face Hub offline with an empty cache."""
   return dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
-              SPECJAX_CACHE=str(tmp_path / "empty-zoo"))
+              SPECJAX_CACHE=str(tmp_path / "empty-zoo"), HF_HUB_OFFLINE="1",
+              HF_HUB_CACHE=str(tmp_path / "empty-hub"))
+
+
+def _no_tokenizer(tmp_path):
+  """A checkpoint directory without tokenizer.json."""
+  path = tmp_path / "no-tokenizer"
+  shutil.copytree(DATA / "qwen2", path)
+  (path / "tokenizer.json").unlink()
+  return path
 
 
 def _one_line(err: str, message: str) -> bool:
@@ -167,7 +200,7 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("not a directory")
   out = tmp_path / "out"
-  names = dict(file=afile, out=out, data=DATA)
+  names = dict(file=afile, out=out, hf=_no_tokenizer(tmp_path), data=DATA)
   # One process per module, all at once (tests/flag_worker.py).
   by_module = {}
   for module, *args in (args for args, _ in BAD):
@@ -220,6 +253,18 @@ def test_every_study_preset_passes_its_experiments_checks(tmp_path):
   for name, proc in procs.items():
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "checked" in stdout, (name, err[-2000:])
+
+
+def test_the_offline_message_names_an_installed_command():
+  """hf:<id> offline says how to download it elsewhere: with a command the
+  installed huggingface_hub has (`hf`; not `huggingface-cli`, gone from
+  1.0)."""
+  pytest.importorskip("huggingface_hub")
+  command = hf._download_command("o/r")  # pylint: disable=protected-access
+  assert command.endswith("download o/r --local-dir DIR"), command
+  scripts = {ep.name for ep in importlib.metadata.distribution(
+      "huggingface_hub").entry_points if ep.group == "console_scripts"}
+  assert command.split()[0] in scripts, (command, scripts)
 
 
 @pytest.mark.parametrize("kwargs,match", [
