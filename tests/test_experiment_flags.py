@@ -234,6 +234,47 @@ def test_bad_flags_fail_before_any_model_is_loaded(tmp_path):
 
 
 @pytest.mark.full
+def test_entry_points_run_from_any_directory(tmp_path):
+  """`python -m experiments.<name>` from another working directory: its
+  default config is the package's (a bad override of one of its fields is
+  refused by that field's check, not 'No such file'), a relative --config
+  says where the configs are, and JAX's probe of absent backends ("Unable
+  to initialize backend 'tpu'") no longer prints."""
+  env = _env(tmp_path)
+  del env["JAX_PLATFORMS"]  # JAX probes every backend: the INFO line
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  out = tmp_path / "out"
+  commands = [
+      (["experiments.sweep", "--config.num_prompts=0",
+        f"--results_dir={out}"], "config.num_prompts must be >= 1"),
+      (["experiments.eagle", "--config=configs/eagle.py:smoke"],
+       f"the configs are {REPO / 'configs'}"),
+      # Loads the target (JAX starts its backends), then refuses the draft.
+      (["experiments.generate", f"--target={DATA / 'qwen2'}", "--prompt=hi",
+        "--draft=self:9"], "--draft: draft 'self:9'"),
+  ]
+  procs = [subprocess.Popen([sys.executable, "-m", *args], cwd=elsewhere,
+                            env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for args, _ in commands]
+  for proc, (args, message) in zip(procs, commands):
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and message in err, (args, err[-2000:])
+    assert "Traceback" not in err and _one_line(err, message), (
+        args, err[-2000:])
+    assert "Unable to initialize backend" not in err, (args, err[-2000:])
+  help_ = subprocess.run(
+      [sys.executable, "-m", "experiments.verifiers", "--help"],
+      cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+  # (absl's --help exits 1.)
+  assert ("--config" in help_.stdout
+          and "configs/verifiers.py" in help_.stdout), (
+              help_.stdout[-2000:], help_.stderr[-2000:])
+  assert not out.exists() and not (tmp_path / "empty-zoo").exists()
+
+
+@pytest.mark.full
 def test_every_study_preset_passes_its_experiments_checks(tmp_path):
   """Each preset of a study's config is one its experiment runs: its
   check_config (every field, each draft and verifier spec) passes. One
