@@ -1,5 +1,6 @@
 """Experiment commands refuse bad flags before loading or training a model."""
 
+import fnmatch
 import importlib.metadata
 import importlib.util
 import json
@@ -7,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import jax
 import pytest
@@ -294,6 +296,18 @@ def test_every_study_preset_passes_its_experiments_checks(tmp_path):
   for name, proc in procs.items():
     stdout, err = proc.communicate(timeout=300)
     assert proc.returncode == 0 and "checked" in stdout, (name, err[-2000:])
+
+
+def test_the_entry_points_and_their_configs_are_packaged():
+  """`pip install .` installs experiments/ and configs/ beside specjax, so
+  `python -m experiments.<name>` runs outside the checkout."""
+  with open(REPO / "pyproject.toml", "rb") as fh:
+    include = tomllib.load(fh)["tool"]["setuptools"]["packages"]["find"][
+        "include"]
+  for package in ("specjax", "experiments", "configs"):
+    assert (REPO / package / "__init__.py").is_file(), package
+    assert any(fnmatch.fnmatch(package, p) for p in include), (package,
+                                                               include)
 
 
 def test_the_offline_message_names_an_installed_command():
