@@ -1,8 +1,13 @@
 r"""gamma="auto" (and the confidence rule) against every fixed gamma, per draft and batch.
 
+  python -m experiments.adaptive_gamma          # configs/adaptive_gamma.py
   python -m experiments.adaptive_gamma \
-      --target=quick --drafts=self:1,self:2 --batches=1,8 \
-      --gammas=1,2,3,4,6,8 --results_dir=results/adaptive_gamma
+      --config=configs/adaptive_gamma.py:grid_t1 --config.drafts=self:1 \
+      --results_dir=/tmp/specjax/adaptive_gamma
+
+configs/adaptive_gamma.py holds the presets, their commands and every
+field. Flags beside --config: --results_dir (default: config.results_dir),
+and the distributed and dtype flags of `specjax.distributed`.
 
 For every (draft, batch) cell it times, after compilation and interleaved
 call by call, `generate` and `speculative_generate` with each fixed gamma,
@@ -16,13 +21,13 @@ held-out prompts of the same batch ("auto+warm": `Goodput.warm_start`, so
 rows start from the pilot's acceptance instead of the default prior's
 3/4), with auto as it was before `Goodput.prompt_prior` ("auto no prompt":
 rows start from the prior's 3/4, not from their prompts, teacher-forced),
-with auto from the prior `--prior` if given ("auto prior a:b"), with auto
-planning the widths `--widths` instead if given, with and without its
+with auto from the prior `config.prior` if given ("auto prior a:b"), with auto
+planning the widths `config.widths` instead if given, with and without its
 prompt ("auto widths 1,2,3,4,5,6,7,8", "... no prompt":
 `measure_goodput(widths=...)`; the planned loop holds a loop of rounds per
 width) and with auto
-plus a confidence stop (`--threshold`), over the same held-out prompts, every
-call (warm-up and repeats) drawing its own sample. Per cell it prints
+plus a confidence stop (`config.threshold`), over the same held-out prompts,
+every call (warm-up and repeats) drawing its own sample. Per cell it prints
 one line per variant, side by side: speedup over `generate` (total time
 over every call, as a ratio), the ratio to the cell's best fixed gamma,
 alpha, draft passes per round, and the speedup taken apart: tokens per row
@@ -44,8 +49,8 @@ call's seconds (`seconds_UxN`), and the figure to `.png`.
 Drafts: `self:K` is `SelfDraft(target, layers=K, share_cache=True)`;
 `self:K+adapter` adds the zoo's trained exit adapter (quick target only);
 any other name is loaded from `specjax.harness.zoo` (e.g. bigram,
-distilled-draft-0.1m@target-3m, trained on first use). `--target=quick` is
-the quick job's trained target-3m; a preset name (byte-85m) has RANDOM
+distilled-draft-0.1m@target-3m, trained on first use). `config.target=quick`
+is the quick job's trained target-3m; a preset name (byte-85m) has RANDOM
 weights.
 """
 
@@ -62,6 +67,7 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import _checks
 from specjax import data
 from specjax import distributed
 from specjax import sharding
@@ -70,109 +76,105 @@ from specjax.harness import drafts
 from specjax.harness import measure
 from specjax.models import transformer
 from specjax.train import recipes
+from configs import reproduce
 from experiments import flag_checks
 
-_TARGET = flags.DEFINE_string("target", "quick", "'quick' or a preset name.")
-_DRAFTS = flags.DEFINE_list("drafts", ["self:1", "self:2"], "Drafts.")
-_BATCHES = flags.DEFINE_list("batches", ["1", "8"], "Batch sizes.")
-_GAMMAS = flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6", "8"],
-                            "Fixed gammas to compare against.")
-_THRESHOLD = flags.DEFINE_float("threshold", 0.5, "Confidence stop of the "
-                                "'auto+conf' variant.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature.")
-_PROMPTS = flags.DEFINE_integer(
-    "prompts", 16, "Calls per variant, each on its own held-out prompts. With "
-    "2, the best fixed gamma was partly a lottery of which texts came up "
-    "(README, 'Adaptive gamma').", lower_bound=1)
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt length.",
-                                   lower_bound=1)
-_NEW = flags.DEFINE_integer("max_new_tokens", 96, "Tokens per row.",
-                            lower_bound=1)
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed repeats, each on its "
-                                "own samples.", lower_bound=1)
-_PRIOR = flags.DEFINE_string(
-    "prior", "", "Also time auto from this prior, pseudo-counts 'a:b' of "
-    "kept and rejected drafts (the variant 'auto prior a:b').")
-_WIDTHS = flags.DEFINE_list(
-    "widths", [], "Also time auto planning these draft lengths instead of "
-    "1, 2, 4, ... (the variants 'auto widths W' and 'auto widths W no "
-    "prompt'), e.g. 1,2,3,4,5,6,7,8.")
-_RESULTS = flags.DEFINE_string("results_dir", "results/adaptive_gamma",
-                               "Where to write the rows and the figure.")
+_CONFIG = flag_checks.define_config(
+    "adaptive_gamma.py:self_drafts",
+    "The study's config, e.g. configs/adaptive_gamma.py:grid_t1.")
+flags.declare_key_flag("config")  # in --help, with this file's flags
+_RESULTS = flags.DEFINE_string(
+    "results_dir", None, "Where to write the rows and the figure (default: "
+    "config.results_dir).")
 distributed.define_flags()
 distributed.define_dtype_flags()
-# Checked when the flags are parsed, before any model is loaded or trained.
-for _name in ("batches", "gammas", "widths"):
-  flags.register_validator(
-      _name, flag_checks.positive_ints,
-      f"--{_name} must be ints >= 1, e.g. --{_name}=1,8")
-# --widths may be empty (no "auto widths" variant); an empty --drafts,
-# --batches or --gammas would time no cell (or no fixed gamma to compare
-# against) and fail only when the rows are plotted.
-for _name, _example in (("drafts", "self:1,self:2"), ("batches", "1,8"),
-                        ("gammas", "1,2,4")):
-  flags.register_validator(
-      _name, bool, f"--{_name} must name at least one, e.g. "
-      f"--{_name}={_example}")
-flags.register_validator(
-    "target", lambda t: t == "quick" or t in transformer.PRESETS,
-    "--target must be 'quick' (the quick job's trained target) or a preset "
-    f"name: {', '.join(sorted(transformer.PRESETS))}")
-flags.register_validator("temperature", lambda t: t >= 0,
-                         "--temperature must be >= 0 (0: greedy)")
-# Confidence(threshold=...) takes a probability; else it raises only inside
-# the first cell, after the target loaded.
-flags.register_validator(
-    "threshold", lambda t: 0 <= t <= 1,
-    "--threshold must be in [0, 1]: the draft stops after a token whose "
-    "largest draft probability is below it")
+flag_checks.require_results_dir(optional=True)
 
-
-flag_checks.require_results_dir()
-
-
-def _quick():
-  from configs import reproduce  # pylint: disable=import-outside-toplevel
-  return reproduce.get_config("quick")
+# The fields of a study config (configs/adaptive_gamma.py's study presets).
+_FIELDS = ("target", "drafts", "batches", "gammas", "threshold",
+           "temperature", "prompts", "prompt_len", "max_new_tokens",
+           "repeats", "prior", "widths", "results_dir")
 
 
 def load_target(name):
-  """(target, description): `--target`'s model, the quick job's trained
+  """(target, description): `config.target`'s model, the quick job's trained
   target for 'quick' (the benchmarks on the quick models load it here)."""
   if name == "quick":
-    config = _quick()
+    config = reproduce.get_config("quick")
     return drafts.load_target(config), f"quick job's trained {config.target}"
   model = sj.TransformerLM.create(sj.TransformerConfig.preset(name), 0)
   return model, f"{name} with RANDOM weights (untrained)"
 
 
-def _check_drafts(names):
-  """Refuses a bad --drafts entry before any model is loaded or trained (a
-  usage error: it needs --target, so it is not a one-flag validator)."""
-  if _TARGET.value == "quick":
-    layers = recipes.SIZES[_quick().target]["num_layers"]
+def _prior(text):
+  """config.prior 'a:b' -> (a, b), two positive pseudo-counts; '' -> None."""
+  if not isinstance(text, str):
+    raise TypeError(f"config.prior must be a str 'a:b' (or '' for none), got "
+                    f"{text!r}.")
+  if not text:
+    return None
+  try:
+    a, b = (float(x) for x in text.split(":"))
+  except ValueError:
+    raise ValueError(f"config.prior must be 'a:b', two pseudo-counts, got "
+                     f"{text!r}.") from None
+  if not (a > 0 and b > 0):
+    raise ValueError(f"config.prior pseudo-counts must be > 0, got {text!r}.")
+  return a, b
+
+
+def check_config(config) -> dict:
+  """The study's settings from `config` (configs/adaptive_gamma.py), every
+  field checked before any model is loaded or trained: raises ValueError or
+  TypeError naming the field."""
+  flag_checks.require_fields(
+      config, _FIELDS, "the study's presets are configs/adaptive_gamma.py:"
+      "self_drafts, grid_t0 and grid_t1; its sweep presets "
+      "(configs/adaptive_gamma.py:sweep) run with python -m experiments.sweep")
+  target = config.target
+  if target != "quick" and target not in transformer.PRESETS:
+    raise ValueError(
+        "config.target must be 'quick' (the quick job's trained target) or a "
+        f"preset name: {', '.join(sorted(transformer.PRESETS))}; got "
+        f"{target!r}")
+  # An empty list would time no cell (or no fixed gamma to compare against)
+  # and fail only when the rows are plotted; widths may be empty (no "auto
+  # widths" variant).
+  names = flag_checks.names(config, "drafts", example="self:1,self:2")
+  batches = flag_checks.ints(config, "batches", example="1,8")
+  gammas = flag_checks.ints(config, "gammas", example="1,2,4")
+  widths = flag_checks.ints(config, "widths", example="1,2,3,4", empty=True)
+  flag_checks.positive(config, "prompts", "prompt_len", "max_new_tokens",
+                       "repeats")
+  if _checks.check_float("config.temperature", config.temperature) < 0:
+    raise ValueError("config.temperature must be >= 0 (0: greedy), got "
+                     f"{config.temperature}")
+  # Confidence(threshold=...) takes a probability; else it raises only inside
+  # the first cell, after the target loaded.
+  if not 0 <= _checks.check_float("config.threshold", config.threshold) <= 1:
+    raise ValueError(
+        "config.threshold must be in [0, 1]: the draft stops after a token "
+        "whose largest draft probability is below it; got "
+        f"{config.threshold}")
+  prior = _prior(config.prior)
+  if target == "quick":
+    layers = recipes.SIZES[reproduce.get_config("quick").target]["num_layers"]
   else:
-    layers = sj.TransformerConfig.preset(_TARGET.value).num_layers
+    layers = sj.TransformerConfig.preset(target).num_layers
   for name in names:
     try:
       drafts.check_spec(name, num_layers=layers)
     except (TypeError, ValueError) as e:
-      raise app.UsageError(f"--drafts {name!r}: {e}") from None
-    if name.endswith("+adapter") and _TARGET.value != "quick":
-      raise app.UsageError(f"--drafts {name!r}: an exit adapter is the zoo's, "
-                           "trained for the quick target: --target=quick.")
-
-
-def _parse_prior(text):
-  """'a:b' -> (a, b), two positive pseudo-counts (checked before any run)."""
-  try:
-    a, b = (float(x) for x in text.split(":"))
-  except ValueError:
-    raise app.UsageError(f"--prior must be 'a:b', two pseudo-counts, got "
-                         f"{text!r}.") from None
-  if not (a > 0 and b > 0):
-    raise app.UsageError(f"--prior pseudo-counts must be > 0, got {text!r}.")
-  return a, b
+      raise ValueError(f"config.drafts {name!r}: {e}") from None
+    if name.endswith("+adapter") and target != "quick":
+      raise ValueError(f"config.drafts {name!r}: an exit adapter is the "
+                       "zoo's, trained for the quick target: "
+                       "--config.target=quick.")
+  return dict(target=target, drafts=names, batches=batches, gammas=gammas,
+              widths=widths, prior=prior, threshold=float(config.threshold),
+              temperature=float(config.temperature), prompts=config.prompts,
+              prompt_len=config.prompt_len,
+              max_new_tokens=config.max_new_tokens, repeats=config.repeats)
 
 
 def held_out_calls(calls, batch, prompt_len):
@@ -396,31 +398,30 @@ def plot(rows, gammas, path):
   fig.savefig(path, dpi=120)
 
 
-def _run():
-  """Every (draft, batch) cell: (rows, gammas)."""
-  prior = _parse_prior(_PRIOR.value) if _PRIOR.value else None
-  _check_drafts(_DRAFTS.value)
+def _run(s):
+  """Every (draft, batch) cell of the checked settings `s`: (rows, gammas)."""
   dtypes = distributed.dtypes_from_flags()
-  target, what = load_target(_TARGET.value)
+  target, what = load_target(s["target"])
   target = target.astype(**dtypes)
-  gammas = [int(g) for g in _GAMMAS.value]
-  sampling = sj.SamplingConfig(temperature=_TEMPERATURE.value)
+  gammas = s["gammas"]
+  sampling = sj.SamplingConfig(temperature=s["temperature"])
   rows = []
-  print(f"target: {what}; T={_TEMPERATURE.value}; {_PROMPTS.value} calls of "
-        f"{_PROMPT_LEN.value} + {_NEW.value} tokens per row")
-  for name in _DRAFTS.value:
+  print(f"target: {what}; T={s['temperature']}; {s['prompts']} calls of "
+        f"{s['prompt_len']} + {s['max_new_tokens']} tokens per row")
+  for name in s["drafts"]:
     # A quick-job draft with that job's recipe (its cached model, never a
     # retrain under the default recipe); any other zoo name as named.
     draft = drafts.make_draft(
-        name, target, config=_quick() if _TARGET.value == "quick" else None
+        name, target, config=(reproduce.get_config("quick")
+                              if s["target"] == "quick" else None)
     ).model
     if hasattr(draft, "astype"):  # a zoo Transformer
       draft = draft.astype(**dtypes)
-    for batch in (int(b) for b in _BATCHES.value):
-      prompts = held_out_calls(_PROMPTS.value, batch, _PROMPT_LEN.value)
+    for batch in s["batches"]:
+      prompts = held_out_calls(s["prompts"], batch, s["prompt_len"])
       row = run_cell(target, draft, prompts[1:], prompts[0], sampling, gammas,
-                     _THRESHOLD.value, _NEW.value, _REPEATS.value, prior,
-                     [int(w) for w in _WIDTHS.value])
+                     s["threshold"], s["max_new_tokens"], s["repeats"],
+                     s["prior"], s["widths"])
       row.update(draft=name, batch=batch, target=what)
       # Each cell compiles a dozen loops; freed between cells, since one
       # process holding every cell's (the six cells of the README's run) ran
@@ -432,19 +433,24 @@ def _run():
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = flag_checks.loaded_config(_CONFIG)
+  settings = flag_checks.as_usage_error(check_config, config)
+  results_dir = flag_checks.as_usage_error(flag_checks.results_dir, config,
+                                           _RESULTS)
   distributed.initialize_from_flags()
   # SPMD: every process times the same calls, sharded over --mesh.
   with sharding.using(distributed.mesh_from_flags()):
-    rows, gammas = _run()
+    rows, gammas = _run(settings)
   if not distributed.is_primary():
     return
-  os.makedirs(_RESULTS.value, exist_ok=True)
-  with open(os.path.join(_RESULTS.value, "adaptive_gamma.jsonl"), "w") as f:
+  os.makedirs(results_dir, exist_ok=True)
+  with open(os.path.join(results_dir, "adaptive_gamma.jsonl"), "w") as f:
     for row in rows:
       f.write(json.dumps(row) + "\n")
-  plot(rows, gammas, os.path.join(_RESULTS.value, "adaptive_gamma.png"))
-  print(f"wrote {_RESULTS.value} ({time.strftime('%H:%M UTC', time.gmtime())})")
+  plot(rows, gammas, os.path.join(results_dir, "adaptive_gamma.png"))
+  print(f"wrote {results_dir} ({time.strftime('%H:%M UTC', time.gmtime())})")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,16 @@
 r"""EAGLE head vs token drafts: acceptance alpha on the quick target.
 
   python -m experiments.eagle                       # trains what is missing
-  python -m experiments.eagle --num_prompts=8 --max_new_tokens=32   # smoke
+  python -m experiments.eagle --config=configs/eagle.py:smoke
+  python -m experiments.eagle --config.gammas=1,2,4 --results_dir=/tmp/eagle
+
+configs/eagle.py holds the presets, their commands and every field; flags
+beside --config: --results_dir (default: config.results_dir) and
+--compilation_cache.
 
 Loads from the zoo (training into the cache when missing) the quick job's
 target-3m (configs/reproduce.py:quick) and, each with the same budget as the
-quick job's distilled draft (300 steps of 16 x 256 bytes):
+quick job's distilled draft (config.num_steps, 300 steps of 16 x 256 bytes):
 
   eagle-head@target-3m             the feature-level head (560,960 parameters
                                    of its own: input norms, fc, one block;
@@ -32,7 +37,6 @@ Writes `<results_dir>/eagle.csv` and `<results_dir>/eagle.md`.
 from __future__ import annotations
 
 import csv
-import math
 import os
 
 from absl import app
@@ -41,6 +45,7 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import _checks
 from specjax import data
 from specjax import distributed
 from specjax import stats
@@ -50,73 +55,61 @@ from specjax.train import recipes
 from configs import reproduce
 from experiments import flag_checks
 
-_GAMMAS = flags.DEFINE_list("gammas", ["1", "4"], "Draft lengths.")
-_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"],
-                                  "Sampling temperatures (0: greedy).")
-_NUM_PROMPTS = flags.DEFINE_integer("num_prompts", 64,
-                                    "Held-out prompts (decoded as one batch).",
-                                    lower_bound=1)
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt bytes.",
-                                   lower_bound=1)
-_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per prompt.",
-                            lower_bound=1)
-_STEPS = flags.DEFINE_integer(
-    "num_steps", 300, "Training steps of every draft and of the head (16 x "
-    "256 bytes each; the quick job's distilled draft uses 300).",
-    lower_bound=1)
-_TARGET_STEPS = flags.DEFINE_integer(
-    "target_steps", None, "Train the target this many steps of 16 x 256 "
-    "bytes instead of the quick job's 150 (a stronger target; every draft "
-    "is then distilled from it).", lower_bound=1)
-_HEAD_WORKDIR = flags.DEFINE_string(
-    "head_workdir", None, "Evaluate the head checkpoint in this training "
-    "workdir (e.g. a zoo entry's .partial while it trains) instead of the "
-    "zoo's finished eagle-head entry.")
-_HEAD_STEP = flags.DEFINE_integer("head_step", None, "With --head_workdir: "
-                                  "the checkpoint step (default: latest).")
-_SEED = flags.DEFINE_integer("seed", 0, "Prompts and decoding keys.")
-_CACHE = flags.DEFINE_string("cache_dir", None, "Zoo cache (default: "
-                             "$SPECJAX_CACHE or ~/.cache/specjax).")
-_RESULTS = flags.DEFINE_string("results_dir", "results/eagle", "Output.")
+_CONFIG = flag_checks.define_config(
+    "eagle.py:quick", "The study's config, e.g. configs/eagle.py:target600.")
+flags.declare_key_flag("config")  # in --help, with this file's flags
+_RESULTS = flags.DEFINE_string(
+    "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_compilation_cache_flag()
-# Checked when the flags are parsed, before any model is trained. An empty
-# list would train every model and then have no row to write.
-flags.register_validator(
-    "gammas",
-    lambda v: bool(v) and flag_checks.positive_ints(v),
-    "--gammas must be one or more ints >= 1, e.g. --gammas=1,4")
-flags.register_validator(
-    "temperatures", lambda v: bool(v) and all(_nonnegative(t) for t in v),
-    "--temperatures must be one or more numbers >= 0 (0: greedy), e.g. "
-    "--temperatures=0,1")
+flag_checks.require_results_dir(optional=True)
 
-
-def _nonnegative(text: str) -> bool:
-  try:
-    return math.isfinite(float(text)) and float(text) >= 0
-  except ValueError:
-    return False
-
-
+# The fields of a config of configs/eagle.py.
+_FIELDS = ("gammas", "temperatures", "num_prompts", "prompt_len",
+           "max_new_tokens", "num_steps", "target_steps", "head_workdir",
+           "head_step", "seed", "cache_dir", "results_dir")
 # The quick models' context (target-3m and the drafts): a round scores the
 # prompt, the new tokens and gamma - 1 drafts past them.
 _MAX_POSITIONS = recipes.SIZES[reproduce.get_config("quick").target][
     "max_positions"]
-flags.register_multi_flags_validator(
-    ["prompt_len", "max_new_tokens", "gammas"],
-    lambda f: (not flag_checks.positive_ints(f["gammas"] or ["x"])
-               or f["prompt_len"] + f["max_new_tokens"]
-               + max(map(int, f["gammas"])) - 1 <= _MAX_POSITIONS),
-    f"--prompt_len + --max_new_tokens + the largest --gammas - 1 must be <= "
-    f"{_MAX_POSITIONS}, the quick models' max_positions")
-flags.register_validator(
-    "head_workdir", lambda v: v is None or os.path.isdir(v),
-    "--head_workdir must be an existing training workdir (a train_head run's)")
-flags.register_multi_flags_validator(
-    ["head_workdir", "head_step"],
-    lambda f: f["head_step"] is None or f["head_workdir"] is not None,
-    "--head_step picks a checkpoint of --head_workdir; pass both, or neither")
-flag_checks.require_results_dir()
+
+
+def _optional_positive(config, name):
+  if config[name] is not None:
+    flag_checks.positive(config, name)
+
+
+def check_config(config) -> dict:
+  """The study's settings from `config` (configs/eagle.py), every field
+  checked before any model is trained: raises ValueError or TypeError
+  naming the field. An empty list would train every model and then have no
+  row to write."""
+  flag_checks.require_fields(
+      config, _FIELDS, "its presets are configs/eagle.py:quick, target600 "
+      "and smoke")
+  gammas = flag_checks.ints(config, "gammas", example="1,4")
+  temperatures = flag_checks.numbers(config, "temperatures", example="0,1")
+  flag_checks.positive(config, "num_prompts", "prompt_len", "max_new_tokens",
+                       "num_steps")
+  _checks.check_int("config.seed", config.seed, low=0)
+  _optional_positive(config, "target_steps")
+  if (config.prompt_len + config.max_new_tokens + max(gammas) - 1
+      > _MAX_POSITIONS):
+    raise ValueError(
+        "config.prompt_len + config.max_new_tokens + the largest "
+        f"config.gammas - 1 must be <= {_MAX_POSITIONS}, the quick models' "
+        f"max_positions; got {config.prompt_len} + {config.max_new_tokens} "
+        f"+ {max(gammas)} - 1")
+  if config.head_workdir is not None and not os.path.isdir(
+      config.head_workdir):
+    raise ValueError("config.head_workdir must be an existing training "
+                     "workdir (a train_head run's), got "
+                     f"{config.head_workdir!r}")
+  if config.head_step is not None:
+    if config.head_workdir is None:
+      raise ValueError("config.head_step picks a checkpoint of "
+                       "config.head_workdir; pass both, or neither")
+    _checks.check_int("config.head_step", config.head_step, low=0)
+  return dict(gammas=gammas, temperatures=temperatures)
 
 
 def load_models(num_steps: int, cache_dir: str | None,
@@ -203,50 +196,60 @@ def write(rows, results_dir, header):
   print(text)
 
 
-def _command() -> str:
-  """The flags that rerun this table: every one that shapes it, set or not
-  (a rerun under other defaults would measure something else)."""
-  parts = [f"--num_prompts={_NUM_PROMPTS.value}",
-           f"--prompt_len={_PROMPT_LEN.value}",
-           f"--max_new_tokens={_NEW.value}", f"--num_steps={_STEPS.value}",
-           f"--gammas={','.join(_GAMMAS.value)}",
-           f"--temperatures={','.join(_TEMPERATURES.value)}",
-           f"--seed={_SEED.value}"]
-  if _TARGET_STEPS.value:
-    parts.append(f"--target_steps={_TARGET_STEPS.value}")
-  if _HEAD_WORKDIR.value:
-    parts.append(f"--head_workdir=<that dir> --head_step={_HEAD_STEP.value}")
-  return " ".join(parts + [f"--results_dir={_RESULTS.value}"])
+def _command(config, results_dir) -> str:
+  """The command that reruns this table: its preset and every field that
+  shapes it, overridden or not (a rerun under other defaults would measure
+  something else)."""
+  parts = [f"--config=configs/eagle.py:{config.preset}",
+           f"--config.num_prompts={config.num_prompts}",
+           f"--config.prompt_len={config.prompt_len}",
+           f"--config.max_new_tokens={config.max_new_tokens}",
+           f"--config.num_steps={config.num_steps}",
+           "--config.gammas=" + ",".join(map(str, config.gammas)),
+           "--config.temperatures=" + ",".join(
+               f"{float(t):g}" for t in config.temperatures),
+           f"--config.seed={config.seed}"]
+  if config.target_steps:
+    parts.append(f"--config.target_steps={config.target_steps}")
+  if config.head_workdir:
+    parts.append("--config.head_workdir=<that dir> "
+                 f"--config.head_step={config.head_step}")
+  return " ".join(parts + [f"--results_dir={results_dir}"])
 
 
 def main(argv):
-  del argv
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  config = flag_checks.loaded_config(_CONFIG)
+  s = flag_checks.as_usage_error(check_config, config)
+  results_dir = flag_checks.as_usage_error(flag_checks.results_dir, config,
+                                           _RESULTS)
   distributed.use_compilation_cache(flags.FLAGS.compilation_cache)
-  target, drafts = load_models(_STEPS.value, _CACHE.value,
-                               _HEAD_WORKDIR.value, _HEAD_STEP.value,
-                               _TARGET_STEPS.value)
+  target, drafts = load_models(config.num_steps, config.cache_dir,
+                               config.head_workdir, config.head_step,
+                               config.target_steps)
   corpus = data.stdlib_corpus()
   heldout = corpus.tokens("heldout").astype(np.int32)
-  prompts = data.prompts(heldout, _NUM_PROMPTS.value, _PROMPT_LEN.value,
-                         _SEED.value)
-  gammas = [int(g) for g in _GAMMAS.value]
-  temperatures = [float(t) for t in _TEMPERATURES.value]
-  rows = run(target, drafts, prompts, gammas, temperatures, _NEW.value,
-             _SEED.value)
-  target_steps = _TARGET_STEPS.value
-  header = (f"EAGLE head vs token drafts on the quick target-3m"
+  prompts = data.prompts(heldout, config.num_prompts, config.prompt_len,
+                         config.seed)
+  rows = run(target, drafts, prompts, s["gammas"], s["temperatures"],
+             config.max_new_tokens, config.seed)
+  target_steps = config.target_steps
+  header = ("EAGLE head vs token drafts on the quick target-3m"
             + (f" trained {target_steps} steps (not 150)" if target_steps
                else "") + ": "
-            f"{_NUM_PROMPTS.value} held-out prompts of {_PROMPT_LEN.value} "
-            f"bytes, {_NEW.value} new bytes each, seed {_SEED.value}; every "
-            f"draft trained {_STEPS.value} steps of 16 x 256 bytes.\n"
+            f"{config.num_prompts} held-out prompts of {config.prompt_len} "
+            f"bytes, {config.max_new_tokens} new bytes each, seed "
+            f"{config.seed}; every draft trained {config.num_steps} steps of "
+            "16 x 256 bytes.\n"
             "params: the draft's own (the head's excludes the target's "
             "shared embedding and LM head).\n"
-            + (f"The head is the checkpoint at step {_HEAD_STEP.value} "
-               f"(latest if None) of {_HEAD_WORKDIR.value}.\n"
-               if _HEAD_WORKDIR.value else "")
-            + "Command: python -m experiments.eagle " + _command())
-  write(rows, _RESULTS.value, header)
+            + (f"The head is the checkpoint at step {config.head_step} "
+               f"(latest if None) of {config.head_workdir}.\n"
+               if config.head_workdir else "")
+            + "Command: python -m experiments.eagle "
+            + _command(config, results_dir))
+  write(rows, results_dir, header)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ exclude compilation (each program runs once untimed). All logic lives in
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from absl import app
@@ -128,6 +129,20 @@ def _prompts() -> list[str]:
   return lines
 
 
+@contextlib.contextmanager
+def _usage_errors(flag: str):
+  """Errors of loading what `flag` names, as a one-line usage error."""
+  try:
+    yield
+  except hf.UnsupportedConfigError as e:
+    # Its advice names load()'s argument; here that is a flag.
+    raise app.UsageError(
+        f"{flag}: {e}" + (" (On this command line: --max_positions.)"
+                          if "max_positions" in str(e) else "")) from None
+  except (OSError, ImportError, ValueError) as e:
+    raise app.UsageError(f"{flag}: " + " ".join(str(e).split())) from None
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -139,18 +154,21 @@ def main(argv):
   texts = _prompts()
   sampling = sampling_lib.SamplingConfig(
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value)
-  try:
+  # The checkpoints the flags name, loaded and matched: a missing file, a
+  # hub id while offline, a draft of another tokenizer or too many blocks
+  # is the command line's fault, reported as one line naming the flag.
+  with _usage_errors("--target"):
     target, tok = textgen.load_target(_TARGET.value, dtype=_DTYPE.value,
                                       max_positions=_MAX_POSITIONS.value)
-    prompt_ids = [tok.encode(t) for t in texts]
+  prompt_ids = [tok.encode(t) for t in texts]
+  with _usage_errors("--draft"):
     draft = drafts.make_draft(
         _DRAFT.value, target, tokenizer=tok, prompt_ids=prompt_ids,
         dtype=_DTYPE.value, max_positions=_MAX_POSITIONS.value)
-  except hf.UnsupportedConfigError as e:
-    # Its advice names load()'s argument; here that is a flag.
-    raise app.UsageError(f"{e} (On this command line: --max_positions.)"
-                         if "max_positions" in str(e) else str(e)) from None
   target = draft.target
+  with _usage_errors("--max_new_tokens"):
+    textgen.check_context(target, draft.model, tok, texts, gamma=gamma,
+                          max_new_tokens=_MAX_NEW_TOKENS.value)
   print(f"target: {_TARGET.value} ({target.vocab_size} ids); draft: "
         f"{draft.description}")
   result = textgen.run(target, draft.model, tok, texts, gamma=gamma,

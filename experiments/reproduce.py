@@ -2,6 +2,12 @@ r"""The main job: train or load the models, sweep, draw every figure and table.
 
   python -m experiments.reproduce                     # quick, 8-11 min, 2 cores
   python -m experiments.reproduce --config=configs/reproduce.py:full
+  python -m experiments.reproduce --config=configs/verifiers.py:sweep
+
+The config (configs/reproduce.py, or a study's sweep preset) says which
+models and grid; flags beside --config: --results_dir (default:
+config.results_dir), and the distributed and dtype flags of
+`specjax.distributed`.
 
 Writes into the config's results_dir (results/quick by default): the sweep
 (sweep.jsonl, sweep.csv, metadata.json), the figures (fig_*.png / .pdf), the
@@ -15,7 +21,6 @@ import time
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from specjax import distributed
 from specjax import sharding
@@ -23,9 +28,11 @@ from specjax.harness import figures
 from specjax.harness import sweep
 from experiments import flag_checks
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/reproduce.py:quick", "Reproduction config.",
-    lock_config=True)
+_CONFIG = flag_checks.define_config(
+    "reproduce.py:quick", "The sweep's config: configs/reproduce.py:quick, "
+    "full or tiny, or a study's sweep (configs/verifiers.py:sweep, "
+    "configs/adaptive_gamma.py:sweep).")
+flags.declare_key_flag("config")  # in --help, with this file's flags
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_flags()

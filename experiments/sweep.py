@@ -2,6 +2,8 @@ r"""Sweeps drafts x temperatures x gamma for one target; writes the results.
 
   python -m experiments.sweep --config=configs/reproduce.py:quick \
       --results_dir=results/quick
+  python -m experiments.sweep --config=configs/adaptive_gamma.py:sweep_tiny \
+      --results_dir=/tmp/specjax/adaptive_tiny
 
 Writes into --results_dir (default: the config's): `sweep.jsonl` and
 `sweep.csv` (one row per cell, the schema of `specjax.harness.sweep.run`) and
@@ -15,15 +17,17 @@ from __future__ import annotations
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from specjax import distributed
 from specjax import sharding
 from specjax.harness import sweep
 from experiments import flag_checks
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "configs/reproduce.py:quick", "Sweep config.", lock_config=True)
+_CONFIG = flag_checks.define_config(
+    "reproduce.py:quick", "The sweep's config: configs/reproduce.py:quick, "
+    "full or tiny, or a study's sweep (configs/verifiers.py:sweep, "
+    "configs/adaptive_gamma.py:sweep).")
+flags.declare_key_flag("config")  # in --help, with this file's flags
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_flags()

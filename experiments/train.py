@@ -14,7 +14,6 @@ import logging as std_logging
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
 from specjax import distributed
 from specjax import sharding
@@ -22,9 +21,9 @@ from specjax import train as train_lib
 from specjax.train import trainer
 from experiments import flag_checks
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Training config file, e.g. configs/train.py:target-3m.",
-    lock_config=True)
+_CONFIG = flag_checks.define_config(
+    None, "Training config file, e.g. configs/train.py:target-3m.")
+flags.declare_key_flag("config")  # in --help, with this file's flags
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Directory for checkpoints and metrics.jsonl; rerunning "
     "with the same workdir resumes from its latest checkpoint.")

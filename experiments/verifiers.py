@@ -1,37 +1,33 @@
 r"""Verifier comparison: tokens per target call and speedup vs gamma.
 
-  python -m experiments.verifiers --models=lab --results_dir=results/verifiers
-  python -m experiments.verifiers --models=tiny --results_dir=results/verifiers
+  python -m experiments.verifiers               # configs/verifiers.py:lab
+  python -m experiments.verifiers --config=configs/verifiers.py:tiny
+  python -m experiments.verifiers --config=configs/verifiers.py:trees
+  python -m experiments.verifiers --config=configs/verifiers.py:paired \
+      --config.quick_drafts=bigram --results_dir=/tmp/paired
 
-For every verifier (token, block, lossy baselines) and gamma, decodes the same
-prompts with `speculative_generate(..., verifier=...)` (same draft, same
-gamma: equal draft compute) and the autoregressive baseline, and writes
+configs/verifiers.py holds every preset, its command and what it writes.
+
+config.models=lab or tiny: for every verifier (token, block, lossy
+baselines) and gamma, decodes the same prompts with
+`speculative_generate(..., verifier=...)` (same draft, same gamma: equal
+draft compute) and the autoregressive baseline, and writes
 `verifiers_<models>.csv` (one row per cell, with a "lossy" column and, for
 the lab models, the verifier's exact TV to the target from
 `specjax.lab.verifiers`) and `fig_verifiers_<models>.png`.
 
---models=lab: the lab's Markov target/draft (V = 8) as CausalLMs; tokens per
-  target call is meaningful, wall-clock is not (target as cheap as draft).
---models=tiny: a random peaked Transformer target (d=128, 4 layers) and a
-  bigram draft fitted to 16k of the target's own samples.
+config.models=quick: the zoo's target-3m with its quick drafts, held-out
+prompts, T = 1. For every entry of config.trees (a tree, or a chain
+verifier at a gamma) and the chain "token" at its depth, writes
+`trees_quick.csv` (tokens per target call with a 95% interval, the ratio
+tree / chain with its interval, wall-clock seconds of the compiled call, the
+fewest of 3 timed by turns with the chain's: noise on a shared box) and
+`fig_trees_quick.png`; with config.paired_gammas, block against token on the
+same drafts instead, Rao-Blackwellised: `paired_quick.csv` and
+`paired_quick.md`.
 
-Draft trees against the chain (same draft, same depth = gamma):
-
-  python -m experiments.verifiers --models=quick --rows=64 --max_new_tokens=64 \
-      --results_dir=results/verifiers
-  python -m experiments.verifiers --models=quick --rows=64 --max_new_tokens=64 \
-      --quick_drafts=bigram --trees="tree-wor:4,3;tree-wor:8,1" \
-      --results_dir=results/verifiers/depth2
-
---models=quick: the zoo's target-3m with distilled-draft-0.1m@target-3m and
-  the bigram draft (or self:k, `--quick_drafts=self:1`, or the EAGLE head
-  of `python -m experiments.eagle`, `eagle-head@target-3m`), held-out
-  prompts, T = 1. For every tree in --trees
-  (';'-separated registry strings) and the chain "token" at the tree's depth,
-  writes `trees_quick.csv` (tokens per target call with a 95% interval, the
-  ratio tree / chain with its interval, wall-clock seconds of the compiled
-  call, the fewest of 3 timed by turns with the chain's: noise on a shared
-  box) and `fig_trees_quick.png`.
+Flags beside --config: --results_dir (default: config.results_dir), and the
+distributed and dtype flags of `specjax.distributed`.
 """
 
 from __future__ import annotations
@@ -57,37 +53,18 @@ from specjax.harness import measure
 from specjax.lab import models as lab_models
 from specjax.lab import verifiers as lab_verifiers
 from specjax.models.ngram import NGramLM
+from specjax.train import recipes
+from configs import reproduce
 from experiments import flag_checks
 
-_MODELS = flags.DEFINE_enum("models", "lab", ["lab", "tiny", "quick"],
-                            "Model pair (quick: zoo models, trees vs chain).")
-_TREES = flags.DEFINE_string(
-    "trees", "tree-wor:3,2,1;tree:3,2,1;tree-wor:4,1,1",
-    "';'-separated verifiers set beside the token chain of the same depth "
-    "(--models=quick): trees (each <= 16 nodes; the depth is theirs) or "
-    "chain verifiers at a gamma, as '<verifier>@<gamma>' (block@4).")
-_QUICK_DRAFTS = flags.DEFINE_list(
-    "quick_drafts", ["distilled-draft-0.1m@target-3m", "bigram"],
-    "Zoo drafts for --models=quick, self:k (the target's first k blocks, "
-    "sharing its cache) or eagle-head@target-3m (experiments.eagle's head).")
-_VERIFIERS = flags.DEFINE_string(
-    "verifiers", "token;block;lenient:0.5;typical:0.09,0.3",
-    "';'-separated registry strings (specjax.decode.verifiers); ';', since "
-    "a verifier's own arguments take commas (typical:0.09,0.3).")
-_GAMMAS = flags.DEFINE_list("gammas", ["1", "2", "3", "4", "6"], "gammas.")
-_ROWS = flags.DEFINE_integer("rows", 256, "Rows decoded per cell (a batch).",
-                             lower_bound=1)
-_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens per row.",
-                            lower_bound=1)
-_RESULTS = flags.DEFINE_string("results_dir", "results/verifiers", "Output.")
-_PAIRED = flags.DEFINE_list(
-    "paired_gammas", [],
-    "--models=quick: instead of trees, block vs token on the same drafts at "
-    "these gammas, Rao-Blackwellised (specjax.harness.expected_tokens).")
-_SAMPLES = flags.DEFINE_integer(
-    "samples", 4, "--paired_gammas: draft blocks per context.", lower_bound=1)
+_CONFIG = flag_checks.define_config(
+    "verifiers.py:lab", "The study's config, e.g. configs/verifiers.py:trees.")
+flags.declare_key_flag("config")  # in --help, with this file's flags
+_RESULTS = flags.DEFINE_string(
+    "results_dir", None, "Output directory (default: config.results_dir).")
 distributed.define_flags()
 distributed.define_dtype_flags()
+flag_checks.require_results_dir(optional=True)
 
 
 def _models(kind):
@@ -188,7 +165,8 @@ def _ci95(values):
 
 
 def _at_depth(spec):
-  """(verifier, depth) of a --trees entry: a tree, or '<chain verifier>@g'."""
+  """(verifier, depth) of a config.trees entry: a tree, or
+  '<chain verifier>@<gamma>'."""
   name, _, gamma = spec.partition("@")
   v = vf.get_verifier(name)
   return v, (v.depth if isinstance(v, vf.TreeVerifier) else int(gamma))
@@ -198,7 +176,6 @@ def _quick_models(names, rows, prompt_len):
   """(target, {name: draft}, prompts, lengths) of the zoo's quick models
   (the quick job's recipes, configs/reproduce.py, so the cached models are
   reused, never retrained) and `rows` held-out prompts."""
-  from configs import reproduce  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
   config = reproduce.get_config("quick")
   target = drafts_lib.load_target(config, train=False)
@@ -356,143 +333,126 @@ def _write(records, stem):
     writer.writerows(records)
 
 
-def _specs(text):
-  """The entries of a ';'-separated flag (--verifiers, --trees)."""
-  return [v for v in text.split(";") if v]
+# The fields of a study config (configs/verifiers.py's study presets).
+_FIELDS = ("models", "verifiers", "gammas", "trees", "quick_drafts",
+           "paired_gammas", "samples", "rows", "max_new_tokens",
+           "results_dir")
+_MODELS = ("lab", "tiny", "quick")
 
-
-@flags.validator("verifiers")
-def _check_verifiers(text):
-  # Else no cell runs, and an empty CSV replaces the last results.
-  if not _specs(text):
-    raise flags.ValidationError("--verifiers must name at least one verifier "
-                                "(';'-separated), e.g. --verifiers=token;block")
-  for spec in _specs(text):
-    try:
-      vf.get_verifier(spec)
-    except ValueError as e:
-      raise flags.ValidationError(str(e)) from None
-  return True
-
-
-@flags.validator("trees")
-def _check_trees(text):
-  # Else a bad entry fails after the quick models load, an empty one when
-  # plotting.
-  if not _specs(text):
-    raise flags.ValidationError("--trees must name at least one verifier "
-                                "(';'-separated), e.g. --trees=tree-wor:3,2,1")
-  for spec in _specs(text):
-    try:
-      _, depth = _at_depth(spec)
-    except ValueError as e:
-      raise flags.ValidationError(
-          f"--trees entry {spec!r}: {e} (a tree, or '<chain verifier>@<gamma>'"
-          ", e.g. block@4)") from None
-    if depth < 1:
-      raise flags.ValidationError(f"--trees entry {spec!r}: gamma >= 1.")
-  return True
-
-
-flags.register_validator(
-    "quick_drafts", bool,
-    "--quick_drafts must name at least one draft, e.g. --quick_drafts=bigram")
-
-
-@flags.validator("quick_drafts")
-def _check_quick_drafts(names):
-  # Else a bad name failed after the quick target loaded.
-  from configs import reproduce  # pylint: disable=import-outside-toplevel
-  from specjax.train import recipes  # pylint: disable=import-outside-toplevel
-  layers = recipes.SIZES[reproduce.get_config("quick").target]["num_layers"]
-  for name in names:
-    try:
-      drafts_lib.check_spec(name, num_layers=layers)
-    except (TypeError, ValueError) as e:
-      raise flags.ValidationError(f"--quick_drafts {name!r}: {e}") from None
-  return True
-
-
-# Flags read by one mode only (given with another they were ignored): the
-# mode, and whether (quick, paired) is it.
+# Fields read by one mode only (overridden with another they were ignored):
+# the mode, and whether (quick, paired) is it.
 _READ_WITH = {
-    "trees": ("--models=quick without --paired_gammas",
+    "trees": ("config.models=quick without config.paired_gammas",
               lambda quick, paired: quick and not paired),
-    "quick_drafts": ("--models=quick", lambda quick, paired: quick),
-    "paired_gammas": ("--models=quick", lambda quick, paired: quick),
-    "samples": ("--models=quick --paired_gammas=...",
+    "quick_drafts": ("config.models=quick", lambda quick, paired: quick),
+    "paired_gammas": ("config.models=quick", lambda quick, paired: quick),
+    "samples": ("config.models=quick and config.paired_gammas",
                 lambda quick, paired: quick and paired),
-    "verifiers": ("--models=lab or tiny", lambda quick, paired: not quick),
-    "gammas": ("--models=lab or tiny", lambda quick, paired: not quick),
+    "verifiers": ("config.models=lab or tiny",
+                  lambda quick, paired: not quick),
+    "gammas": ("config.models=lab or tiny", lambda quick, paired: not quick),
 }
 
 
-def _check_modes():
-  """A usage error for a flag the chosen mode does not read."""
-  quick, paired = _MODELS.value == "quick", bool(_PAIRED.value)
-  unread = [f"--{name} (read with {mode})"
+def check_config(config, given=()) -> dict:
+  """The study's settings from `config` (configs/verifiers.py), every field
+  checked before any model is loaded: raises ValueError or TypeError naming
+  the field. `given`: the fields overridden on the command line, each of
+  which the config's mode must read (else it was silently ignored)."""
+  flag_checks.require_fields(
+      config, _FIELDS, "the study's presets are configs/verifiers.py:lab, "
+      "tiny, trees, ...; its sweep presets (configs/verifiers.py:sweep) run "
+      "with python -m experiments.sweep")
+  if config.models not in _MODELS:
+    raise ValueError(f"config.models must be one of {', '.join(_MODELS)}, "
+                     f"got {config.models!r}")
+  flag_checks.positive(config, "rows", "max_new_tokens", "samples")
+  # An empty list runs no cell, and an empty CSV replaces the last results.
+  gammas = flag_checks.ints(config, "gammas", example="1,2,4")
+  paired = flag_checks.ints(config, "paired_gammas", example="1,4",
+                            empty=True)
+  verifiers = flag_checks.names(config, "verifiers", sep=";",
+                                example="token;block")
+  for spec in verifiers:
+    try:
+      vf.get_verifier(spec)
+    except ValueError as e:
+      raise ValueError(f"config.verifiers entry {spec!r}: {e}") from None
+  # Else a bad entry failed after the quick models loaded, an empty one when
+  # plotting.
+  trees = flag_checks.names(config, "trees", sep=";", example="tree-wor:3,2,1")
+  for spec in trees:
+    try:
+      _, depth = _at_depth(spec)
+    except ValueError as e:
+      raise ValueError(
+          f"config.trees entry {spec!r}: {e} (a tree, or '<chain verifier>@"
+          "<gamma>', e.g. block@4)") from None
+    if depth < 1:
+      raise ValueError(f"config.trees entry {spec!r}: gamma >= 1.")
+  # Else a bad name failed after the quick target loaded.
+  drafts = flag_checks.names(config, "quick_drafts", example="bigram,self:1")
+  layers = recipes.SIZES[reproduce.get_config("quick").target]["num_layers"]
+  for name in drafts:
+    try:
+      drafts_lib.check_spec(name, num_layers=layers)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"config.quick_drafts {name!r}: {e}") from None
+  quick = config.models == "quick"
+  unread = [f"--config.{name} (read with {mode})"
             for name, (mode, reads) in _READ_WITH.items()
-            if flags.FLAGS[name].present and not reads(quick, paired)]
+            if name in given and not reads(quick, bool(paired))]
   if unread:
-    mode = f"--models={_MODELS.value}" + (" --paired_gammas=..."
-                                          if quick and paired else "")
-    raise app.UsageError(f"{mode} does not read {', '.join(unread)}.")
-
-
-# Checked when the flags are parsed, before any model is loaded: an empty
-# --gammas runs no cell and writes an empty CSV over the last results.
-flags.register_validator(
-    "gammas",
-    lambda v: bool(v) and flag_checks.positive_ints(v),
-    "--gammas must be one or more ints >= 1, e.g. --gammas=1,2,4")
-flags.register_validator(
-    "paired_gammas",
-    flag_checks.positive_ints,
-    "--paired_gammas must be ints >= 1, e.g. --paired_gammas=1,4")
-
-
-flag_checks.require_results_dir()
+    mode = f"config.models={config.models}" + (
+        " with config.paired_gammas" if quick and paired else "")
+    raise ValueError(f"{mode} does not read {', '.join(unread)}.")
+  return dict(models=config.models, verifiers=verifiers, gammas=gammas,
+              trees=trees, drafts=drafts, paired_gammas=paired,
+              samples=config.samples, rows=config.rows,
+              max_new_tokens=config.max_new_tokens)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  _check_modes()
+  config = flag_checks.loaded_config(_CONFIG)
+  s = flag_checks.as_usage_error(check_config, config,
+                                 flag_checks.overridden(_CONFIG))
+  results_dir = flag_checks.as_usage_error(flag_checks.results_dir, config,
+                                           _RESULTS)
+  quick, paired = s["models"] == "quick", bool(s["paired_gammas"])
   distributed.initialize_from_flags()
   with sharding.using(distributed.mesh_from_flags()):
-    if _MODELS.value == "quick" and _PAIRED.value:
-      records = run_paired([int(g) for g in _PAIRED.value],
-                           _QUICK_DRAFTS.value, _ROWS.value, _NEW.value,
-                           _SAMPLES.value)
-    elif _MODELS.value == "quick":
-      records = run_trees(_specs(_TREES.value),
-                          _QUICK_DRAFTS.value, _ROWS.value, _NEW.value)
+    if quick and paired:
+      records = run_paired(s["paired_gammas"], s["drafts"], s["rows"],
+                           s["max_new_tokens"], s["samples"])
+    elif quick:
+      records = run_trees(s["trees"], s["drafts"], s["rows"],
+                          s["max_new_tokens"])
     else:
-      records = run(_MODELS.value, _specs(_VERIFIERS.value),
-                    [int(g) for g in _GAMMAS.value], _ROWS.value, _NEW.value)
+      records = run(s["models"], s["verifiers"], s["gammas"], s["rows"],
+                    s["max_new_tokens"])
   if not distributed.is_primary():
     return
-  if _MODELS.value == "quick" and _PAIRED.value:
-    os.makedirs(_RESULTS.value, exist_ok=True)
-    stem = os.path.join(_RESULTS.value, "paired_quick")
+  os.makedirs(results_dir, exist_ok=True)
+  if quick and paired:
+    stem = os.path.join(results_dir, "paired_quick")
     _write(records, stem)
     with open(stem + ".md", "w") as f:
       f.write(paired_markdown(records))
     print(paired_markdown(records))
     print(f"{len(records)} cells -> {stem}.csv, {stem}.md")
     return
-  if _MODELS.value == "quick":
-    os.makedirs(_RESULTS.value, exist_ok=True)
-    stem = os.path.join(_RESULTS.value, "trees_quick")
+  if quick:
+    stem = os.path.join(results_dir, "trees_quick")
     _write(records, stem)
-    plot_trees(records, os.path.join(_RESULTS.value, "fig_trees_quick.png"))
+    plot_trees(records, os.path.join(results_dir, "fig_trees_quick.png"))
     print(f"{len(records)} cells -> {stem}.csv")
     return
-  os.makedirs(_RESULTS.value, exist_ok=True)
-  stem = os.path.join(_RESULTS.value, f"verifiers_{_MODELS.value}")
+  stem = os.path.join(results_dir, f"verifiers_{s['models']}")
   _write(records, stem)
-  plot(records, os.path.join(_RESULTS.value,
-                             f"fig_verifiers_{_MODELS.value}.png"))
+  plot(records, os.path.join(results_dir,
+                             f"fig_verifiers_{s['models']}.png"))
   print(f"{len(records)} cells -> {stem}.csv")
 
 

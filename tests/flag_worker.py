@@ -37,9 +37,24 @@ def _alarm(signum, frame):
                      "bad flag was not refused before the work started")
 
 
+def _fresh_config_flag(args):
+  """As `python -m` starts with `args`, for a module's `--config`:
+  config_flags reads the `--config.<field>` overrides from sys.argv when it
+  parses the config (the default one at import), defining a flag for each.
+  Drops the previous command's, sets sys.argv to this command line, and
+  parses the default config again when the command names none."""
+  sys.argv = [sys.argv[0], *args]
+  for name in [n for n in flags.FLAGS if n.startswith("config.")]:
+    delattr(flags.FLAGS, name)
+  if "config" in flags.FLAGS:
+    flag = flags.FLAGS["config"]
+    flag._set_default(flag.default_unparsed)  # pylint: disable=protected-access
+
+
 def run_one(module, args):
   """(exit code, stderr) of `python -m module *args`."""
   flags.FLAGS.unparse_flags()  # the previous command's values are gone
+  _fresh_config_flag(args)
   with tempfile.TemporaryFile("w+") as err:
     sys.stderr.flush()
     saved = os.dup(2)

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO
+from configs import adaptive_gamma as adaptive_config
 from configs import reproduce
+from configs import verifiers as verifiers_config
 import specjax as sj
 from specjax.harness import drafts
 from specjax.harness import zoo
@@ -212,9 +214,9 @@ def test_a_configs_drafts_load_through_the_registry(monkeypatch):
   its spec, with its recipe, checked against its kind."""
   monkeypatch.setattr(zoo, "load", _stub_zoo)
   config = reproduce.get_config("quick")
-  config.drafts = [reproduce._draft("bigram", "bigram"),  # pylint: disable=protected-access
-                   reproduce._draft("prompt-lookup", "prompt_lookup"),  # pylint: disable=protected-access
-                   reproduce._draft("self:1", "self")]  # pylint: disable=protected-access
+  config.drafts = [reproduce.draft("bigram", "bigram"),
+                   reproduce.draft("prompt-lookup", "prompt_lookup"),
+                   reproduce.draft("self:1", "self")]
   target, loaded = drafts.load_models(config)
   assert [(d.name, d.kind) for d in loaded] == [
       ("bigram", "bigram"), ("prompt-lookup", "prompt_lookup"),
@@ -226,17 +228,20 @@ def test_a_configs_drafts_load_through_the_registry(monkeypatch):
 @pytest.mark.parametrize("drafts_, error, match", [
     ([], ValueError, "is empty"),
     (["bigram"], TypeError, r"\[0\] must be a ConfigDict"),
-    ([reproduce._draft("bigram", "unigram")], ValueError,  # pylint: disable=protected-access
+    ([reproduce.draft("bigram", "unigram")], ValueError,
      "give kind 'bigram'"),
-    ([reproduce._draft("self:x", "self")], ValueError, "use self:N"),  # pylint: disable=protected-access
-    ([reproduce._draft("self:1", "self")] * 2, ValueError, "repeats"),  # pylint: disable=protected-access
+    ([reproduce.draft("self:x", "self")], ValueError, "use self:N"),
+    ([reproduce.draft("self:1", "self")] * 2, ValueError, "repeats"),
 ])
 def test_config_drafts_are_checked_before_loading(drafts_, error, match):
   with pytest.raises(error, match=match):
     drafts.check_config_drafts(drafts_)
 
 
-def test_every_preset_names_registry_specs():
-  for preset in ("quick", "full", "tiny", "verifiers", "adaptive",
-                 "verifiers_tiny", "adaptive_tiny"):
-    drafts.check_config_drafts(reproduce.get_config(preset).drafts)
+def test_every_sweep_preset_names_registry_specs():
+  """The main job's presets, and the studies' sweeps of the same shape."""
+  for config in (reproduce, verifiers_config, adaptive_config):
+    presets = getattr(config, "SWEEP_PRESETS", reproduce.PRESETS)
+    assert presets, config
+    for preset in presets:
+      drafts.check_config_drafts(config.get_config(preset).drafts)

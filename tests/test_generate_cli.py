@@ -9,6 +9,7 @@ import pytest
 
 from conftest import REPO
 import specjax as sj
+from specjax.harness import autotune
 from specjax.harness import drafts
 from specjax.harness import textgen
 from specjax.models import hf
@@ -113,6 +114,25 @@ def test_run_refuses_a_bare_string_and_a_bad_seed():
   for seed in (-1, 2**32):  # jax would wrap both onto other seeds
     with pytest.raises(ValueError, match="seed must be"):
       textgen.run(None, None, tok, ["hello"], seed=seed)
+
+
+def test_a_budget_past_the_context_is_refused_before_anything_runs(
+    monkeypatch):
+  """check_context names max_new_tokens and the largest that fits (the
+  decode loop's own bound: 91 runs, 92 does not), and `run` checks it
+  before gamma="auto" times the loop."""
+  target, tok = hf.load(DATA / "qwen2")  # 96 positions; "hi" is 2 tokens
+  draft = drafts.make_draft("self:1", target).model
+  textgen.check_context(target, draft, tok, ["hi"], gamma=4,
+                        max_new_tokens=91)
+  with pytest.raises(ValueError, match=r"max_new_tokens=92 does not fit the "
+                     r"target's context of 96 positions.*<= 91"):
+    textgen.check_context(target, draft, tok, ["hi"], gamma=4,
+                          max_new_tokens=92)
+  monkeypatch.setattr(autotune, "auto_rule", lambda *a, **k: pytest.fail(
+      "timed the loop before checking the budget"))
+  with pytest.raises(ValueError, match="gamma='auto' drafts up to it"):
+    textgen.run(target, draft, tok, ["hi"], gamma="auto", max_new_tokens=90)
 
 
 @pytest.mark.full

@@ -286,12 +286,13 @@ def test_run_takes_a_feature_level_draft(monkeypatch):
 
 
 def test_quick_draft_narrows_to_one_named_draft():
-  # The benchmarks' one lookup: quick drafts and the adaptive preset's self:K.
-  for name in ("bigram", "distilled-draft-0.1m@target-3m", "self:1"):
+  # The benchmarks' one lookup: quick drafts and the studies' self:K.
+  for name in ("bigram", "distilled-draft-0.1m@target-3m", "self:1",
+               "self:2"):
     config = reproduce.quick_draft(name)
     assert [d.name for d in config.drafts] == [name]
     assert config.target == reproduce.get_config("quick").target
-  with pytest.raises(ValueError, match="no quick or adaptive draft"):
+  with pytest.raises(ValueError, match="no quick draft is named 'draft-9m'"):
     reproduce.quick_draft("draft-9m")
 
 
@@ -424,13 +425,13 @@ def _no_loading(monkeypatch):
     ("step_repeats", 0, "config.step_repeats must be >= 1"),
     ("step_seconds", -1.0, "config.step_seconds .* must be > 0"),
     ("drafts", [], "config.drafts is empty"),
-    ("drafts", [reproduce._draft("bigram", "transfomer")],  # pylint: disable=protected-access
+    ("drafts", [reproduce.draft("bigram", "transfomer")],
      r"config.drafts\[0\].kind must be one of"),
-    ("drafts", [reproduce._draft("bigram", "unigram")],  # pylint: disable=protected-access
+    ("drafts", [reproduce.draft("bigram", "unigram")],
      r"config.drafts\[0\].kind is 'unigram'.*give kind 'bigram'"),
-    ("drafts", [reproduce._draft("draft-0.1m", "distilled")],  # pylint: disable=protected-access
+    ("drafts", [reproduce.draft("draft-0.1m", "distilled")],
      "give kind 'transformer'"),
-    ("drafts", [reproduce._draft("bigram", "bigram")] * 2,  # pylint: disable=protected-access
+    ("drafts", [reproduce.draft("bigram", "bigram")] * 2,
      "config.drafts .*repeats 'bigram'"),
     ("batch_sizes", (), "config: batch_sizes is empty"),
     ("gammas", (1, 1), "config: gammas repeats 1"),

@@ -8,6 +8,9 @@ colab/hf_checkpoints.ipynb:
 * drafts come from the one registry, `specjax.harness.drafts.make_draft(
   spec, target, tokenizer=..., prompt_ids=...)`.
 * `parse_gamma(text)`: a `--gamma` flag (an int or "auto").
+* `check_context(target, draft, tokenizer, texts, ...)`: refuses a
+  max_new_tokens that does not fit the models' context, before anything is
+  compiled or timed.
 * `run(target, draft, tokenizer, texts, ...)`: speculative generation (and,
   with `compare=True`, the autoregressive baseline on the same prompts),
   each compiled once and then timed; returns texts and statistics.
@@ -57,6 +60,56 @@ def parse_gamma(text: str) -> int | str:
     raise ValueError(f"{text!r} is neither an int >= 1 (draft tokens per "
                      "round) nor 'auto'.")
   return gamma
+
+
+def _with_bos(tokenizer, add_bos: bool | None) -> bool:
+  """`run`'s add_bos: None means when the tokenizer has a BOS distinct from
+  its EOS ids (Llama-style yes, GPT-2 no)."""
+  if add_bos is None:
+    return (tokenizer.bos_id is not None
+            and tokenizer.bos_id not in tokenizer.eos_ids)
+  return add_bos
+
+
+def check_context(target, draft, tokenizer, texts: Sequence[str], *,
+                  gamma: int | str | Any = 4, max_new_tokens: int = 64,
+                  add_bos: bool | None = None) -> None:
+  """Raises ValueError, naming max_new_tokens, unless the longest prompt
+  (encoded as `run` encodes it) + max_new_tokens + a round's lookahead
+  (gamma; "auto": its largest draft length, `autotune.AUTO_GAMMA_MAX`; a
+  rule: its gamma_max) fits the target's and the draft's max_positions.
+
+  `run` checks it first too: the decode loop would refuse it only after
+  gamma="auto" spent a minute timing the loop.
+  """
+  if isinstance(texts, (str, bytes)):
+    raise TypeError(f"texts must be a sequence of prompts, one row each, got "
+                    f"a bare {type(texts).__name__}: pass [texts].")
+  max_new_tokens = _checks.check_int("max_new_tokens", max_new_tokens, low=1)
+  if isinstance(gamma, str):
+    lookahead, what = autotune.AUTO_GAMMA_MAX, "gamma='auto' drafts up to it"
+  elif hasattr(gamma, "gamma_max"):
+    lookahead, what = gamma.gamma_max, "the rule's gamma_max"
+  else:
+    lookahead, what = _checks.check_int("gamma", gamma, low=1), "gamma"
+  _, lengths = encode_batch(tokenizer, list(texts),
+                            add_bos=_with_bos(tokenizer, add_bos))
+  longest = int(lengths.max())
+  # The last position a round scores: (longest - 1) + (max_new_tokens - 1)
+  # + lookahead, as in the decode loop.
+  needed = longest + max_new_tokens + lookahead - 1
+  for name, model in (("target", target), ("draft", draft)):
+    limit = getattr(model, "max_positions", None)
+    if limit is not None and needed > limit:
+      room = limit - longest - lookahead + 1
+      raise ValueError(
+          f"max_new_tokens={max_new_tokens} does not fit the {name}'s "
+          f"context of {limit} positions: the longest prompt ({longest} "
+          f"tokens) + max_new_tokens + a round's lookahead ({lookahead}: "
+          f"{what}) - 1 needs {needed}. "
+          + (f"Pass max_new_tokens <= {room}, a shorter prompt or a "
+             "smaller gamma." if room >= 1 else
+             "Pass a shorter prompt or a smaller gamma."))
 
 
 @dataclasses.dataclass
@@ -132,21 +185,21 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
   Returns:
     A `TextRun`; each call is compiled by a first, untimed run.
   """
-  if add_bos is None:
-    add_bos = (tokenizer.bos_id is not None
-               and tokenizer.bos_id not in tokenizer.eos_ids)
+  add_bos = _with_bos(tokenizer, add_bos)
   # encode_batch refuses a bare string, but list() would split it first.
   if isinstance(texts, (str, bytes)):
     raise TypeError(f"texts must be a sequence of prompts, one row each, got "
                     f"a bare {type(texts).__name__}: pass [texts].")
+  if isinstance(gamma, str) and gamma != "auto":
+    raise ValueError(f"gamma must be an int >= 1, 'auto' or a draft-length "
+                     f"rule, got {gamma!r}.")
+  check_context(target, draft, tokenizer, texts, gamma=gamma,
+                max_new_tokens=max_new_tokens, add_bos=add_bos)
   prompts, lengths = encode_batch(tokenizer, list(texts), add_bos=add_bos)
   key = jax.random.key(_checks.check_int("seed", seed, low=0,
                                         high=_checks.MAX_SEED))
   eos = tokenizer.eos_ids or None
   if isinstance(gamma, str):
-    if gamma != "auto":
-      raise ValueError(f"gamma must be an int >= 1, 'auto' or a draft-length "
-                       f"rule, got {gamma!r}.")
     if progress is not None:
       progress("gamma=auto: timing the loop's passes and rounds on this "
                "machine to price a Goodput rule (once per process and "

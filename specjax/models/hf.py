@@ -32,6 +32,7 @@ decode loop, whatever the model dtype.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import pathlib
 from typing import Any
@@ -65,6 +66,18 @@ class UnsupportedConfigError(ValueError):
     super().__init__(f"config.json field {field!r} = {value!r}: {why}")
 
 
+def _download_command(repo_id: str) -> str:
+  """The shell command that downloads `repo_id` into DIR with the installed
+  huggingface_hub: its `hf` CLI (0.34 and later; `huggingface-cli`, the
+  older one, is gone from 1.0)."""
+  try:
+    has_hf = importlib.util.find_spec("huggingface_hub.cli.hf") is not None
+  except ImportError:  # no huggingface_hub.cli package
+    has_hf = False
+  cli = "hf" if has_hf else "huggingface-cli"
+  return f"{cli} download {repo_id} --local-dir DIR"
+
+
 def resolve(path: str | os.PathLike) -> pathlib.Path:
   """A local checkpoint directory for a path or `hf:<repo_id>`.
 
@@ -86,19 +99,20 @@ def resolve(path: str | os.PathLike) -> pathlib.Path:
     except ImportError:
       raise ImportError(
           f"{spec} needs huggingface_hub (pip install huggingface_hub); or "
-          "download the checkpoint elsewhere and pass its local directory."
-      ) from None
+          "download the checkpoint elsewhere and pass its local directory "
+          f"instead of {spec}.") from None
     try:
       local = huggingface_hub.snapshot_download(
           repo_id, allow_patterns=["*.json", "*.safetensors", "*.txt",
                                    "*.model"])
     except Exception as e:  # offline, unknown repo, gated, ...
+      # One line: the hub's own messages may span several.
+      why = " ".join(f"{type(e).__name__}: {e}".split())
       raise OSError(
-          f"Could not fetch {repo_id!r} from the Hugging Face Hub "
-          f"({type(e).__name__}: {e}). Without network access, copy the "
-          f"checkpoint directory (e.g. `huggingface-cli download {repo_id} "
-          "--local-dir DIR` on a machine that has it) and pass the local "
-          "directory instead: specjax.models.hf.load('DIR').") from e
+          f"Could not fetch {repo_id!r} from the Hugging Face Hub ({why}). "
+          "Without network access, download the checkpoint on a machine "
+          f"that has it (`{_download_command(repo_id)}`), copy that local "
+          f"directory here and pass it instead of {spec}.") from e
     return pathlib.Path(local)
   local = pathlib.Path(spec)
   if not (local / "config.json").is_file():

@@ -3,7 +3,8 @@
 A sweep measures drafts x temperatures x gamma (x verifier x batch size;
 gamma may be "auto"). `plan` lays the axes out as `Cell`s in run order and
 names the cells it skips, with the reason; `config_axes` reads the axes of a
-`configs/reproduce.py` config. Both check every axis, naming it, and load,
+sweep config (`configs/reproduce.py`, or a study's sweep preset such as
+`configs/verifiers.py:sweep`). Both check every axis, naming it, and load,
 decode and time nothing: a bad grid is refused in a second, before the
 models it names are loaded or trained.
 """
@@ -184,21 +185,24 @@ _CONFIG_FIELDS = ("target", "target_overrides", "cache_dir", "drafts",
 
 
 def config_axes(config) -> dict:
-  """Raises, naming the field, for a bad `configs/reproduce.py` ConfigDict;
-  returns the grid's axes (`plan`'s keyword arguments but num_prompts).
+  """Raises, naming the field, for a bad sweep ConfigDict (with
+  `configs/reproduce.py`'s fields); returns the grid's axes (`plan`'s
+  keyword arguments but num_prompts).
 
   Checks every field `run_config` reads, each axis (through `plan`, with no
   drafts) and each draft spec (`drafts.check_config_drafts`), without loading
   a model: the config alone is read.
   """
   if not isinstance(config, config_dict.ConfigDict):
-    raise TypeError("config must be a configs/reproduce.py ConfigDict "
-                    "(reproduce.get_config(preset)), got "
-                    f"{type(config).__name__}.")
+    raise TypeError("config must be a sweep ConfigDict (configs/"
+                    "reproduce.py's get_config(preset), or a study's sweep "
+                    f"preset), got {type(config).__name__}.")
   missing = [f for f in _CONFIG_FIELDS if f not in config]
   if missing:
-    raise ValueError(f"config lacks the field(s) {missing}; start from "
-                     "reproduce.get_config(preset).")
+    raise ValueError(f"config lacks the field(s) {missing}: it is not a "
+                     "sweep config; use configs/reproduce.py:<preset>, or a "
+                     "study's sweep preset (configs/verifiers.py:sweep, "
+                     "configs/adaptive_gamma.py:sweep).")
   for name in ("num_prompts", "prompt_len", "max_new_tokens", "step_repeats",
                "call_repeats"):
     _checks.check_int(f"config.{name}", config.get(name, 1), low=1)
