@@ -2,6 +2,7 @@ r"""The EAGLE study's config: the feature-level head against token drafts.
 
   python -m experiments.eagle                # quick; trains what is missing
   python -m experiments.eagle --config=configs/eagle.py:target600
+  python -m experiments.eagle --config=configs/eagle.py:steps1200
   python -m experiments.eagle --config=configs/eagle.py:smoke
 
 quick      (the default; results/eagle) the quick job's target-3m
@@ -13,6 +14,8 @@ quick      (the default; results/eagle) the quick job's target-3m
            T = 0 and 1.
 target600  the same against a stronger target, trained 600 steps instead
            of 150, every draft distilled from it (results/eagle/target600).
+steps1200  quick with the head and every draft trained 1,200 steps
+           (results/eagle/steps1200).
 smoke      quick's models on 8 prompts of 32 new bytes: seconds of decoding
            once the models are cached (results/eagle/smoke).
 
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 from ml_collections import config_dict
 
-PRESETS = ("quick", "target600", "smoke")
+PRESETS = ("quick", "target600", "steps1200", "smoke")
 
 
 def get_config(arg: str | None = None) -> config_dict.ConfigDict:
@@ -58,6 +61,9 @@ def get_config(arg: str | None = None) -> config_dict.ConfigDict:
   if preset == "target600":
     c.target_steps = 600
     c.results_dir = "results/eagle/target600"
+  elif preset == "steps1200":
+    c.num_steps = 1200
+    c.results_dir = "results/eagle/steps1200"
   elif preset == "smoke":
     c.num_prompts = 8
     c.max_new_tokens = 32

@@ -57,7 +57,7 @@ sweep       the verifier axis as a sweep of the main job (run by
             typical:0.09,0.3 x gamma {1, 2, 4, 8} at T = 1 on the quick
             models (bigram, draft-0.1m, its distilled twin, self:1), batch 1,
             8 prompts. Lossy rows carry an estimated per-token TV
-            (`specjax.harness.distortion`). Writes results/verifiers_sweep.
+            (`specjax.harness.distortion`). Writes results/verifiers/sweep.
 sweep_tiny  the same grid on the tiny models (minutes).
 
 Fields (override any, e.g. `--config.gammas=1,2,4 --config.rows=64`):
@@ -144,7 +144,7 @@ def _sweep(preset: str) -> config_dict.ConfigDict:
   # Beside this study's results/verifiers.
   c = reproduce.sweep_config(
       f"verifiers.py:{preset}",
-      "results/verifiers_tiny" if tiny else "results/verifiers_sweep")
+      "results/verifiers_tiny" if tiny else "results/verifiers/sweep")
   c.temperatures = (1.0,)
   c.verifiers = _VERIFIERS
   if tiny:
