@@ -46,6 +46,7 @@ def _prompts(batch, seed=0, max_len=12):
   return prompts, lengths
 
 
+@pytest.mark.full
 def test_self_draft_accepts_everything(target):
   prompts, lengths = _prompts(4)
   out = sj.speculative_generate(target, target, prompts, lengths,

@@ -40,7 +40,10 @@ def _target(flavour="gpt2", vocab=V, d_model=32, seed=0, scale=1.0):
       num_kv_heads=2 if flavour == "llama" else None, max_positions=64)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+# The head on a Llama-flavoured target in the full tier (the flavour's
+# blocks are tested in the fast tier in tests/test_transformer.py).
+@pytest.fixture(scope="module", params=[
+    "gpt2", pytest.param("llama", marks=pytest.mark.full)])
 def target(request):
   return _target(request.param)
 
@@ -214,6 +217,7 @@ def _reference_accepted(target, draft, prompts, lengths, gamma, max_new):
   return np.array(accepted)
 
 
+@pytest.mark.full
 def test_loop_feeds_the_head_the_right_features():
   """Off-by-one windows would only lower alpha silently; here they fail.
 

@@ -302,26 +302,26 @@ _DECODE_GRID = ((1, 8), (3, 1), (3, 8), (8, 8))  # (gamma, batch)
 _FLAVOURS = ("gpt2", "llama")
 
 CASES = [
-    # ---- The fast tier: one case per draft kind, and through them every
-    # verifier and rule (token, block, tree, tree-wor, Confidence, Goodput),
-    # on five settings (one reference program each).
+    # ---- The fast tier: one case per draft kind (an n-gram, prompt lookup,
+    # a Transformer, self-drafts, EAGLE), and through them every verifier
+    # (token, block, tree, tree-wor) and a draft-length rule (Confidence).
     _case("decode-good-g3-b8", "decode", _good, 3, runs=_twice(8),
           min_alpha=0.5, fast=True),
-    _case("decode-unigram", "decode", _ngram(1), 3, runs=((21, 0),),
-          fast=True),
+    _case("decode-unigram", "decode", _ngram(1), 3, runs=((21, 0),)),
     _case("decode-bigram", "decode", _ngram(2), 3, runs=((21, 0),),
           fast=True),
     _case("decode-prompt-lookup", "decode", _prompt_lookup, 3,
           runs=((21, 0),), fast=True),
     _case("decode-prompt-lookup-bigram-fallback", "decode",
-          _prompt_lookup_with_fallback, 3, runs=((21, 0),), fast=True),
+          _prompt_lookup_with_fallback, 3, runs=((21, 0),)),
     _case("markov-block", "markov", _markov_draft, 3, verifier="block",
           batch=2, runs=((0, 5),), fast=True),
     _case("draft-length-self-shared-confidence", "draft-length",
           _self(1, share_cache=True), _CONFIDENCE, runs=((8, 0),), fast=True),
-    # An unrelated Transformer: the fast tier's bad draft.
+    # An unrelated Transformer: a bad draft. (A Goodput rule's planned loop
+    # runs in the fast tier in tests/test_sweep.py's auto cells.)
     _case("draft-length-independent-goodput", "draft-length", _independent,
-          _GOODPUT, runs=((8, 0),), fast=True),
+          _GOODPUT, runs=((8, 0),)),
     # Trees drafted through the kept blocks on the target's cache, and on
     # the draft's own (moved) cache.
     _case("self-tree-first-2-shared-adapter-tree:2,2", "self-tree",
@@ -331,11 +331,11 @@ CASES = [
           _self_skip, verifier="tree-wor:parents=-1,-1,0,1,2", batch=4,
           runs=((9, 0),), fast=True),
     # A prefix of no blocks on its own cache, moved by the tree round (it
-    # raised an IndexError while tracing): the fast tier's own-cache prefix
-    # (the skip set above keeps an own cache of real blocks).
+    # raised an IndexError while tracing). The skip set above keeps an own
+    # cache of real blocks in the fast tier.
     _case("self-tree-embed-only-tree:2,1", "self-tree",
           _SELF_VARIANTS["embed-only"], verifier="tree:2,1", batch=4,
-          runs=((9, 0),), fast=True),
+          runs=((9, 0),)),
     # Ragged prompts with a 1-token one, and EOS.
     _case("eagle-gpt2-g3", "eagle:gpt2", _eagle(2), 3, batch=6,
           runs=((3, 0),), checks=(_stops_at_eos,), fast=True),

@@ -193,7 +193,7 @@ def _draft_and_verify(pair, topo, mode, ctx, key):
 @pytest.mark.parametrize("branching_or_parents, mode", [
     ((2, 2), "iid"), pytest.param((2, 2), "wor", marks=pytest.mark.full),
     pytest.param((-1, 0, 1, 2, -1, 4, -1), "iid", marks=pytest.mark.slow),
-    ((-1, 0, 1, 2, -1, 4, -1), "wor"),
+    pytest.param((-1, 0, 1, 2, -1, 4, -1), "wor", marks=pytest.mark.full),
     pytest.param((4,), "wor", marks=pytest.mark.slow)])
 def test_jax_tree_round_matches_lab_law(branching_or_parents, mode):
   result = _tree_round_against_law(branching_or_parents, mode, mode)
