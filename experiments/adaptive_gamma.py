@@ -432,6 +432,7 @@ def _run(s):
   return rows, gammas
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

@@ -217,6 +217,7 @@ def _command(config, results_dir) -> str:
   return " ".join(parts + [f"--results_dir={results_dir}"])
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

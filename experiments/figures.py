@@ -15,6 +15,7 @@ from absl import flags
 
 from specjax import distributed
 from specjax.harness import figures
+from experiments import flag_checks
 
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", "results/quick", "Directory holding sweep.jsonl and "
@@ -22,6 +23,7 @@ _RESULTS_DIR = flags.DEFINE_string(
 distributed.define_flags()
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

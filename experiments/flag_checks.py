@@ -7,6 +7,9 @@ from __future__ import annotations
 import math
 import os
 
+import functools
+import sys
+
 from absl import app
 from absl import flags
 from ml_collections import config_flags
@@ -174,3 +177,19 @@ def results_dir(config, flag) -> str:
 
 def _items(value):
   return value if isinstance(value, (tuple, list)) else (value,)
+
+
+def one_line_usage_errors(main):
+  """`main`, with a usage error (a bad flag or config value found after
+  parsing) printed as one line, `error: <message>`, and exit status 1,
+  instead of absl's usage text with the message at its end."""
+
+  @functools.wraps(main)
+  def wrapped(argv):
+    try:
+      return main(argv)
+    except app.UsageError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(1)
+
+  return wrapped

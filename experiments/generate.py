@@ -30,6 +30,7 @@ from specjax import sampling as sampling_lib
 from specjax.harness import drafts
 from specjax.harness import textgen
 from specjax.models import hf
+from experiments import flag_checks
 
 _TARGET = flags.DEFINE_string("target", None, "Target: DIR or hf:<repo_id>.")
 _DRAFT = flags.DEFINE_string(
@@ -143,6 +144,7 @@ def _usage_errors(flag: str):
     raise app.UsageError(f"{flag}: " + " ".join(str(e).split())) from None
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

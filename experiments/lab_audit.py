@@ -19,6 +19,7 @@ from specjax import distributed
 from specjax import lab
 from specjax.lab import audit
 from specjax.lab import markov
+from experiments import flag_checks
 
 FLAGS = flags.FLAGS
 flags.DEFINE_float("certainty", lab.DEFAULT_CERTAINTY,
@@ -47,6 +48,7 @@ distributed.define_flags()
 run_audit = audit.run_audit
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

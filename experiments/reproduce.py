@@ -40,6 +40,7 @@ distributed.define_dtype_flags()
 flag_checks.require_results_dir(optional=True)
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

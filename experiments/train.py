@@ -40,6 +40,7 @@ def _drop_library_info(record: std_logging.LogRecord) -> bool:
           or not any(p in record.pathname for p in ("/orbax/", "/jax/_src/")))
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

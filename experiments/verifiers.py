@@ -412,6 +412,7 @@ def check_config(config, given=()) -> dict:
               max_new_tokens=config.max_new_tokens)
 
 
+@flag_checks.one_line_usage_errors
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")

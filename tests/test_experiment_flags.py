@@ -189,11 +189,13 @@ def _no_tokenizer(tmp_path):
 
 def _one_line(err: str, message: str) -> bool:
   """`message` is on one line of `err`, after which come at most absl's
-  hint: no traceback or second message follows it."""
+  hint: no traceback or second message follows it, and no usage text (the
+  module docstring and every flag) comes before it."""
   lines = err.strip().splitlines()
   at = [i for i, line in enumerate(lines) if message in line]
-  return bool(at) and all(line.startswith("Pass --helpshort")
-                          for line in lines[at[-1] + 1:])
+  return (bool(at) and all(line.startswith("Pass --helpshort")
+                           for line in lines[at[-1] + 1:])
+          and not any(line.startswith("  --") for line in lines))
 
 
 @pytest.mark.full
