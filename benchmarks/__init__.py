@@ -15,3 +15,9 @@ Each module's docstring has its command and what it prints; results they
 wrote are under results/ (see each study's README.md). Development tools
 are in tools/.
 """
+
+import logging
+
+# As in experiments/__init__.py: absl's app.run logs at INFO, and JAX's note
+# of each accelerator it does not find would open every CPU run.
+logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
