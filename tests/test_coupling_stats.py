@@ -156,6 +156,7 @@ def test_invalid_probabilities_and_draft_tokens_are_refused():
       specjax.sample(key, bad)
 
 
+@pytest.mark.full
 def test_coupling_sample_never_emits_masked_tokens_at_scale():
   p, q = _masked_case()
   result = testing.check_coupling(_coupling, p, q, key=jax.random.key(5), n=N)

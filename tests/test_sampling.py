@@ -270,13 +270,22 @@ def _generic_rule(*args):
   return coupling._coupling(*args)
 
 
-@pytest.mark.parametrize("config", [
-    sampling.GREEDY,
-    sampling.SamplingConfig(temperature=1.0),
-    sampling.SamplingConfig(temperature=0.7, top_k=5, top_p=0.8),
-], ids=str)
-@pytest.mark.parametrize("gamma", [0, pytest.param(1, marks=pytest.mark.slow),
-                                   3])
+def _fast_path_cases():
+  """(config, gamma) pairs: T = 1 at gamma 0 and a truncated config at
+  gamma 3 in the fast tier, the other pairs in the full tier."""
+  fast = {("1.0", 0), ("truncated", 3)}
+  configs = (("greedy", sampling.GREEDY),
+             ("1.0", sampling.SamplingConfig(temperature=1.0)),
+             ("truncated", sampling.SamplingConfig(temperature=0.7, top_k=5,
+                                                   top_p=0.8)))
+  for name, config in configs:
+    for gamma in (0, 1, 3):
+      marks = (pytest.mark.slow if gamma == 1 else
+               () if (name, gamma) in fast else pytest.mark.full)
+      yield pytest.param(config, gamma, marks=marks, id=f"{name}-{gamma}")
+
+
+@pytest.mark.parametrize("config, gamma", _fast_path_cases())
 def test_verify_fast_path_emits_what_the_generic_path_emits(config, gamma):
   rng = np.random.default_rng(7)
   batch, vocab, n_keys = 64, 12, 4

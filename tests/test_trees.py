@@ -200,7 +200,8 @@ def test_jax_tree_round_matches_lab_law(branching_or_parents, mode):
   assert result.passed, f"{branching_or_parents} {mode}: {result}"
 
 
-@pytest.mark.parametrize("sampled, law", [("iid", "wor"), ("wor", "iid")])
+@pytest.mark.parametrize("sampled, law", [
+    ("iid", "wor"), pytest.param("wor", "iid", marks=pytest.mark.full)])
 def test_tree_round_check_rejects_the_other_modes_rounds(sampled, law):
   """The control of the test above on its own topology: one mode's JAX
   rounds against the other mode's law."""
@@ -402,7 +403,7 @@ def _wrong_mode(pair, topo):
 
 @pytest.mark.parametrize("flavour, self_draft", [
     ("gpt2", False), pytest.param("llama", False, marks=pytest.mark.full),
-    ("llama", True)])
+    pytest.param("llama", True, marks=pytest.mark.full)])
 def test_tree_decode_matches_causal_paths_and_move_compacts_the_cache(
     flavour, self_draft):
   """A Transformer's tree pass, and a self-draft's (its blocks 0 and 2 of
