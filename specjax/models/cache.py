@@ -95,6 +95,16 @@ class KVCache:
     # A negative index would wrap (-1 wrote the last slot): send it past
     # the end, where mode="drop" drops it.
     positions_BxT = jnp.where(positions_BxT < 0, self.max_len, positions_BxT)
+    if positions_BxT.shape[1] == 1 and jax.default_backend() == "cpu":
+      # XLA turns a one-slot write into a dynamic-update-slice, and XLA:CPU
+      # then copies the whole layer buffer four times a call at batch 1
+      # (for the attention that reads the result through a bitcast). A
+      # second, dropped update keeps it a scatter, written in place.
+      # Accelerators keep the dynamic-update-slice.
+      positions_BxT = jnp.concatenate(
+          [positions_BxT, jnp.full_like(positions_BxT, self.max_len)], axis=1)
+      k_BxTxKxH, v_BxTxKxH = (jnp.concatenate([x, x], axis=1)
+                              for x in (k_BxTxKxH, v_BxTxKxH))
 
     # One scatter per row (vmapped, so the batch is a scatter batching
     # dimension): under a mesh each device writes its own rows, where an
