@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
-# One command on a GPU (or TPU) host: the sharded-decoding table
+# One command on a GPU (or TPU) host: the roofline report
+# (`python -m benchmarks.roofline`: bytes and FLOPs per pass, the fraction
+# of the device's measured bandwidth roofline that `generate` and
+# `speculative_generate` reach, cache copies per round) at GPT-2 124M and
+# Llama-3.2-1B shapes in bfloat16, written to results/roofline/<device>/;
+# then the sharded-decoding table
 # (`python -m benchmarks.decode --mesh=...`: per-device memory, tokens/s and the
 # collectives of generate and speculative_generate) for every mesh shape
 # this host's devices allow, float32 and bfloat16, greedy and sampled, with
@@ -12,6 +17,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+KIND=$(python -c "import jax; print(jax.devices()[0].device_kind.replace(' ', '_'))")
+for target in gpt2-124m llama-3.2-1b; do
+  echo "## roofline, $target, bfloat16, batch 1"
+  python -m benchmarks.roofline --target=$target --draft=self:2 \
+      --dtype=bfloat16 --batch=1 --gamma=4 --prompt_len=64 \
+      --max_new_tokens=256 --results_dir="results/roofline/$KIND" 2>/dev/null
+  echo
+done
 N=$(python -c "import jax; print(jax.device_count())")
 MESHES=(--mesh=data:1,model:1)
 for m in 2 4 8; do

@@ -306,6 +306,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "byte-3m-llama": dict(vocab_size=259, d_model=256, num_layers=4,
                           num_heads=4, num_kv_heads=2, max_positions=1024,
                           flavour="llama"),
+    # The Llama 3.2 1B architecture (1,235,814,400 parameters), for
+    # benchmarks of its shapes with random weights (HF checkpoints load
+    # through specjax.models.hf).
+    "llama-3.2-1b": dict(vocab_size=128256, d_model=2048, num_layers=16,
+                         num_heads=32, num_kv_heads=8, mlp_dim=8192,
+                         max_positions=131072, flavour="llama",
+                         rope_theta=500000.0, tie_embeddings=True,
+                         rope_scaling=dict(
+                             rope_type="llama3", factor=32.0,
+                             low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=8192)),
 }
 
 

@@ -1,0 +1,308 @@
+r"""Decoding against the physical limit: bytes, FLOPs and roofline fractions.
+
+  python -m benchmarks.roofline --target=gpt2-124m --draft=self:2 \
+      --batch=1 --gamma=4 --prompt_len=64 --max_new_tokens=128
+
+One run, for one target, one draft, batch and gamma:
+
+* the host: CPU model, read bandwidth (a jitted `jnp.sum` over
+  `--read_mb` MB) and float32 matmul FLOP/s (a 2048^3 matmul), each timed
+  interleaved with the decodes below, so that both see the same machine:
+  this host's roofline device;
+* every pass of `generate`'s step and of a speculative round: the analytic
+  bytes and FLOPs (`specjax.harness.roofline.pass_cost`; for a
+  `TransformerLM` or a `SelfDraft`), the same count under XLA's
+  conventions, and XLA's cost analysis of the compiled pass, with the gap
+  between the last two;
+* whole-buffer copies of the KV cache in the loop bodies of both compiled
+  generations (`roofline.cache_copies_per_round`);
+* `generate` and `speculative_generate` timed side by side (interleaved,
+  the fastest of `--repeats`), tokens per target call, and each against its
+  roofline on this host: prefills plus steps or rounds, each pass
+  max(bytes / bandwidth, FLOPs / peak), from the analytic count (XLA's for
+  a draft that has none: `roofline.has_analytic_count`);
+* the tokens/s the same counts predict on named accelerators
+  (`roofline.ACCELERATORS`) with bfloat16 weights and cache, at the tokens
+  per round measured here. These are predictions, not measurements.
+
+Weights are random (the roofline does not depend on them); the draft is a
+spec of the draft registry (`specjax.harness.drafts`), `self:N` or
+`truncated:N` for a random target. With `--results_dir`, writes
+roofline_<target>_<draft>.json there.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import platform
+import sys
+from typing import Any
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specjax as sj
+from specjax import stats
+from specjax.decode import loop
+from specjax.harness import drafts
+from specjax.harness import measure
+from specjax.harness import roofline
+from specjax.models import TransformerConfig
+from specjax.models import TransformerLM
+
+_TARGET = flags.DEFINE_string("target", "gpt2-124m", "Target preset name.")
+_DRAFT = flags.DEFINE_string("draft", "self:2", "A draft spec of the registry.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Rows.", lower_bound=1)
+_GAMMA = flags.DEFINE_integer("gamma", 4, "Draft tokens per round.",
+                              lower_bound=1)
+_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 64, "Prompt tokens per row.",
+                                   lower_bound=1)
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per row.",
+                                lower_bound=1)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0,
+                                  "Sampling temperature; 0 is greedy.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls of each.",
+                                lower_bound=1)
+_READ_MB = flags.DEFINE_integer("read_mb", 512,
+                                "Array size of the bandwidth probe.",
+                                lower_bound=16)
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
+                           "Compute and parameter dtype of both models.")
+_RESULTS_DIR = flags.DEFINE_string("results_dir", None,
+                                   "Where roofline.json goes (none: print).")
+
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as fh:
+      for line in fh:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def host_probes(read_mb: int) -> tuple[dict, Any]:
+  """Calls that probe this host's read bandwidth (a jitted `jnp.sum` over
+  `read_mb` MB) and matmul FLOP/s (a 2048^3 float32 matmul), to be timed
+  beside the decodes; and the function that turns their times into this
+  host's roofline `Device` (from the fastest call of each)."""
+  x = jnp.ones((read_mb * 2**20 // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  a = jnp.ones((2048, 2048), jnp.float32)
+  matmul = jax.jit(lambda a: a @ a)
+
+  def device(times):
+    return roofline.Device(
+        jax.devices()[0].device_kind, x.nbytes / min(times["read probe"]),
+        2 * 2048**3 / min(times["matmul probe"]),
+        f"measured beside the decodes: jnp.sum over {read_mb} MB, a "
+        "2048^3 float32 matmul")
+
+  return {"read probe": lambda: total(x),
+          "matmul probe": lambda: matmul(a)}, device
+
+
+def _counter(model):
+  """The analytic count where there is one, else XLA's."""
+  if roofline.has_analytic_count(model):
+    return roofline.pass_cost
+  return roofline.xla_pass_cost
+
+
+def _table(models, passes, batch, capacity):
+  """Rows of the per-pass table: analytic, under XLA's conventions, XLA."""
+  rows = []
+  for role, tokens, count in passes:
+    model = models[role]
+    shape = dict(batch_size=batch, num_tokens=tokens, capacity=capacity)
+    xla = roofline.xla_pass_cost(model, **shape)
+    row = {"pass": f"{role} T={tokens}", "count": count,
+           "xla_bytes": xla.bytes, "xla_flops": xla.flops}
+    if roofline.has_analytic_count(model):
+      physical = roofline.pass_cost(model, **shape)
+      conventions = roofline.pass_cost(model, **shape, xla_conventions=True)
+      row.update(analytic_bytes=physical.bytes, analytic_flops=physical.flops,
+                 xla_conventions_bytes=conventions.bytes,
+                 gap=xla.bytes / conventions.bytes - 1)
+    rows.append(row)
+  return rows
+
+
+def _call_cost(models, passes, batch, capacity, prompt_len, own_draft_cache):
+  """Costs of one call: prefills, and one step or round (per entry)."""
+  prefill = {"target": _counter(models["target"])(
+      models["target"], batch_size=batch, num_tokens=prompt_len,
+      capacity=capacity)}
+  if own_draft_cache:
+    prefill["draft"] = _counter(models["draft"])(
+        models["draft"], batch_size=batch, num_tokens=prompt_len,
+        capacity=capacity)
+  round_ = {}
+  for role, tokens, count in passes:
+    one = _counter(models[role])(models[role], batch_size=batch,
+                                 num_tokens=tokens, capacity=capacity)
+    round_[f"{role} T={tokens} x{count}"] = one * count
+  return prefill, round_
+
+
+def _seconds(device, prefill, round_, rounds):
+  return (sum(device.seconds(c) for c in prefill.values())
+          + rounds * sum(device.seconds(c) for c in round_.values()))
+
+
+def _bf16(model):
+  """`model` with bfloat16 weights and cache (the counts read dtypes)."""
+  if isinstance(model, TransformerLM):
+    return model.astype("bfloat16", "bfloat16")
+  if isinstance(model, sj.SelfDraft):
+    return model.replace(target=_bf16(model.target))
+  return model
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  batch, gamma, plen, new = (_BATCH.value, _GAMMA.value, _PROMPT_LEN.value,
+                             _MAX_NEW.value)
+  sampling = (sj.GREEDY if _TEMPERATURE.value == 0 else
+              sj.SamplingConfig(temperature=_TEMPERATURE.value))
+  target = TransformerLM.create(TransformerConfig.preset(
+      _TARGET.value, dtype=_DTYPE.value, param_dtype=_DTYPE.value), 0)
+  made = drafts.make_draft(_DRAFT.value, target, seed=0)
+  draft = made.model
+  own_draft_cache = not getattr(draft, "reads_target_cache", False)
+  probes, host_device = host_probes(_READ_MB.value)
+  print(f"target {_TARGET.value} ({target.param_count() / 1e6:.1f}M params), "
+        f"draft {made.description} ({made.params / 1e6:.1f}M params); batch "
+        f"{batch}, gamma {gamma}, prompt {plen}, {new} new tokens, "
+        f"temperature {sampling.temperature:g}; {_DTYPE.value}; "
+        f"{jax.devices()[0].device_kind}")
+
+  rng = np.random.default_rng(0)
+  prompts = rng.integers(0, target.vocab_size, (batch, plen), dtype=np.int32)
+  lengths = np.full((batch,), plen, np.int32)
+  key = jax.random.key(0)
+  capacity = measure.LoopShape(batch, plen, new, gamma).capacity(target)
+  models = {"target": target, "draft": draft}
+  ar_passes, spec_passes = roofline.ar_step(), roofline.chain_round(gamma)
+
+  print(f"\npasses at cache capacity {capacity} (MB read + written; "
+        "'XLA conv.' counts the cache write as its whole buffer read and "
+        "written, gathers as their whole tables, as XLA's cost analysis "
+        "does):")
+  print(f"  {'pass':14s} {'x':>3s} {'analytic':>10s} {'XLA conv.':>10s} "
+        f"{'XLA':>10s} {'gap':>7s} {'GFLOP':>8s} {'XLA GFLOP':>10s}")
+  table = _table(models, ar_passes + spec_passes, batch, capacity)
+  for r in table:
+    mb = lambda k: f"{r[k] / 1e6:10.2f}" if k in r else f"{'-':>10s}"
+    gap = f"{r['gap']:+7.1%}" if "gap" in r else f"{'-':>7s}"
+    flops = (f"{r['analytic_flops'] / 1e9:8.3f}" if "analytic_flops" in r
+             else f"{'-':>8s}")
+    print(f"  {r['pass']:14s} {r['count']:3d} {mb('analytic_bytes')} "
+          f"{mb('xla_conventions_bytes')} {mb('xla_bytes')} {gap} {flops} "
+          f"{r['xla_flops'] / 1e9:10.3f}")
+
+  ar = functools.partial(sj.generate, target, prompts, lengths, key,
+                         max_new_tokens=new, sampling=sampling)
+  spec = functools.partial(sj.speculative_generate, target, draft, prompts,
+                           lengths, key, gamma=gamma, max_new_tokens=new,
+                           sampling=sampling)
+  outputs = {}
+  times = measure.interleaved_times(
+      {"generate": ar, "speculative": spec, **probes}, _REPEATS.value,
+      outputs=outputs)
+  host = host_device(times)
+  summary = stats.summarize(outputs["speculative"])
+  generated = batch * new
+  copies = {
+      "generate": roofline.cache_copies_per_round(
+          target, batch_size=batch, prompt_len=loop.prompt_bucket(plen),
+          max_new_tokens=new, sampling=sampling),
+      "speculative": roofline.cache_copies_per_round(
+          target, draft, batch_size=batch, prompt_len=loop.prompt_bucket(plen),
+          max_new_tokens=new, gamma=gamma, sampling=sampling)}
+
+  rows = {}
+  for name, passes, rounds in (
+      ("generate", ar_passes, new),
+      ("speculative", spec_passes, summary["loop_rounds"])):
+    cost_models = models if name == "speculative" else {"target": target}
+    prefill, round_ = _call_cost(cost_models, passes, batch, capacity, plen,
+                                 own_draft_cache and name == "speculative")
+    predicted_s = _seconds(host, prefill, round_, rounds)
+    measured_s = min(times[name])
+    bf16 = {role: _bf16(m) for role, m in cost_models.items()}
+    prefill16, round16 = _call_cost(bf16, passes, batch, capacity, plen,
+                                    own_draft_cache and name == "speculative")
+    rows[name] = {
+        "tokens_per_s": generated / measured_s,
+        "roofline_tokens_per_s": generated / predicted_s,
+        "fraction_of_roofline": predicted_s / measured_s,
+        "rounds": rounds,
+        "tokens_per_target_call": (generated / rounds if name == "generate"
+                                   else summary["tokens_per_target_call"]),
+        "round_bytes": sum(c.bytes for c in round_.values()),
+        "round_flops": sum(c.flops for c in round_.values()),
+        "loop_body_cache_copies": copies[name],
+        "predicted_tokens_per_s": {
+            d.name: generated / _seconds(d, prefill16, round16, rounds)
+            for d in roofline.ACCELERATORS.values()},
+    }
+
+  print(f"\nhost: {cpu_model()}, {os.cpu_count()} CPUs; read bandwidth "
+        f"{host.bytes_per_s / 1e9:.1f} GB/s; float32 matmul "
+        f"{host.flops_per_s / 1e9:.0f} GFLOP/s ({host.source})")
+  print(f"  {'':12s} {'tokens/s':>9s} {'roofline':>9s} {'fraction':>9s} "
+        f"{'tok/call':>9s} {'MB/round':>9s} {'copies':>7s}")
+  for name, r in rows.items():
+    print(f"  {name:12s} {r['tokens_per_s']:9.1f} "
+          f"{r['roofline_tokens_per_s']:9.1f} "
+          f"{r['fraction_of_roofline']:9.2f} "
+          f"{r['tokens_per_target_call']:9.2f} {r['round_bytes'] / 1e6:9.1f} "
+          f"{r['loop_body_cache_copies']:7d}")
+  print(f"  speculative / generate: {rows['speculative']['tokens_per_s'] / rows['generate']['tokens_per_s']:.2f}x "
+        f"measured, {rows['speculative']['roofline_tokens_per_s'] / rows['generate']['roofline_tokens_per_s']:.2f}x "
+        "by the roofline")
+
+  print("\npredicted tokens/s with bfloat16 weights and cache (a prediction "
+        "from the counts above at the tokens per round measured here, not a "
+        "measurement):")
+  print(f"  {'device':10s} {'generate':>9s} {'speculative':>12s}")
+  for d in roofline.ACCELERATORS.values():
+    print(f"  {d.name:10s} {rows['generate']['predicted_tokens_per_s'][d.name]:9.0f} "
+          f"{rows['speculative']['predicted_tokens_per_s'][d.name]:12.0f}")
+  for d in roofline.ACCELERATORS.values():
+    print(f"  {d.name}: {d.source}")
+
+  if _RESULTS_DIR.value:
+    os.makedirs(_RESULTS_DIR.value, exist_ok=True)
+    path = os.path.join(_RESULTS_DIR.value,
+                        f"roofline_{_TARGET.value}_{_DRAFT.value}.json"
+                        .replace(":", "-"))
+    with open(path, "w") as fh:
+      json.dump({"command": "python -m benchmarks.roofline "
+                            + " ".join(sys.argv[1:]),
+                 "host": {"cpu": cpu_model(), "cpus": os.cpu_count(),
+                          "read_bytes_per_s": host.bytes_per_s,
+                          "matmul_flops_per_s": host.flops_per_s},
+                 "target": _TARGET.value, "draft": made.description,
+                 "batch": batch, "gamma": gamma, "prompt_len": plen,
+                 "max_new_tokens": new, "capacity": capacity,
+                 "temperature": sampling.temperature, "dtype": _DTYPE.value,
+                 "device": jax.devices()[0].device_kind,
+                 "passes": table, "rows": rows,
+                 "accelerators": {d.name: d.source for d in
+                                  roofline.ACCELERATORS.values()}},
+                fh, indent=1)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+  app.run(main)
