@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import platform
 import sys
 from typing import Any
 
@@ -75,17 +74,6 @@ _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Compute and parameter dtype of both models.")
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None,
                                    "Where roofline.json goes (none: print).")
-
-
-def cpu_model() -> str:
-  try:
-    with open("/proc/cpuinfo") as fh:
-      for line in fh:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def host_probes(read_mb: int) -> tuple[dict, Any]:
@@ -256,7 +244,7 @@ def main(argv):
             for d in roofline.ACCELERATORS.values()},
     }
 
-  print(f"\nhost: {cpu_model()}, {os.cpu_count()} CPUs; read bandwidth "
+  print(f"\nhost: {roofline.cpu_model()}, {os.cpu_count()} CPUs; read bandwidth "
         f"{host.bytes_per_s / 1e9:.1f} GB/s; float32 matmul "
         f"{host.flops_per_s / 1e9:.0f} GFLOP/s ({host.source})")
   print(f"  {'':12s} {'tokens/s':>9s} {'roofline':>9s} {'fraction':>9s} "
@@ -289,7 +277,7 @@ def main(argv):
     with open(path, "w") as fh:
       json.dump({"command": "python -m benchmarks.roofline "
                             + " ".join(sys.argv[1:]),
-                 "host": {"cpu": cpu_model(), "cpus": os.cpu_count(),
+                 "host": {"cpu": roofline.cpu_model(), "cpus": os.cpu_count(),
                           "read_bytes_per_s": host.bytes_per_s,
                           "matmul_flops_per_s": host.flops_per_s},
                  "target": _TARGET.value, "draft": made.description,

@@ -38,6 +38,7 @@ A round (`chain_round`, `tree_round`, `ar_step`) is a list of named passes;
 from __future__ import annotations
 
 import dataclasses
+import platform
 import re
 from typing import Any, Sequence
 
@@ -116,6 +117,19 @@ ACCELERATORS: dict[str, Device] = {
         "Google Cloud TPU v6e documentation: 1638 GBps HBM; 918 TFLOPs "
         "bf16 per chip"),
 }
+
+
+def cpu_model() -> str:
+  """This host's CPU model ('model name' in /proc/cpuinfo, else what
+  `platform` knows), for the header of a timing table."""
+  try:
+    with open("/proc/cpuinfo") as fh:
+      for line in fh:
+        if line.startswith("model name"):
+          return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine() or "unknown"
 
 
 def _layout(model: Any):
