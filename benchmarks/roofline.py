@@ -72,8 +72,9 @@ _READ_MB = flags.DEFINE_integer("read_mb", 512,
                                 lower_bound=16)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Compute and parameter dtype of both models.")
-_RESULTS_DIR = flags.DEFINE_string("results_dir", None,
-                                   "Where roofline.json goes (none: print).")
+_RESULTS_DIR = flags.DEFINE_string(
+    "results_dir", None,
+    "Where roofline_<target>_<draft>.json goes (none: print only).")
 
 
 def host_probes(read_mb: int) -> tuple[dict, Any]:
@@ -81,27 +82,25 @@ def host_probes(read_mb: int) -> tuple[dict, Any]:
   `read_mb` MB) and matmul FLOP/s (a 2048^3 float32 matmul), to be timed
   beside the decodes; and the function that turns their times into this
   host's roofline `Device` (from the fastest call of each)."""
-  x = jnp.ones((read_mb * 2**20 // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
+  read, read_bytes = roofline.read_probe(read_mb)
   a = jnp.ones((2048, 2048), jnp.float32)
   matmul = jax.jit(lambda a: a @ a)
 
   def device(times):
     return roofline.Device(
-        jax.devices()[0].device_kind, x.nbytes / min(times["read probe"]),
+        jax.devices()[0].device_kind, read_bytes / min(times["read probe"]),
         2 * 2048**3 / min(times["matmul probe"]),
         f"measured beside the decodes: jnp.sum over {read_mb} MB, a "
         "2048^3 float32 matmul")
 
-  return {"read probe": lambda: total(x),
-          "matmul probe": lambda: matmul(a)}, device
+  return {"read probe": read, "matmul probe": lambda: matmul(a)}, device
 
 
-def _counter(model):
+def _count(model, **shape):
   """The analytic count where there is one, else XLA's."""
   if roofline.has_analytic_count(model):
-    return roofline.pass_cost
-  return roofline.xla_pass_cost
+    return roofline.pass_cost(model, **shape)
+  return roofline.xla_pass_cost(model, **shape)
 
 
 def _table(models, passes, batch, capacity):
@@ -123,26 +122,20 @@ def _table(models, passes, batch, capacity):
   return rows
 
 
-def _call_cost(models, passes, batch, capacity, prompt_len, own_draft_cache):
-  """Costs of one call: prefills, and one step or round (per entry)."""
-  prefill = {"target": _counter(models["target"])(
-      models["target"], batch_size=batch, num_tokens=prompt_len,
-      capacity=capacity)}
-  if own_draft_cache:
-    prefill["draft"] = _counter(models["draft"])(
-        models["draft"], batch_size=batch, num_tokens=prompt_len,
-        capacity=capacity)
-  round_ = {}
-  for role, tokens, count in passes:
-    one = _counter(models[role])(models[role], batch_size=batch,
-                                 num_tokens=tokens, capacity=capacity)
-    round_[f"{role} T={tokens} x{count}"] = one * count
-  return prefill, round_
+def _call_cost(models, passes, batch, capacity, prompt_len, draft_prefill):
+  """Costs of one call: its prefills (the target's, and the draft's when
+  it keeps a cache of its own), and one step or round (`round_cost`)."""
+  prefill = [("target", prompt_len, 1)]
+  if draft_prefill:
+    prefill.append(("draft", prompt_len, 1))
+  shape = dict(batch_size=batch, capacity=capacity, counter=_count)
+  return (roofline.round_cost(prefill, models, **shape),
+          roofline.round_cost(passes, models, **shape))
 
 
 def _seconds(device, prefill, round_, rounds):
-  return (sum(device.seconds(c) for c in prefill.values())
-          + rounds * sum(device.seconds(c) for c in round_.values()))
+  return (roofline.round_seconds(prefill, device)
+          + rounds * roofline.round_seconds(round_, device))
 
 
 def _bf16(model):
@@ -221,14 +214,16 @@ def main(argv):
   for name, passes, rounds in (
       ("generate", ar_passes, new),
       ("speculative", spec_passes, summary["loop_rounds"])):
-    cost_models = models if name == "speculative" else {"target": target}
+    speculative = name == "speculative"
+    cost_models = models if speculative else {"target": target}
+    draft_prefill = own_draft_cache and speculative
     prefill, round_ = _call_cost(cost_models, passes, batch, capacity, plen,
-                                 own_draft_cache and name == "speculative")
+                                 draft_prefill)
     predicted_s = _seconds(host, prefill, round_, rounds)
     measured_s = min(times[name])
     bf16 = {role: _bf16(m) for role, m in cost_models.items()}
     prefill16, round16 = _call_cost(bf16, passes, batch, capacity, plen,
-                                    own_draft_cache and name == "speculative")
+                                    draft_prefill)
     rows[name] = {
         "tokens_per_s": generated / measured_s,
         "roofline_tokens_per_s": generated / predicted_s,
@@ -236,8 +231,8 @@ def main(argv):
         "rounds": rounds,
         "tokens_per_target_call": (generated / rounds if name == "generate"
                                    else summary["tokens_per_target_call"]),
-        "round_bytes": sum(c.bytes for c in round_.values()),
-        "round_flops": sum(c.flops for c in round_.values()),
+        "round_bytes": round_["round"].bytes,
+        "round_flops": round_["round"].flops,
         "loop_body_cache_copies": copies[name],
         "predicted_tokens_per_s": {
             d.name: generated / _seconds(d, prefill16, round16, rounds)

@@ -71,7 +71,6 @@ import time
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import specjax as sj
@@ -100,15 +99,13 @@ VARIANTS = ("transformers greedy", "transformers assisted", "specjax generate",
 
 def _read_bandwidth(megabytes: int, calls: int = 5) -> float:
   """Bytes/s of a jitted jnp.sum over a float32 array: best of `calls`."""
-  x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
-  total = jax.jit(jnp.sum)
-  total(x).block_until_ready()  # compile
+  read, read_bytes = roofline.read_probe(megabytes)
   best = float("inf")
   for _ in range(calls):
     start = time.perf_counter()
-    total(x).block_until_ready()
+    read().block_until_ready()
     best = min(best, time.perf_counter() - start)
-  return x.nbytes / best
+  return read_bytes / best
 
 
 def _versions() -> dict:

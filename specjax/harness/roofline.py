@@ -17,8 +17,9 @@ Two counts of a pass, side by side:
   embedding tables at the rows gathered, and a tied one whole, by the
   head), the whole KV cache of every layer at the cache's capacity
   (attention reads the fixed-size buffer, masked, not only the filled
-  slots), the new keys and values written, the float32 logits written. FLOPs: 2 per weight per scored token in the blocks
-  and the head, and 4 per (query, key slot, head feature) in attention.
+  slots), the new keys and values written, the float32 logits written.
+  FLOPs: 2 per weight per scored token in the blocks and the head, and 4
+  per (query, key slot, head feature) in attention.
   Activations, norms and sampling are left out; they are small next to the
   weights at decode shapes.
 * `xla_pass_cost`: XLA's own cost analysis of the same pass, compiled as a
@@ -40,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import platform
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -132,6 +133,17 @@ def cpu_model() -> str:
   return platform.processor() or platform.machine() or "unknown"
 
 
+def read_probe(megabytes: int) -> tuple[Callable[[], Any], int]:
+  """A call that reads `megabytes` MB (a jitted `jnp.sum` over a float32
+  array, compiled here) and the bytes it reads: this device's read
+  bandwidth is the bytes over the call's fastest time."""
+  megabytes = _checks.check_int("megabytes", megabytes, low=1)
+  x = jnp.ones((megabytes * 2**20 // 4,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  total(x).block_until_ready()
+  return (lambda: total(x)), x.nbytes
+
+
 def _layout(model: Any):
   """(config, {path: array}) of what a pass of `model` reads: a
   `TransformerLM`'s own, or a `SelfDraft`'s kept blocks of its target (with
@@ -139,10 +151,12 @@ def _layout(model: Any):
   if isinstance(model, TransformerLM):
     return model.config, _leaves(model.state)
   if isinstance(model, SelfDraft):
-    kept = {f"['blocks'][{i}]" for i in model.layers}
+    blocks = "['blocks']"
+    kept = {f"{blocks}[{i}]" for i in model.layers}
+    # A block's arrays are at "['blocks'][i]...": keep the kept blocks'.
     leaves = {k: x for k, x in _leaves(model.target.state).items()
-              if not k.startswith("['blocks']")
-              or k[:k.index("]", 10) + 1] in kept}
+              if not k.startswith(blocks)
+              or k[:k.index("]", len(blocks)) + 1] in kept}
     if model.adapter is not None:
       leaves.update({f"['adapter']{k}": x for k, x in
                      _leaves(model.adapter).items()})
@@ -173,7 +187,7 @@ def _leaves(tree) -> dict[str, Any]:
           jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
-def pass_cost(model: TransformerLM, *, batch_size: int, num_tokens: int,
+def pass_cost(model: Any, *, batch_size: int, num_tokens: int,
               capacity: int, num_queries: int | None = None,
               xla_conventions: bool = False) -> Cost:
   """The analytic bytes and FLOPs of one cached forward pass.
@@ -190,9 +204,9 @@ def pass_cost(model: TransformerLM, *, batch_size: int, num_tokens: int,
       scores fewer than it writes); default all T.
     xla_conventions: count as XLA's cost analysis does: an in-place cache
       write as its whole buffer read and written, a gather of more than
-      one row as its whole table read. The bytes then differ from `xla_pass_cost`'s only by
-      what neither counts as a weight or the cache (activations) and by
-      copies.
+      one row as its whole table read. The bytes then differ from
+      `xla_pass_cost`'s only by what neither counts as a weight or the
+      cache (activations) and by copies.
 
   Returns:
     `Cost` of the pass; see the module docstring for what is counted.
