@@ -26,6 +26,7 @@ from specjax import coupling
 from specjax import jit_memory
 from specjax import sampling as sampling_lib
 from specjax import sharding
+from specjax.constraint import automaton as constraint_lib
 from specjax.decode import adaptive
 from specjax.decode import draft_length as draft_length_lib
 from specjax.decode import state as state_lib
@@ -147,9 +148,25 @@ def _prefill_features(target, draft, prompts_BxP, buffer_len, lengths_B,
   return cache.replace(lengths=lengths_B - 1), draft_cache, features_BxWxD
 
 
-def _propose(draft, state, gamma, keys_BxG, sampling):
-  """gamma draft tokens per row, and the q each was drawn from."""
+def _masker(constraint, eos_id, states_X):
+  """The `steps.Masker` of `constraint` at automaton states `states_X`
+  (None without a constraint); EOS ids are allowed at final states."""
+  if constraint is None:
+    return None
+  return steps.Masker(
+      functools.partial(constraint_lib.mask_logits, constraint,
+                        eos_ids=eos_id or ()),
+      states_X, draft_unmasked=constraint.control == "draft_unmasked")
+
+
+def _propose(draft, state, gamma, keys_BxG, sampling, constraint=None,
+             eos_id=None):
+  """gamma draft tokens per row, the q each was drawn from, the draft's
+  cache, and under a constraint the automaton states `[B, gamma + 1]`
+  before each draft and after the last (else None)."""
   n_B = state.lengths
+  s_B = state.constraint_state
+  mask = _masker(constraint, eos_id, s_B)
   # Draw i of row b uses uniform(keys_BxG[b, i], (1,)), drawn for all i at
   # once (unused, and so compiled away, when the draft's q is one-hot).
   u_BxG = jax.vmap(lambda k_B: steps._row_uniforms(k_B, 1)[:, 0],
@@ -158,15 +175,15 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
     # The target's features of the last verify pass (or the prompt), paired
     # with the committed tokens the draft has not read (see `EagleDraft`).
     logits_BxV, cache = steps._feature_window(draft, state)
-    x_B, q_BxV = steps._sample_logits(draft, logits_BxV, u_BxG[:, 0],
-                                      sampling)
+    x_B, q_BxV = steps._sample_masked(draft, logits_BxV, u_BxG[:, 0],
+                                      sampling, mask)
   elif getattr(draft, "reads_target_cache", False):
     # The draft's cache is a view of the target's, which holds every
     # committed position but the last token's: feed that one token.
     cache = draft.cache_from_target(state.target_cache)
     last_Bx1 = jnp.take_along_axis(state.tokens, (n_B - 1)[:, None], axis=1)
     x_B, q_BxV, cache = steps._draft_sample(draft, cache, last_Bx1,
-                                            u_BxG[:, 0], sampling)
+                                            u_BxG[:, 0], sampling, mask=mask)
   else:
     # The draft may lag one token behind (it never saw x_gamma when all
     # drafts were kept), so it always re-reads the two tokens ending at the
@@ -175,25 +192,36 @@ def _propose(draft, state, gamma, keys_BxG, sampling):
     window_BxW, cache, start_B = steps._draft_window(state, 2)
     x_B, q_BxV, cache = steps._draft_sample(draft, cache, window_BxW,
                                             u_BxG[:, 0], sampling,
-                                            select_B=n_B - 1 - start_B)
+                                            select_B=n_B - 1 - start_B,
+                                            mask=mask)
     cache = cache.replace(lengths=n_B)
+  advance = lambda s_B, x_B: (None if constraint is None else
+                              constraint_lib.advance(constraint, s_B, x_B))
 
   def one_more(carry, u_B):
-    cache, token_B = carry
+    cache, token_B, s_B = carry
+    s_B = advance(s_B, token_B)
     token_B, q_BxV, cache = steps._draft_sample(
-        draft, cache, token_B[:, None], u_B, sampling)
-    return (cache, token_B), (token_B, q_BxV)
+        draft, cache, token_B[:, None], u_B, sampling,
+        mask=_masker(constraint, eos_id, s_B))
+    return (cache, token_B, s_B), (token_B, q_BxV, s_B)
 
-  (cache, _), (xs_GxB, qs_GxBxV) = jax.lax.scan(one_more, (cache, x_B),
-                                                u_BxG[:, 1:].T)
+  (cache, x_last_B, s_last_B), (xs_GxB, qs_GxBxV, ss_GxB) = jax.lax.scan(
+      one_more, (cache, x_B, s_B), u_BxG[:, 1:].T)
   drafts_BxG = jnp.concatenate([x_B[:, None], xs_GxB.T], axis=1)
   q_BxGxV = jnp.concatenate([q_BxV[:, None], qs_GxBxV.transpose(1, 0, 2)],
                             axis=1)
-  return drafts_BxG, q_BxGxV, cache
+  states_BxG1 = None
+  if constraint is not None:
+    states_BxG1 = jnp.concatenate(
+        [s_B[:, None], ss_GxB.T, advance(s_last_B, x_last_B)[:, None]],
+        axis=1)
+  return drafts_BxG, q_BxGxV, cache, states_BxG1
 
 
 def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
-           coupling_rule, verifier=None, draft_length=None, width=None):
+           coupling_rule, verifier=None, draft_length=None, width=None,
+           constraint=None):
   """One speculative round for every row (gamma = 0: one autoregressive step).
 
   With a `draft_length` rule, gamma is its gamma_max and each row drafts
@@ -201,17 +229,20 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   only plans runs with a static `width`, the round's draft passes.
   `width=-1` is an off round:
   an autoregressive step that leaves the draft alone (`_planned_loop`). A
-  `TreeVerifier` runs a tree round instead (`tree_round`, gamma = depth)."""
+  `TreeVerifier` runs a tree round instead (`tree_round`, gamma = depth).
+  A `constraint` masks every position both models score at the automaton
+  state there (not with a draft-length rule)."""
   n_B = state.lengths
   batch = n_B.shape[0]
   if isinstance(verifier, verifiers_lib.TreeVerifier):
     (out, draft_cache, draft_passes, draft_nonfinite_B,
-     target_features) = tree_round.tree_round(target, draft, state, verifier,
-                                              sampling)
+     target_features) = tree_round.tree_round(
+         target, draft, state, verifier, sampling,
+         functools.partial(_masker, constraint, eos_id), constraint)
     return _commit(state, out, draft_cache, draft_passes, draft_passes,
                    draft_nonfinite_B,
                    max_new_tokens=max_new_tokens, eos_id=eos_id,
-                   target_features=target_features)
+                   target_features=target_features, constraint=constraint)
   if width == -1:
     # The verify key alone (the one `_round_keys` gives): on CPU every
     # fold-in is a small loop of its own, and an off step draws nothing else.
@@ -239,7 +270,7 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
                    target_features=state.target_features)
   if width is not None:
     propose = lambda keys: _propose(draft, state, max(width, 1), keys,
-                                    sampling)
+                                    sampling)[:3]
     out, draft_cache, draft_passes, block_B, draft_nonfinite_B = (
         adaptive.planned(target, draft, state, draft_length, width,
                          remaining_B, last_B, draft_keys_BxG, verify_keys_B,
@@ -253,13 +284,13 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
         adaptive.propose(draft, state, draft_length, remaining_B,
                          draft_keys_BxG, sampling,
                          lambda keys: _propose(draft, state, 1, keys,
-                                               sampling)))
+                                               sampling)[:3]))
     if getattr(draft, "reads_target_cache", False):
       target_cache = draft.cache_to_target(target_cache, draft_cache)
       draft_cache = state.draft_cache
   elif gamma:
-    drafts_BxG, q_BxGxV, draft_cache = _propose(draft, state, gamma,
-                                                draft_keys_BxG, sampling)
+    drafts_BxG, q_BxGxV, draft_cache, states_BxG1 = _propose(
+        draft, state, gamma, draft_keys_BxG, sampling, constraint, eos_id)
     if getattr(draft, "reads_target_cache", False):
       # The draft wrote its lookahead into the target's own layers; the
       # verify pass overwrites those positions before reading them.
@@ -269,6 +300,8 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     drafts_BxG = jnp.zeros((batch, 0), jnp.int32)
     q_BxGxV = jnp.zeros((batch, 0, target.vocab_size), jnp.float32)
     draft_cache = state.draft_cache
+    states_BxG1 = (None if constraint is None
+                   else state.constraint_state[:, None])
   if draft_length is not None:
     out = adaptive.verify(target, target_cache, last_B, drafts_BxG, q_BxGxV,
                           drafted_B, draft_passes, verify_keys_B, sampling,
@@ -277,7 +310,8 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
     out = steps._verify_step(target, target_cache, last_B, drafts_BxG,
                              q_BxGxV, verify_keys_B,
                              sampling, coupling_rule, verifier,
-                             return_hidden=features)
+                             return_hidden=features,
+                             mask=_masker(constraint, eos_id, states_BxG1))
   # `_draft_sample` marks a proposal drawn from non-finite logits by a NaN q
   # row (a one-hot or probability row never holds a NaN).
   draft_nonfinite_B = jnp.sum(jnp.isnan(q_BxGxV[..., 0]), axis=1,
@@ -285,11 +319,13 @@ def _round(state, *, target, draft, gamma, max_new_tokens, sampling, eos_id,
   block_B = drafted_B if draft_length is not None else gamma
   return _finish(state, out, draft_cache, draft_passes, block_B,
                  draft_nonfinite_B, features,
-                 max_new_tokens=max_new_tokens, eos_id=eos_id)
+                 max_new_tokens=max_new_tokens, eos_id=eos_id,
+                 constraint=constraint)
 
 
 def _finish(state, out, draft_cache, draft_passes, block_B,
-            draft_nonfinite_B, features, *, max_new_tokens, eos_id):
+            draft_nonfinite_B, features, *, max_new_tokens, eos_id,
+            constraint=None):
   """Keeps the verify pass's features for a feature-reading draft, then
   commits the round."""
   target_features = state.target_features
@@ -302,14 +338,18 @@ def _finish(state, out, draft_cache, draft_passes, block_B,
     draft_cache = draft_cache.replace(lengths=state.lengths)
   return _commit(state, out, draft_cache, draft_passes, block_B,
                  draft_nonfinite_B, max_new_tokens=max_new_tokens,
-                 eos_id=eos_id, target_features=target_features)
+                 eos_id=eos_id, target_features=target_features,
+                 constraint=constraint)
 
 
 def _commit(state, out, draft_cache, draft_passes, block_B,
-            draft_nonfinite_B, *, max_new_tokens, eos_id, target_features):
+            draft_nonfinite_B, *, max_new_tokens, eos_id, target_features,
+            constraint=None):
   """Commits a verified round (`out.tokens` `[B, G + 1]`: up to G drafts kept
   and the token after them) for every row. `block_B` (int or int32 `[B]`):
-  the most drafts each row could keep (`RowStats.length_hist`)."""
+  the most drafts each row could keep (`RowStats.length_hist`). Under a
+  `constraint`, each row's automaton advances over the tokens it commits,
+  and a token into a stop state ends the row as an EOS does."""
   n_B = state.lengths
   batch = n_B.shape[0]
   active_B = ~state.done
@@ -318,13 +358,30 @@ def _commit(state, out, draft_cache, draft_passes, block_B,
   budget_B = max_new_tokens - (n_B - state.prompt_lengths)
   emit_B = jnp.minimum(out.num_emitted, budget_B)
   hit_eos_B = jnp.zeros_like(active_B)
+  stop_BxG1 = jnp.zeros(out.tokens.shape, bool)
   if eos_id is not None:
     # eos_id is a tuple of ids (see `_prepare`); any of them stops the row.
-    is_eos_BxG1 = (jnp.isin(out.tokens, jnp.asarray(eos_id, jnp.int32))
-                   & (positions_G1 < emit_B[:, None]))
-    hit_eos_B = jnp.any(is_eos_BxG1, axis=1)
-    emit_B = jnp.where(hit_eos_B, jnp.argmax(is_eos_BxG1, axis=1) + 1, emit_B)
+    stop_BxG1 = jnp.isin(out.tokens, jnp.asarray(eos_id, jnp.int32))
+  if constraint is not None:
+    # The automaton's states along the round's tokens: column j + 1 after
+    # token j; a token into a stop state (final, nothing may follow) ends
+    # the row as an EOS does.
+    path_BxG2 = constraint_lib.advance_path(
+        constraint, state.constraint_state, out.tokens)
+    stop_BxG1 = stop_BxG1 | constraint.stop_S[path_BxG2[:, 1:]]
+  if eos_id is not None or constraint is not None:
+    stop_BxG1 = stop_BxG1 & (positions_G1 < emit_B[:, None])
+    hit_eos_B = jnp.any(stop_BxG1, axis=1)
+    emit_B = jnp.where(hit_eos_B, jnp.argmax(stop_BxG1, axis=1) + 1, emit_B)
   emit_B = jnp.where(active_B, emit_B, 0)
+  constraint_state = state.constraint_state
+  if constraint is not None:
+    # The state after the committed tokens; the negative control advances
+    # over the round's every token, kept or not.
+    kept_B = (jnp.where(active_B, out.tokens.shape[1], 0)
+              if constraint.control == "advance_rejected" else emit_B)
+    constraint_state = jnp.take_along_axis(path_BxG2, kept_B[:, None],
+                                           axis=1)[:, 0]
   buffer_len = state.tokens.shape[1]
   write_BxG1 = jnp.where(positions_G1 < emit_B[:, None],
                          n_B[:, None] + positions_G1, buffer_len)  # dropped
@@ -352,7 +409,8 @@ def _commit(state, out, draft_cache, draft_passes, block_B,
   return state.replace(
       tokens=tokens, lengths=new_n_B, done=done_B, round=state.round + 1,
       target_cache=out.cache.replace(lengths=new_n_B - 1),
-      draft_cache=draft_cache, target_features=target_features, stats=stats)
+      draft_cache=draft_cache, target_features=target_features, stats=stats,
+      constraint_state=constraint_state)
 
 
 @functools.partial(
@@ -362,13 +420,15 @@ def _commit(state, out, draft_cache, draft_passes, block_B,
 def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
               gamma, max_new_tokens, sampling, eos_id, pad_id,
               coupling_rule=coupling._coupling, verifier=None,
-              draft_length=None, draft_length_values=None):
+              draft_length=None, draft_length_values=None, constraint=None):
   """The compiled generation. `coupling_rule(u_accept, u_residual, p, q, x)`
   is static so that tests can swap in deliberately wrong rules (negative
   controls) and watch the exactness test reject them; `verifier` (a static
   `Verifier`), when given, replaces token verification altogether.
   `draft_length` is a rule, or with `draft_length_values` the skeleton and
-  traced values `draft_length.split` made of one."""
+  traced values `draft_length.split` made of one. `constraint` (traced: a
+  new one of the same table shapes reuses the program) masks both models'
+  logits at each row's automaton state."""
   if draft_length_values is not None:
     draft_length = draft_length_lib.join(draft_length, draft_length_values)
   batch, width = prompts_BxP.shape
@@ -408,14 +468,17 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
       prompt_lengths=prompt_lengths_B,
       done=jnp.zeros((batch,), bool), round=jnp.zeros((), jnp.int32),
       row_keys=row_keys_B, target_cache=target_cache, draft_cache=draft_cache,
-      target_features=target_features, stats=stats)
+      target_features=target_features, stats=stats,
+      constraint_state=(None if constraint is None else jnp.broadcast_to(
+          constraint.initial, (batch,))))
   # Under a mesh (`mesh=`), the carry is pinned to the rules' shardings
   # (batch on `data`, kv heads on `model`); without one these are no-ops.
   state = sharding.constrain_decode_state(state)
   round_fn = functools.partial(_round, target=target, draft=draft, gamma=gamma,
                                max_new_tokens=max_new_tokens, sampling=sampling,
                                eos_id=eos_id, coupling_rule=coupling_rule,
-                               verifier=verifier, draft_length=draft_length)
+                               verifier=verifier, draft_length=draft_length,
+                               constraint=constraint)
   # Every active row commits >= 1 token a round, so max_new_tokens rounds
   # always suffice; the loop usually exits much earlier.
   going = lambda s: (s.round < max_new_tokens) & jnp.any(~s.done)
@@ -599,7 +662,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
                          sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
                          eos_id: int | None = None, pad_id: int = 0,
                          verifier: str | verifiers_lib.Verifier = "token",
-                         on_nonfinite: str = "raise", mesh=None
+                         on_nonfinite: str = "raise", mesh=None,
+                         constraint: constraint_lib.Constraint | None = None
                          ) -> state_lib.GenerationResult:
   """Samples continuations from `target`, speculating with `draft`.
 
@@ -649,6 +713,16 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
       same compiled loop sharded (see `specjax.sharding`); None uses the mesh
       of an enclosing `jax.set_mesh`, or one device. A row's output for a
       given key does not depend on the mesh.
+    constraint: a `specjax.constraint.Constraint`
+      (`specjax.constraint.regex(pattern, tokenizer)`, `json_schema(...)`):
+      every row's text stays in its language. Both models' logits are
+      masked at each row's automaton state, at every position drafted or
+      scored (chains, block, trees), before the sampling transform; EOS
+      ids are allowed at final states only, and a row whose text admits
+      no continuation stops there as at EOS. The output is an exact
+      sample of the constrained target (p restricted to the allowed tokens
+      and renormalised at each position), as `generate(...,
+      constraint=...)` gives it. Not with a draft-length rule.
 
   Returns:
     `GenerationResult(tokens [B, max_new_tokens], lengths [B], stats)`
@@ -680,6 +754,12 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
   if isinstance(gamma, draft_length_lib.Rule):
     rule = draft_length_lib.check_rule(gamma)
     gamma = rule.gamma_max
+  constraint = constraint_lib.check(constraint, target.vocab_size)
+  if constraint is not None and rule is not None:
+    raise ValueError(
+        "constraint= runs with an int gamma or a tree verifier; a "
+        "draft-length rule's probe and off rounds do not carry the "
+        "automaton. Pass an int gamma.")
   else:
     gamma = _checks.check_int("gamma", gamma, low=1)
   if rule is not None and not verifier.supports_draft_length:
@@ -715,7 +795,8 @@ def speculative_generate(target, draft, prompts, prompt_lengths, key, *,
     result = _generate(target, draft, prompts, lengths, keys, gamma=gamma,
                        max_new_tokens=max_new_tokens, sampling=sampling,
                        eos_id=eos_id, pad_id=pad_id, verifier=verifier,
-                       draft_length=skeleton, draft_length_values=values)
+                       draft_length=skeleton, draft_length_values=values,
+                       constraint=constraint)
   validation.check_finite_logits(result.stats, "speculative_generate",
                                  on_nonfinite)
   return result
@@ -749,14 +830,18 @@ def _check_tree(verifier, gamma, target, draft) -> int:
 def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
              sampling: sampling_lib.SamplingConfig = sampling_lib.SamplingConfig(),
              eos_id: int | None = None, pad_id: int = 0,
-             on_nonfinite: str = "raise", mesh=None
+             on_nonfinite: str = "raise", mesh=None,
+             constraint: constraint_lib.Constraint | None = None
              ) -> state_lib.GenerationResult:
   """Autoregressive sampling from `model`: the baseline, one token per pass.
 
   Same arguments and result as `speculative_generate`, without a draft (a
-  non-finite row is reported as the target's).
+  non-finite row is reported as the target's). With a `constraint`, each
+  token is drawn from the model's law restricted to the tokens the row's
+  automaton allows, renormalised.
   """
   validation.check_model("model", model)
+  constraint = constraint_lib.check(constraint, model.vocab_size)
   validation.check_on_nonfinite(on_nonfinite)
   prompts, lengths, keys, max_new_tokens, eos_id, pad_id = _prepare(
       model, prompts, prompt_lengths, key, max_new_tokens=max_new_tokens,
@@ -771,7 +856,7 @@ def generate(model, prompts, prompt_lengths, key, *, max_new_tokens: int,
   with sharding.using(mesh):
     result = _generate(model, None, prompts, lengths, keys, gamma=0,
                        max_new_tokens=max_new_tokens, sampling=sampling,
-                       eos_id=eos_id, pad_id=pad_id)
+                       eos_id=eos_id, pad_id=pad_id, constraint=constraint)
   validation.check_finite_logits(result.stats, "generate", on_nonfinite)
   return result
 

@@ -89,6 +89,9 @@ class DecodeState:
   # Row b's first `lengths[b] - draft_cache.lengths[b]` of them pair with
   # the tokens at positions draft_cache.lengths[b], ... (see `EagleDraft`).
   target_features: Any = None
+  # Only under a constraint (None otherwise): int32 [B], each row's
+  # automaton state after its committed generated tokens.
+  constraint_state: Any = None
 
   @property
   def generated(self) -> jax.Array:

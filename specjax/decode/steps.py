@@ -124,18 +124,51 @@ def _feature_window(draft, state):
       lengths=n_B, feature=feature_BxD.astype(cache.feature.dtype))
 
 
-def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None):
+def _draft_sample(draft, cache, tokens_BxT, u_B, sampling, select_B=None,
+                  mask=None):
   """`_draft_step` on a pre-drawn uniform per row (`u_B[b]` is what
   `_row_uniforms(keys_B, 1)` draws), so the decode loop can draw a whole
-  round's uniforms in one vectorised call."""
+  round's uniforms in one vectorised call. `mask` (optional): a constraint's
+  `Masker` for the position drawn."""
   logits_BxTxV, cache = draft(tokens_BxT, cache)
   if select_B is None:
     logits_BxV = logits_BxTxV[:, -1]
   else:
     logits_BxV = jnp.take_along_axis(
         logits_BxTxV, select_B[:, None, None], axis=1)[:, 0]
-  token_B, q_BxV = _sample_logits(draft, logits_BxV, u_B, sampling)
+  token_B, q_BxV = _sample_masked(draft, logits_BxV, u_B, sampling, mask)
   return token_B, q_BxV, cache
+
+
+class Masker:
+  """A constraint's mask at given automaton states: `masker(logits_XxV)`
+  puts -inf on the ids the states forbid (`specjax.constraint`).
+
+  `draft_unmasked` is the negative control `Constraint.control` names:
+  the draft draws from its unmasked law, which the verifier is told was
+  masked."""
+
+  def __init__(self, mask_fn, states_X, draft_unmasked=False):
+    self._mask_fn = mask_fn
+    self.states = states_X
+    self.draft_unmasked = draft_unmasked
+
+  def __call__(self, logits_XxV):
+    states_X = self.states
+    if states_X.shape != logits_XxV.shape[:-1]:  # a round without a bonus
+      states_X = states_X[:, :logits_XxV.shape[1]]
+    return self._mask_fn(states_X, logits_XxV)
+
+
+def _sample_masked(draft, logits_BxV, u_B, sampling, mask):
+  """`_sample_logits` of the logits a constraint's `mask` leaves."""
+  if mask is None:
+    return _sample_logits(draft, logits_BxV, u_B, sampling)
+  masked_BxV = mask(logits_BxV)
+  token_B, q_BxV = _sample_logits(draft, masked_BxV, u_B, sampling)
+  if mask.draft_unmasked:
+    token_B, _ = _sample_logits(draft, logits_BxV, u_B, sampling)
+  return token_B, q_BxV
 
 
 def _draft_law(draft, logits_xV, sampling):
@@ -167,7 +200,8 @@ def _sample_logits(draft, logits_BxV, u_B, sampling):
 
 def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
                  coupling_rule=coupling._coupling, verifier=None,
-                 num_drafts_B=None, return_hidden=False, bonus=True):
+                 num_drafts_B=None, return_hidden=False, bonus=True,
+                 mask=None):
   """`verifier` (a `Verifier`, static) decides what to keep; None is token
   verification with `coupling_rule` (kept for tests' negative controls).
 
@@ -187,6 +221,10 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
   `num_drafts_B` (int32 `[B]`, optional): row b stopped drafting after
   num_drafts_B[b] <= G tokens (an adaptive draft length) and keeps at most
   those; only for verifiers with `supports_draft_length`.
+
+  `mask` (optional): a constraint's `Masker` at the automaton states of the
+  G + 1 scored positions (`[B, G + 1]`: before the first draft, ..., after
+  the last), applied to the target's logits as the draft's were.
   """
   gamma = drafts_BxG.shape[1]
   batch = last_B.shape[0]
@@ -201,6 +239,8 @@ def _verify_step(target, cache, last_B, drafts_BxG, q_BxGxV, keys_B, sampling,
         scored_BxT, cache)
   else:
     logits_BxG1xV, cache = target(scored_BxT, cache)
+  if mask is not None:
+    logits_BxG1xV = mask(logits_BxG1xV)
   nonfinite_B = jnp.sum(nonfinite_rows(logits_BxG1xV), axis=1,
                         dtype=jnp.int32)
   if not bonus:

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import sampling as sampling_lib
+from specjax.constraint import automaton as constraint_lib
 from specjax.decode import steps
 from specjax.decode import tree as tree_lib
 
@@ -81,10 +82,13 @@ def _q(logits_BxLxV, sampling):
   return jnp.where(bad_BxL[..., None], jnp.nan, q_BxLxV), bad_BxL
 
 
-def propose(draft, state, verifier, key_B, sampling):
+def propose(draft, state, verifier, key_B, sampling, masker=None,
+            constraint=None):
   """Drafts the tree: tokens `[B, N]`, valid `[B, N]`, q `[B, N + 1, V]`
   (index 0: the root, i + 1: node i; zeros at leaves), the draft cache (tree
-  region at the root's slot) and int32 `[B]` non-finite draws."""
+  region at the root's slot), int32 `[B]` non-finite draws, and under a
+  `constraint` the automaton state at the root and every node `[B, N + 1]`
+  (else None). `masker(states)` gives the constraint's `steps.Masker`."""
   topology, mode = verifier.topology, verifier.mode
   n_B = state.lengths
   batch, vocab = n_B.shape[0], draft.vocab_size
@@ -133,6 +137,10 @@ def propose(draft, state, verifier, key_B, sampling):
   valid_BxN = jnp.ones((batch, topology.num_nodes), bool)
   q_BxN1xV = jnp.zeros((batch, topology.num_nodes + 1, vocab), jnp.float32)
   nonfinite_B = jnp.zeros((batch,), jnp.int32)
+  states_BxN1 = None
+  if constraint is not None:
+    states_BxN1 = jnp.broadcast_to(state.constraint_state[:, None],
+                                   (batch, topology.num_nodes + 1))
   for d, level in enumerate(levels):
     if d > 0 and features:  # this level's nodes with children, one call
       nodes = np.array([u for u, _ in level])
@@ -149,19 +157,26 @@ def propose(draft, state, verifier, key_B, sampling):
           nodes=tuple(u + 1 for u in nodes))
     else:
       logits_BxLxV = logits_Bx1xV
+    nodes = np.array([u for u, _ in level])
+    draw_q_BxLxV = None
+    if constraint is not None:
+      mask = masker(states_BxN1[:, nodes + 1])
+      if mask.draft_unmasked:  # the negative control draws unmasked
+        draw_q_BxLxV = _q(logits_BxLxV, sampling)[0]
+      logits_BxLxV = mask(logits_BxLxV)
     q_BxLxV, bad_BxL = _q(logits_BxLxV, sampling)
     nonfinite_B = nonfinite_B + jnp.sum(bad_BxL, axis=1, dtype=jnp.int32)
     # Every node of the level draws its children in one step (as many as
     # the level's widest node; each keeps its first ones): one traced step
     # per node made the program grow with the tree.
-    nodes = np.array([u for u, _ in level])
     width = max(len(kids) for _, kids in level)
     ids = np.array([row[u] for u, _ in level])
     q_BxN1xV = q_BxN1xV.at[:, nodes + 1].set(q_BxLxV)
     x_BxLxW, ok_BxLxW = tree_lib.draft_children(
         None if u_BxIxK is None else u_BxIxK[:, ids],
         None if gumbel_BxIxV is None else gumbel_BxIxV[:, ids, None],
-        q_BxLxV, width, mode, sample)
+        q_BxLxV if draw_q_BxLxV is None else draw_q_BxLxV, width, mode,
+        sample)
     # Each child's (node of the level, child slot), and its id.
     at_j = np.array([j for j, (_, kids) in enumerate(level) for _ in kids])
     at_s = np.array([s for _, kids in level for s in range(len(kids))])
@@ -171,7 +186,11 @@ def propose(draft, state, verifier, key_B, sampling):
       ok_BxC = ok_BxC & valid_BxN[:, nodes[at_j]]
     tokens_BxN = tokens_BxN.at[:, children].set(x_BxLxW[:, at_j, at_s])
     valid_BxN = valid_BxN.at[:, children].set(ok_BxC)
-  return tokens_BxN, valid_BxN, q_BxN1xV, cache, nonfinite_B
+    if constraint is not None:  # each child's state: its parent's, advanced
+      states_BxN1 = states_BxN1.at[:, children + 1].set(constraint_lib.advance(
+          constraint, states_BxN1[:, nodes[at_j] + 1],
+          x_BxLxW[:, at_j, at_s]))
+  return tokens_BxN, valid_BxN, q_BxN1xV, cache, nonfinite_B, states_BxN1
 
 
 def _move_path(cache, root_B, path_BxD):
@@ -184,8 +203,10 @@ def _move_path(cache, root_B, path_BxD):
   return cache.move(src_BxD, dst_BxD)
 
 
-def tree_round(target, draft, state, verifier, sampling):
-  """Drafts and verifies one tree per row.
+def tree_round(target, draft, state, verifier, sampling, masker=None,
+               constraint=None):
+  """Drafts and verifies one tree per row; under a `constraint` (with
+  `masker`, see `propose`) both models' logits are masked at every node.
 
   Returns:
     (out: `steps.VerifyOutput` with tokens `[B, D + 1]`, num_accepted in
@@ -198,8 +219,9 @@ def tree_round(target, draft, state, verifier, sampling):
   """
   topology = verifier.topology
   draft_key_B, verify_key_B = _keys(state.row_keys, state.round)
-  tokens_BxN, valid_BxN, q_BxN1xV, draft_cache, draft_bad_B = propose(
-      draft, state, verifier, draft_key_B, sampling)
+  tokens_BxN, valid_BxN, q_BxN1xV, draft_cache, draft_bad_B, states_BxN1 = (
+      propose(draft, state, verifier, draft_key_B, sampling, masker,
+              constraint))
   root_B = state.lengths - 1
   last_B = jnp.take_along_axis(state.tokens, root_B[:, None], axis=1)
   target_cache = state.target_cache
@@ -215,6 +237,8 @@ def tree_round(target, draft, state, verifier, sampling):
       topology.depth_with_root(), topology.ancestor_table(),
       **({"return_hidden": True} if features else {}))
   logits_BxN1xV, target_cache = scored[0], scored[-1]
+  if constraint is not None:
+    logits_BxN1xV = masker(states_BxN1)(logits_BxN1xV)
   target_bad_B = jnp.sum(steps.nonfinite_rows(logits_BxN1xV), axis=1,
                          dtype=jnp.int32)
   if sampling.greedy and verifier.update_residual:
