@@ -5,10 +5,12 @@ r"""Speculative text generation with Hugging Face checkpoints (absl entry point)
       --compare
 
   --target   DIR | hf:<repo_id>   (config.json + safetensors + tokenizer.json)
+             | zoo:<name>       (a byte-level zoo model, e.g. zoo:target-3m)
   --draft    a spec of the draft registry (specjax.harness.drafts): DIR |
              hf:<repo_id> | self:N | skip:I,J | bigram | unigram |
              prompt_lookup[:n] | truncated:N | random:<preset> | perturbed
   --gamma    N | auto
+  --regex PATTERN | --json_schema FILE   constrained decoding
 
 Prints each row's text, then alpha_hat, tokens per target call, tokens/s
 and, with --compare, the speedup over target-only `generate`. Timings
@@ -25,14 +27,17 @@ from absl import app
 from absl import flags
 
 from specjax import _checks
+from specjax import constraint as constraint_lib
 from specjax import distributed
 from specjax import sampling as sampling_lib
 from specjax.harness import drafts
 from specjax.harness import textgen
+from specjax.harness import zoo
 from specjax.models import hf
 from experiments import flag_checks
 
-_TARGET = flags.DEFINE_string("target", None, "Target: DIR or hf:<repo_id>.")
+_TARGET = flags.DEFINE_string(
+    "target", None, "Target: DIR, hf:<repo_id> or zoo:<name> (byte-level).")
 _DRAFT = flags.DEFINE_string(
     "draft", "prompt_lookup",
     "Draft: a checkpoint DIR, hf:<repo_id>, self:N (the target's first N "
@@ -64,6 +69,12 @@ _MAX_POSITIONS = flags.DEFINE_integer(
     "sliding window is shorter than its context loads with a cap at most "
     "the window, where full attention is the same function.",
     lower_bound=1)
+_REGEX = flags.DEFINE_string(
+    "regex", None, "Constrain every row's text to match this regular "
+    "expression in full (specjax.constraint; needs outlines-core).")
+_JSON_SCHEMA = flags.DEFINE_string(
+    "json_schema", None, "Constrain every row's text to a JSON document "
+    "valid under the schema in this file.")
 _COMPARE = flags.DEFINE_bool(
     "compare", False, "Also time target-only generate and print the speedup.")
 flags.mark_flag_as_required("target")
@@ -100,9 +111,15 @@ def _check_target(spec):
   if (spec is None or (spec.startswith("hf:") and len(spec) > 3)
       or os.path.isfile(os.path.join(spec, "config.json"))):
     return True  # None: mark_flag_as_required says so
+  if spec.startswith("zoo:"):
+    if spec[len("zoo:"):] in zoo.names():
+      return True
+    raise flags.ValidationError(
+        f"--target={spec}: the zoo has no such model; zoo.names() lists "
+        "them (e.g. zoo:target-3m).")
   raise flags.ValidationError(
-      "--target takes a checkpoint directory (with config.json) or "
-      f"hf:<repo_id>; {spec!r} is neither.")
+      "--target takes a checkpoint directory (with config.json), "
+      f"hf:<repo_id> or zoo:<name>; {spec!r} is none of them.")
 
 
 # The sampling knobs as SamplingConfig checks them (its messages name them).
@@ -128,6 +145,20 @@ def _prompts() -> list[str]:
     raise app.UsageError(f"--prompts_file {_PROMPTS_FILE.value} has no "
                          "non-empty line.")
   return lines
+
+
+def _constraint(tok):
+  """The --regex or --json_schema constraint compiled for `tok`, or None."""
+  if _REGEX.value is not None and _JSON_SCHEMA.value is not None:
+    raise app.UsageError("Give --regex or --json_schema, not both.")
+  if _REGEX.value is not None:
+    with _usage_errors("--regex"):
+      return constraint_lib.regex(_REGEX.value, tok)
+  if _JSON_SCHEMA.value is not None:
+    with _usage_errors("--json_schema"):
+      with open(_JSON_SCHEMA.value, encoding="utf-8") as f:
+        return constraint_lib.json_schema(f.read(), tok)
+  return None
 
 
 @contextlib.contextmanager
@@ -171,14 +202,21 @@ def main(argv):
   with _usage_errors("--max_new_tokens"):
     textgen.check_context(target, draft.model, tok, texts, gamma=gamma,
                           max_new_tokens=_MAX_NEW_TOKENS.value)
+  constraint = _constraint(tok)
   print(f"target: {_TARGET.value} ({target.vocab_size} ids); draft: "
         f"{draft.description}")
   result = textgen.run(target, draft.model, tok, texts, gamma=gamma,
                        max_new_tokens=_MAX_NEW_TOKENS.value,
                        sampling=sampling, seed=_SEED.value,
-                       compare=_COMPARE.value, progress=print)
+                       compare=_COMPARE.value, progress=print,
+                       constraint=constraint)
   for row, (prompt, text) in enumerate(zip(texts, result.texts)):
     print(f"--- row {row}: {prompt!r}\n{prompt}{text}")
+  if constraint is not None:
+    done = sum(result.complete)
+    print(f"--- in the language: {done} of {len(result.complete)} rows"
+          + (" (the others stopped at --max_new_tokens)"
+             if done < len(result.complete) else ""))
   s = result.summary
   print("---")
   print(f"alpha_hat              {s['alpha_hat']:.3f}")

@@ -2,21 +2,29 @@
 text path's validity, and the entry points' checks."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import REPO
 import specjax as sj
 from specjax import constraint as C
 from specjax import lab
 from specjax import testing
 from specjax.data import tokenizer as byte_tokenizer
+from specjax.data.hf_tokenizer import HFTokenizer
 from specjax.data.tokenizer_protocol import encode_batch
+from specjax.harness import drafts
+from specjax.harness import textgen
 from specjax.lab import constrained as lab_c
 from specjax.lab import models as lab_models
+from specjax.models import hf
 
 EOS = 3  # the lab language's token without text
 REAL_N = 100_000
@@ -254,3 +262,52 @@ def test_every_sampled_generation_is_valid(kind):
       assert re.fullmatch(pattern, text), text
     else:
       jsonschema.validate(json.loads(text), SCHEMA)
+
+
+# ------------------------------------------------------ Hugging Face text
+
+HF = REPO / "tests" / "data" / "hf"
+
+
+def test_text_path_on_a_byte_level_bpe_checkpoint():
+  """textgen.run (what experiments.generate calls) with a regex on the
+  tiny GPT-2 checkpoint: every row ends in the language."""
+  target, tok = hf.load(HF / "gpt2")
+  draft = drafts.make_draft("self:1", target, tokenizer=tok).model
+  pattern = "(yes|no|maybe), [0-9]{1,3} times"
+  result = textgen.run(target, draft, tok, ["the record", "x"], gamma=3,
+                       max_new_tokens=32, sampling=sj.SamplingConfig(),
+                       constraint=C.regex(pattern, tok))
+  assert result.complete == [True, True]
+  assert all(re.fullmatch(pattern, t) for t in result.texts), result.texts
+
+
+def test_sentencepiece_pieces_read_as_their_bytes():
+  """A Metaspace + ByteFallback vocabulary (Llama 2, Mistral): "▁" is a
+  space, "<0x41>" the byte 0x41, special tokens no text."""
+  tokenizers = pytest.importorskip("tokenizers")
+  vocab = {"<unk>": 0, "</s>": 1, "<0x41>": 2, "\u2581a": 3, "b": 4}
+  tk = tokenizers.Tokenizer(tokenizers.models.BPE(vocab, [], unk_token="<unk>"))
+  tk.add_special_tokens(["</s>"])
+  tk.decoder = tokenizers.decoders.Sequence([
+      tokenizers.decoders.Replace("\u2581", " "),
+      tokenizers.decoders.ByteFallback(), tokenizers.decoders.Fuse()])
+  tok = HFTokenizer(tokenizer=tk, eos_ids=(1,))
+  assert C.token_bytes(tok) == [b"<unk>", None, b"A", b" a", b"b"]
+
+
+@pytest.mark.full
+def test_generate_command_takes_a_json_schema(tmp_path):
+  schema = tmp_path / "schema.json"
+  schema.write_text(json.dumps({"type": "object", "properties": {
+      "ok": {"type": "boolean"}, "color": SCHEMA["properties"]["color"]},
+                                 "required": ["ok", "color"]}))
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  out = subprocess.run(
+      [sys.executable, "-m", "experiments.generate",
+       f"--target={HF / 'qwen2'}", f"--draft={HF / 'qwen2_draft'}",
+       "--prompt=a record:", "--prompt={", "--gamma=3",
+       "--max_new_tokens=64", "--temperature=1.0", f"--json_schema={schema}"],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "in the language: 2 of 2 rows" in out.stdout, out.stdout

@@ -27,17 +27,27 @@ import numpy as np
 from specjax import _checks
 from specjax import _moved
 from specjax import sampling as sampling_lib
+from specjax import constraint as constraint_lib
+from specjax.data import tokenizer as byte_tokenizer
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
 from specjax.harness import autotune
 from specjax.harness import measure
+from specjax.harness import zoo
 from specjax.models import hf
 
 
 def load_target(spec: str, *, dtype: Any = None,
                 max_positions: int | None = None):
   """`(model, tokenizer)` of a checkpoint directory or `hf:<repo_id>`;
-  `max_positions` caps its context (`hf.load`)."""
+  `max_positions` caps its context (`hf.load`). `zoo:<name>` is a
+  byte-level model of the zoo (`specjax.harness.zoo`, trained on first
+  use) with its `ByteTokenizer`."""
+  if isinstance(spec, str) and spec.startswith("zoo:"):
+    if dtype is not None or max_positions is not None:
+      raise ValueError("a zoo target loads as trained: no dtype or "
+                       "max_positions.")
+    return zoo.load(spec[len("zoo:"):]), byte_tokenizer.ByteTokenizer()
   model, tok = hf.load(spec, dtype=dtype, max_positions=max_positions)
   if tok is None:
     raise FileNotFoundError(f"{spec} has no tokenizer.json; text generation "
@@ -122,6 +132,9 @@ class TextRun:
   baseline_seconds: float | None = None
   baseline_tokens_per_s: float | None = None
   baseline_texts: list[str] | None = None
+  # Under a constraint: whether each row's text is in its language (a row
+  # the budget cut is a prefix of a text in it).
+  complete: list[bool] | None = None
 
   @property
   def speedup(self) -> float | None:
@@ -165,7 +178,8 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
         sampling: sampling_lib.SamplingConfig = sampling_lib.GREEDY,
         seed: int = 0, add_bos: bool | None = None,
         compare: bool = False,
-        progress: Callable[[str], None] | None = None) -> TextRun:
+        progress: Callable[[str], None] | None = None,
+        constraint: Any = None) -> TextRun:
   """Generates a continuation of each text, speculating with `draft`.
 
   Args:
@@ -181,6 +195,8 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
       calls taking turns with the speculative ones (`_timed`).
     progress: called with a line of text before and after gamma="auto"
       measures (it takes a while), e.g. `print`.
+    constraint: a `specjax.constraint.Constraint` for both calls (compiled
+      with `tokenizer`); not with gamma "auto".
 
   Returns:
     A `TextRun`; each call is compiled by a first, untimed run.
@@ -200,6 +216,9 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
                                         high=_checks.MAX_SEED))
   eos = tokenizer.eos_ids or None
   if isinstance(gamma, str):
+    if constraint is not None:
+      raise ValueError("gamma='auto' prices a draft-length rule, which "
+                       "constraint= does not run with; pass an int gamma.")
     if progress is not None:
       progress("gamma=auto: timing the loop's passes and rounds on this "
                "machine to price a Goodput rule (once per process and "
@@ -210,7 +229,8 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
     if progress is not None:
       progress(f"gamma=auto: draft lengths {gamma.planned_widths}, a draft "
                f"pass costing {gamma.c:.2f} target passes.")
-  kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
+  kwargs = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos,
+                constraint=constraint)
   fns = {"speculative": lambda: loop.speculative_generate(
       target, draft, prompts, lengths, key, gamma=gamma, **kwargs)}
   if compare:
@@ -222,6 +242,10 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
   result = TextRun(texts=_texts(tokenizer, out), summary=out.summary(),
                    seconds=seconds["speculative"],
                    tokens_per_s=generated / seconds["speculative"])
+  if constraint is not None:
+    result.complete = [
+        constraint_lib.accepts(constraint, row[:n]) for row, n in zip(
+            np.asarray(out.tokens), np.asarray(out.lengths))]
   if compare:
     base = outs["generate"]
     result.baseline_seconds = seconds["generate"]
