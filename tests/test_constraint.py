@@ -17,6 +17,8 @@ import specjax as sj
 from specjax import constraint as C
 from specjax import lab
 from specjax import testing
+from specjax.data import bpe
+from specjax.data import corpus as corpus_lib
 from specjax.data import tokenizer as byte_tokenizer
 from specjax.data.hf_tokenizer import HFTokenizer
 from specjax.data.tokenizer_protocol import encode_batch
@@ -169,7 +171,9 @@ def _run(setup, spec, sampling=None, control=None, k=6):
 
 @pytest.mark.big_batch
 @pytest.mark.parametrize("spec, sampling", [
-    (None, None), ("token", None), ("block", None), ("tree:2,1", None),
+    (None, None), ("token", None),
+    pytest.param("block", None, marks=pytest.mark.full),
+    pytest.param("tree:2,1", None, marks=pytest.mark.full),
     pytest.param("token", TOP_K_P, marks=pytest.mark.full),
     pytest.param("tree-wor:2,1", TOP_K_P, marks=pytest.mark.full),
     pytest.param(None, TOP_K_P, marks=pytest.mark.full)])
@@ -196,9 +200,11 @@ def test_constrained_loop_samples_the_constrained_target(lab_setup, spec,
 
 
 @pytest.mark.big_batch
-@pytest.mark.parametrize("control", C.CONTROLS)
-@pytest.mark.parametrize("spec", [
-    "token", pytest.param("tree:2,1", marks=pytest.mark.full)])
+@pytest.mark.parametrize("spec, control", [
+    ("token", "draft_unmasked"),
+    pytest.param("token", "advance_rejected", marks=pytest.mark.full),
+    pytest.param("tree:2,1", "draft_unmasked", marks=pytest.mark.full),
+    pytest.param("tree:2,1", "advance_rejected", marks=pytest.mark.full)])
 def test_constrained_loop_rejects_the_controls(lab_setup, spec, control):
   """Drafts drawn from the unmasked law but judged as masked, or the
   automaton advanced over rejected drafts: the same check rejects both."""
@@ -241,7 +247,8 @@ def test_greedy_constrained_speculation_equals_constrained_generate(verifier):
                                 np.asarray(base.tokens))
 
 
-@pytest.mark.parametrize("kind", ["regex", "json"])
+@pytest.mark.parametrize("kind", [
+    pytest.param("regex", marks=pytest.mark.full), "json"])
 def test_every_sampled_generation_is_valid(kind):
   """1,000 sampled rows of speculative decoding on byte-level Transformers:
   every row matches the regex, or parses as JSON valid under the schema."""
@@ -269,6 +276,7 @@ def test_every_sampled_generation_is_valid(kind):
 HF = REPO / "tests" / "data" / "hf"
 
 
+@pytest.mark.full
 def test_text_path_on_a_byte_level_bpe_checkpoint():
   """textgen.run (what experiments.generate calls) with a regex on the
   tiny GPT-2 checkpoint: every row ends in the language."""
@@ -280,6 +288,14 @@ def test_text_path_on_a_byte_level_bpe_checkpoint():
                        constraint=C.regex(pattern, tok))
   assert result.complete == [True, True]
   assert all(re.fullmatch(pattern, t) for t in result.texts), result.texts
+
+
+def test_byte_level_bpe_pieces_read_as_their_bytes():
+  tok = bpe.train_bpe(corpus_lib.stdlib_corpus(max_bytes=200_000), 400)
+  pieces = C.token_bytes(tok)
+  text = "def f(x):\n    return 'héllo'\t# ∑\n"
+  assert b"".join(pieces[i] for i in tok.encode(text)) == text.encode()
+  assert pieces[tok.eos_id] is None
 
 
 def test_sentencepiece_pieces_read_as_their_bytes():

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from specjax.data import batching
+from specjax.data import bpe
 from specjax.data import corpus as corpus_lib
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.data import encode_batch
@@ -245,3 +246,15 @@ def test_max_bytes_subset_keeps_the_heldout_fraction():
   # ~5% held out, as for the full library (not the held-out files first).
   assert len(heldout) < 0.2 * (len(train) + len(heldout))
   assert corpus.tokens("train").size > 1_000_000
+
+
+def test_train_bpe_round_trips_text_and_ends_with_its_eos():
+  corpus = corpus_lib.stdlib_corpus(max_bytes=200_000)
+  tok = bpe.train_bpe(corpus, 400)
+  assert tok.vocab_size == 400 and tok.eos_ids == (399,)
+  text = "def main():\n    return 'héllo'  # ünïcode\n"
+  ids = tok.encode(text)
+  assert tok.decode(ids) == text and len(ids) < len(text.encode())
+  assert bpe.train_bpe(corpus, 400).encode(text).tolist() == ids.tolist()
+  with pytest.raises(ValueError, match="vocab_size must be >= 257"):
+    bpe.train_bpe(corpus, 100)

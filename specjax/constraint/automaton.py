@@ -13,11 +13,12 @@ The tables, built once on the host (`from_byte_dfa`):
                   a row, so U <= S, and `mask_row_S` picks it. EOS ids are
                   not in these bits: they are allowed exactly at final
                   states, and only the ids the loop stops on.
-  next_SxC        int32: the byte DFA, one column per byte class
+  next_SxC        int16 (int32 past 32,767 states): the byte DFA, one column per byte class
                   (`byte_class_256`); a token's next state is the walk over
-                  its bytes (`token_bytes_VxL`, `token_len_V`), so the
-                  transitions cost 4 C bytes per state plus one table of
-                  the vocabulary's bytes, shared by every state.
+                  its bytes (`token_bytes_N` from `token_start_V`, for
+                  `token_len_V` bytes), so the transitions cost 4 C bytes
+                  per state plus the vocabulary's bytes, shared by every
+                  state.
   final_S         bool: the text so far is in the language.
   stop_S          bool: final, and no token but EOS may follow (the row
                   stops there, as at EOS). Its mask row allows every token:
@@ -72,7 +73,8 @@ class Constraint:
   mask_row_S: jax.Array
   next_SxC: jax.Array
   byte_class_256: jax.Array
-  token_bytes_VxL: jax.Array
+  token_bytes_N: jax.Array
+  token_start_V: jax.Array
   token_len_V: jax.Array
   final_S: jax.Array
   stop_S: jax.Array
@@ -93,7 +95,8 @@ class Constraint:
         self.masks_UxW, self.mask_row_S, self.next_SxC, self.final_S,
         self.stop_S))
     shared = sum(int(a.nbytes) for a in (
-        self.byte_class_256, self.token_bytes_VxL, self.token_len_V))
+        self.byte_class_256, self.token_bytes_N, self.token_start_V,
+        self.token_len_V))
     return {"states": self.num_states, "masks": int(self.masks_UxW.shape[0]),
             "bytes_per_state": per_state / self.num_states,
             "shared_bytes": shared, "vocab_size": self.vocab_size}
@@ -138,10 +141,9 @@ def from_byte_dfa(next_Sx256: Any, final_S: Any, initial: int,
     token_bytes: V entries, the bytes each id stands for; None for an id
       that is no text (EOS, BOS, padding, other specials): never allowed
       but as EOS at final states, and it leaves the state unchanged.
-    allowed_SxV: optional bool `[S, V]`, the allowed tokens per state when
-      a library computed them (checked against the walk at the states it
-      reaches); None derives them from the walk (a token is allowed when
-      its bytes stay live).
+    allowed_SxV: optional bool `[S, V]`, the allowed tokens per state a
+      library computed, as a check: each token the walk allows (its bytes
+      stay live; the mask is built from the walk) must be allowed there.
     pattern: a name recorded on the result.
 
   Returns:
@@ -167,10 +169,9 @@ def from_byte_dfa(next_Sx256: Any, final_S: Any, initial: int,
   if longest > MAX_TOKEN_BYTES:
     raise ValueError(f"a token of {longest} bytes is longer than "
                      f"MAX_TOKEN_BYTES = {MAX_TOKEN_BYTES}.")
-  bytes_VxL = np.zeros((vocab, longest), np.int64)
-  for i, b in enumerate(token_bytes):
-    if b:
-      bytes_VxL[i, :len(b)] = np.frombuffer(bytes(b), np.uint8)
+  starts_V = np.concatenate([[0], np.cumsum(lengths_V)[:-1]])
+  flat_N = np.frombuffer(b"".join(b for b in token_bytes if b) or b"\0",
+                         np.uint8).astype(np.int64)
 
   # The dead state D = S: every byte from it stays there.
   dead = num
@@ -178,11 +179,18 @@ def from_byte_dfa(next_Sx256: Any, final_S: Any, initial: int,
   table = np.concatenate([table, np.full((1, 256), dead)], axis=0)
   final = np.append(final_S, False)
 
-  def walk(states_X, ids_X):
-    cur = states_X.copy()
+  def walk(state, ids_X):
+    """The state after each token of `ids_X` from `state` (dead if it
+    dies); a token leaves the walk when it ends or dies, so a state costs
+    about one step per token."""
+    cur = np.full(ids_X.shape, state)
+    active = np.arange(ids_X.size)
     for i in range(longest):
-      step = i < lengths_V[ids_X]
-      cur = np.where(step, table[cur, bytes_VxL[ids_X, i]], cur)
+      active = active[lengths_V[ids_X[active]] > i]
+      if not active.size:
+        break
+      cur[active] = table[cur[active], flat_N[starts_V[ids_X[active]] + i]]
+      active = active[cur[active] != dead]
     return cur
 
   # The states at token boundaries (reachable from `initial` by whole
@@ -194,15 +202,19 @@ def from_byte_dfa(next_Sx256: Any, final_S: Any, initial: int,
   given = None if allowed_SxV is None else np.asarray(allowed_SxV, bool)
   while frontier:
     s = frontier.pop()
-    after = walk(np.full(ids.shape, s), ids)
+    after = walk(s, ids)
     ok = after != dead
     if given is not None:
-      expected = given[s, ids]
-      if not np.array_equal(ok, expected):
-        bad = ids[np.flatnonzero(ok != expected)[0]]
+      # Every token the walk keeps must be one the library allows; it may
+      # allow more (outlines-core 0.2 lets a token run past the end of a
+      # match: `}',` after a JSON document's closing `}`), which the mask,
+      # built from the walk, never does.
+      missing = ok & ~given[s, ids]
+      if missing.any():
+        bad = ids[np.flatnonzero(missing)[0]]
         raise ValueError(
-            f"allowed_SxV disagrees with the byte DFA at state {s}, token "
-            f"{bad} ({token_bytes[bad]!r}).")
+            f"allowed_SxV forbids token {bad} ({token_bytes[bad]!r}) at "
+            f"state {s}, where the byte DFA's walk allows it.")
     allowed[s] = ids[ok]
     for t in np.unique(after[ok]):
       if int(t) not in seen:
@@ -234,12 +246,16 @@ def from_byte_dfa(next_Sx256: Any, final_S: Any, initial: int,
 
   # Byte classes: bytes whose columns agree in every state are one class.
   classes_Cx, byte_class_256 = np.unique(table.T, axis=0, return_inverse=True)
+  # Two-byte state ids where they fit: the DFA is most of a state's bytes at
+  # small vocabularies.
+  index = jnp.int16 if num + 1 <= np.iinfo(np.int16).max else jnp.int32
   return Constraint(
       masks_UxW=jnp.asarray(masks_UxW, jnp.uint32),
-      mask_row_S=jnp.asarray(mask_row_S.reshape(-1), jnp.int32),
-      next_SxC=jnp.asarray(classes_Cx.T, jnp.int32),
-      byte_class_256=jnp.asarray(byte_class_256.reshape(-1), jnp.int32),
-      token_bytes_VxL=jnp.asarray(bytes_VxL, jnp.uint8),
+      mask_row_S=jnp.asarray(mask_row_S.reshape(-1), index),
+      next_SxC=jnp.asarray(classes_Cx.T, index),
+      byte_class_256=jnp.asarray(byte_class_256.reshape(-1), jnp.uint8),
+      token_bytes_N=jnp.asarray(flat_N, jnp.uint8),
+      token_start_V=jnp.asarray(starts_V, jnp.int32),
       token_len_V=jnp.asarray(lengths_V, jnp.int32),
       final_S=jnp.asarray(final), stop_S=jnp.asarray(stop),
       initial=jnp.asarray(initial, jnp.int32), vocab_size=vocab,
@@ -282,15 +298,19 @@ def advance(constraint: Constraint, state_X: jax.Array,
   ids = jnp.clip(token_X, 0, constraint.vocab_size - 1)
   length_X = jnp.where(token_X < constraint.vocab_size,
                        constraint.token_len_V[ids], 0)
-  bytes_XxL = constraint.token_bytes_VxL[ids].astype(jnp.int32)
+  start_X = constraint.token_start_V[ids]
 
-  def step(i, cur_X):
-    nxt = constraint.next_SxC[cur_X, constraint.byte_class_256[
-        bytes_XxL[..., i]]]
-    return jnp.where(i < length_X, nxt, cur_X)
+  # As many steps as the longest of these tokens (a few bytes, typically),
+  # not the vocabulary's longest.
+  def step(carry):
+    i, cur_X = carry
+    byte_X = constraint.token_bytes_N[start_X + i].astype(jnp.int32)
+    nxt = constraint.next_SxC[cur_X, constraint.byte_class_256[byte_X]].astype(
+        jnp.int32)
+    return i + 1, jnp.where(i < length_X, nxt, cur_X)
 
-  return jax.lax.fori_loop(0, bytes_XxL.shape[-1], step,
-                           state_X.astype(jnp.int32))
+  return jax.lax.while_loop(lambda c: c[0] < jnp.max(length_X), step,
+                            (jnp.int32(0), state_X.astype(jnp.int32)))[1]
 
 
 def advance_path(constraint: Constraint, state_B: jax.Array,
