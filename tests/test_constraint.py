@@ -27,6 +27,9 @@ from specjax.harness import textgen
 from specjax.lab import constrained as lab_c
 from specjax.lab import models as lab_models
 from specjax.models import hf
+from specjax.models.ngram import NGramLM
+from specjax.models.prompt_lookup import PromptLookupDraft
+from specjax.models.self_draft import SelfDraft
 
 EOS = 3  # the lab language's token without text
 REAL_N = 100_000
@@ -245,6 +248,54 @@ def test_greedy_constrained_speculation_equals_constrained_generate(verifier):
       max_new_tokens=48, sampling=greedy, eos_id=tok.eos_id, constraint=c)
   np.testing.assert_array_equal(np.asarray(spec.tokens),
                                 np.asarray(base.tokens))
+
+
+def _small_drafts():
+  """(target, {kind: draft}) over 16 ids: every way a draft proposes (its
+  own cache, the target's cache, the target's features, one-hot q)."""
+  target = testing.toy_transformer(16, 0, embed_scale=1.0, d_model=32,
+                                   num_layers=2, num_heads=4,
+                                   max_positions=64)
+  corpus = np.random.default_rng(1).integers(0, 15, size=3000)
+  return target, {
+      "self-shared": SelfDraft(target, layers=1, share_cache=True),
+      "eagle": sj.EagleDraft.create(target, 0),
+      "prompt-lookup": PromptLookupDraft(16, max_ngram=3),
+      "bigram": NGramLM.fit(corpus, 16, order=2)}
+
+
+@pytest.mark.parametrize("kind, verifier", [
+    ("self-shared", "tree:2,1"), ("eagle", "token"),
+    ("prompt-lookup", "token"),
+    pytest.param("self-shared", "block", marks=pytest.mark.full),
+    pytest.param("eagle", "tree-wor:2,2", marks=pytest.mark.full),
+    pytest.param("bigram", "tree:3,1", marks=pytest.mark.full)])
+def test_greedy_constrained_speculation_for_every_draft_kind(kind, verifier):
+  """A regex over 15 one-letter ids (id 15: EOS): each kind of draft masks
+  where it proposes, and greedy output is greedy constrained `generate`'s."""
+  target, kinds = _small_drafts()
+  c = C.regex("(ab|c[d-g])+h(ij|k)?", [bytes([ord("a") + i]) for i in
+                                        range(15)] + [None])
+  rng = np.random.default_rng(3)
+  prompts = rng.integers(0, 15, size=(6, 8)).astype(np.int32)
+  lengths = np.array([8, 1, 3, 5, 2, 7], np.int32)
+  kwargs = dict(max_new_tokens=20, sampling=sj.GREEDY, eos_id=15,
+                constraint=c)
+  base = sj.generate(target, prompts, lengths, jax.random.key(0), **kwargs)
+  spec = sj.speculative_generate(
+      target, kinds[kind], prompts, lengths, jax.random.key(1),
+      gamma=None if verifier.startswith("tree") else 3, verifier=verifier,
+      **kwargs)
+  np.testing.assert_array_equal(np.asarray(spec.tokens),
+                                np.asarray(base.tokens))
+  np.testing.assert_array_equal(np.asarray(spec.lengths),
+                                np.asarray(base.lengths))
+  texts = ["".join(chr(ord("a") + t) for t in row[:n] if t < 15)
+           for row, n in zip(np.asarray(base.tokens),
+                             np.asarray(base.lengths))]
+  # Every row is a prefix of a text in the language (the budget may cut).
+  assert all(re.fullmatch("(ab|c[d-g])*(a|c)?|(ab|c[d-g])+h(i|ij|k)?", t)
+             for t in texts), texts
 
 
 @pytest.mark.parametrize("kind", [
