@@ -178,6 +178,7 @@ def _run(setup, spec, sampling=None, control=None, k=6):
     pytest.param("block", None, marks=pytest.mark.full),
     pytest.param("tree:2,1", None, marks=pytest.mark.full),
     pytest.param("token", TOP_K_P, marks=pytest.mark.full),
+    pytest.param("block", TOP_K_P, marks=pytest.mark.full),
     pytest.param("tree-wor:2,1", TOP_K_P, marks=pytest.mark.full),
     pytest.param(None, TOP_K_P, marks=pytest.mark.full)])
 def test_constrained_loop_samples_the_constrained_target(lab_setup, spec,
