@@ -414,3 +414,53 @@ def test_bad_counts_and_rates_are_refused_by_name():
       1.0, 4, np.array([12, 5], np.int32)) == 17 / 4
   assert stats.expected_tokens_per_target_call(
       1.0, 4, (n for n in (12, 5))) == 17 / 4
+
+
+# ------------------------------------- accepted drafts in budget-cut rounds
+
+@pytest.mark.big_batch
+@pytest.mark.parametrize("spec", [
+    "token", "block", "tree:2,1",
+    pytest.param("tree-wor:2,1", marks=pytest.mark.full)])
+def test_rounds_cut_by_the_budget_count_what_the_verifier_kept(spec):
+  """`accepted` and `accept_hist` count every draft the verifier kept, also
+  in a round the budget cuts (max_new_tokens = 3 cuts most rounds of gamma
+  2): the same count under every verifier, with the full round's law.
+
+  Context-free laws (Sun et al.'s example, p = (1/3, 2/3), q = (2/3, 1/3))
+  make each round's decision independent of the rounds before it, so the
+  kept count of the rounds pooled over 10^5 rows follows the exact
+  full-round law (token: mean 10/9, block: 11/9); a count trimmed to the
+  tokens the budget let through does not."""
+  import specjax as sj  # pylint: disable=g-import-not-at-top
+  from specjax.lab import models as lab_models  # pylint: disable=g-import-not-at-top
+  from specjax.lab import trees as lab_trees  # pylint: disable=g-import-not-at-top
+  from specjax.lab import verifiers as lv  # pylint: disable=g-import-not-at-top
+  pair, gamma = lv.paper_example()
+  target, draft = lab_models.markov_lms(pair)
+  rows = 100_000
+  verifier = sj.get_verifier(spec)
+  if isinstance(verifier, sj.TreeVerifier):
+    blocks, _ = lab_trees.tree_round_law(pair, verifier.topology,
+                                         verifier.mode)
+    gamma = None
+  else:
+    blocks, _ = lv.round_law(pair, gamma, spec)
+  # P(the round keeps k drafts) = P(it emits k + 1 tokens), any context.
+  law_K = np.array([b[0].sum() for b in blocks])
+  out = sj.speculative_generate(
+      target, draft, np.zeros((rows, 1), np.int32), np.ones(rows, np.int32),
+      jax.random.key(0), gamma=gamma, verifier=spec, max_new_tokens=3)
+  hist_K = np.asarray(out.stats.accept_hist).sum(0)
+  result = testing.check_counts(hist_K, law_K)
+  assert result.passed, f"{spec}: {result}"
+  s = out.summary()
+  k_K = np.arange(len(law_K))
+  assert s["accepted"] == hist_K @ k_K
+  mean = law_K @ k_K
+  se = math.sqrt(law_K @ k_K ** 2 - mean ** 2) / math.sqrt(s["rounds"])
+  assert abs(s["accepted"] / s["rounds"] - mean) < 5 * se, (s, mean)
+  # The negative control: the drafts a round emitted (generated tokens less
+  # one per round), which the budget trims, miss the full round's mean.
+  emitted = (s["generated_tokens"] - s["rounds"]) / s["rounds"]
+  assert mean - emitted > 10 * se, (emitted, mean)

@@ -31,7 +31,10 @@ class RowStats:
                              # that stops rows, the batch's longest draft
                              # (the row's own length is in length_hist)
   verified: jax.Array        # int32 [B]: draft tokens judged by the target
-  accepted: jax.Array        # int32 [B]: draft tokens kept
+  # int32 [B]: draft tokens the verifier kept, from its decision over the
+  # whole round under every verifier, also where the budget or an EOS cut
+  # the round's emission (so accepted / rounds is the full-round mean).
+  accepted: jax.Array
   overlap_sum: jax.Array     # float32 [B]: sum over verified of sum_x min(p, q)
   accept_hist: jax.Array     # int32 [B, G+1]: rounds that kept n drafts
   # int32 [B, G+1]: rounds whose block could keep at most n drafts, so emit
