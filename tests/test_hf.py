@@ -215,7 +215,7 @@ def test_damaged_files_are_named(tmp_path):
   shutil.copy(DATA / "gpt2" / "tokenizer.json", tmp_path / "tokenizer.json")
   for config, match in (([], "config.json must hold a JSON object"),
                         ({"eos_token_id": "abc"}, "eos_token_id must be a"),
-                        ({"eos_token_id": 99_999_999}, "outside the")):
+                        ({"bos_token_id": 99_999_999}, "outside the")):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=match):
       HFTokenizer.from_dir(tmp_path)
@@ -234,6 +234,22 @@ def test_damaged_files_are_named(tmp_path):
   (tmp_path / "tokenizer.json").write_text("{}")
   with pytest.raises(ValueError, match="tokenizer.json could not be read"):
     HFTokenizer.from_dir(tmp_path)
+
+
+def test_an_eos_id_past_the_tokenizer_is_dropped_with_a_warning(tmp_path):
+  """As transformers loads it: a GPT-2 config saved beside a small tokenizer
+  keeps GPT2Config's default EOS 50256, which no generation can emit."""
+  for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    shutil.copy(DATA / "gpt2" / name, tmp_path / name)
+  generation = tmp_path / "generation_config.json"
+  generation.write_text(json.dumps({"eos_token_id": 50256}))
+  with pytest.warns(UserWarning, match=r"dropped \[50256\].*only at "
+                    "max_new_tokens"):
+    model, tok = hf.load(tmp_path)
+  assert tok.eos_ids == () and model.vocab_size < 50256
+  generation.write_text(json.dumps({"eos_token_id": [50256, 7]}))
+  with pytest.warns(UserWarning, match=r"dropped \[50256\]"):
+    assert HFTokenizer.from_dir(tmp_path).eos_ids == (7,)
 
 
 def test_missing_files_and_hub_ids_name_the_fix(tmp_path, monkeypatch):

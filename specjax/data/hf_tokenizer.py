@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import warnings
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,27 @@ def _ids(value: Any, where: str, vocab: int) -> tuple[int, ...]:
       raise ValueError(f"{where} = {v} is outside the tokenizer's {vocab} "
                        "ids.")
   return tuple(values)
+
+
+def _eos_ids(value: Any, where: str, vocab: int) -> tuple[int, ...]:
+  """`_ids` of an eos_token_id, leniently, as transformers loads it: an id
+  past the tokenizer's vocabulary can never be generated, so it is dropped
+  with a warning instead of refusing the checkpoint (a GPT-2 config saved
+  beside a small tokenizer keeps GPT2Config's default 50256)."""
+  if value is None:
+    return ()
+  values = value if isinstance(value, list) else [value]
+  never = [v for v in values if isinstance(v, int)
+           and not isinstance(v, bool) and v >= vocab]
+  if never:
+    warnings.warn(
+        f"{where} = {value!r}: dropped {never}, past the tokenizer's {vocab} "
+        "ids, which no generation can emit"
+        + ("" if len(never) < len(values) else
+           "; rows stop only at max_new_tokens") + ".",
+        UserWarning, stacklevel=4)
+    values = [v for v in values if v not in never]
+  return _ids(values or None, where, vocab)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -102,8 +124,9 @@ class HFTokenizer:
     def ids(key):
       """The first of the configs (generation's, then the model's) that sets
       `key`, checked and named by file."""
+      check = _eos_ids if key == "eos_token_id" else _ids
       for name, source in configs.items():
-        found = _ids(source.get(key), f"{directory / name}: {key}", vocab)
+        found = check(source.get(key), f"{directory / name}: {key}", vocab)
         if found:
           return found
       return ()
@@ -129,9 +152,9 @@ class HFTokenizer:
       # transformers' generate stops on this file's ids alone once it
       # exists (none: it never stops early); config.json's and the
       # tokenizer's stand in only for a missing file.
-      eos_ids = _ids(configs["generation_config.json"].get("eos_token_id"),
-                     f"{directory / 'generation_config.json'}: eos_token_id",
-                     vocab)
+      eos_ids = _eos_ids(
+          configs["generation_config.json"].get("eos_token_id"),
+          f"{directory / 'generation_config.json'}: eos_token_id", vocab)
     else:
       eos_ids = ids("eos_token_id")
       if not eos_ids and special("eos") is not None:
