@@ -16,4 +16,4 @@ from specjax.constraint.automaton import from_byte_dfa
 from specjax.constraint.automaton import mask_logits
 from specjax.constraint.compile import json_schema
 from specjax.constraint.compile import regex
-from specjax.constraint.compile import token_bytes
+from specjax.data.token_bytes import token_bytes

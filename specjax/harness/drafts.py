@@ -28,7 +28,9 @@ every one of them is resolved here:
                       draft-0.1m, distilled-draft-0.1m@target-3m,
                       eagle-head@target-3m, ...; trained on demand
   DIR, hf:<repo_id>   a Hugging Face checkpoint, its vocabulary reconciled
-                      with the target's tokenizer (`models.vocab.reconcile`)
+                      with the target's tokenizer (`models.vocab.reconcile`);
+                      of another tokenizer, read through token-level
+                      intersection (`models.TokenIntersectionDraft`)
 
 A config (`configs/reproduce.py`) supplies a zoo draft's recipe (its
 entry in `config.drafts`, by name), the target that distilled drafts, EAGLE
@@ -62,6 +64,7 @@ from specjax.models.eagle import EagleDraft
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.self_draft import SelfDraft
+from specjax.models.token_intersection import TokenIntersectionDraft
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
 
@@ -417,6 +420,16 @@ def _build_checkpoint(spec, target, ctx):
   if draft_tok is None:
     raise FileNotFoundError(f"draft {spec!r} has no tokenizer.json; it is "
                             "needed to check the vocabularies agree.")
+  try:
+    vocab.check_same_tokenizer(ctx.tokenizer, draft_tok)
+  except ValueError:
+    # Another tokenizer: the draft reads the text in its own tokens and
+    # proposes the tokens both vocabularies hold.
+    draft = TokenIntersectionDraft.build(
+        draft, draft_tok, ctx.tokenizer, target_vocab_size=target.vocab_size)
+    return (draft, target), (
+        f"a checkpoint of another tokenizer, through token-level "
+        f"intersection ({draft.num_shared} shared tokens)")
   target, draft = vocab.reconcile(target, draft, ctx.tokenizer, draft_tok)
   return (draft, target), "a checkpoint"
 

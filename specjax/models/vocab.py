@@ -108,8 +108,10 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer) -> int:
     if a != b:
       raise ValueError(
           f"The draft's tokenizer differs from the target's at id {i}: "
-          f"target {a!r}, draft {b!r}. Speculative decoding needs one "
-          "vocabulary; pick a draft trained with the target's tokenizer.")
+          f"target {a!r}, draft {b!r}. One vocabulary needs one tokenizer; "
+          "for a draft of another tokenizer use specjax.models."
+          "TokenIntersectionDraft.build(draft, draft_tokenizer, "
+          "target_tokenizer).")
   return n
 
 
