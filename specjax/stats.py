@@ -11,7 +11,8 @@ target call" means one thing everywhere.
 * `clustered_alpha(accepted_R, verified_R)`, `pooled_alpha(accepted,
   verified)` and `tokens_per_round_se(hist)` are the estimators with their
   standard errors, for callers that pool summaries themselves (the figures
-  pool sweep cells over gamma, row by row).
+  pool sweep cells over gamma, row by row); `paired_ratio_gain` compares
+  two decoders' tokens per target call on the same rows.
 
 Derived statistics (see `summarize`):
   alpha_hat, alpha_se          accepted / verified drafts; se over rows
@@ -138,6 +139,42 @@ def tokens_per_round_se(accept_hist: Sequence[int]) -> float:
   mean = (hist * emitted).sum() / rounds
   var = (hist * (emitted - mean) ** 2).sum() / (rounds - 1)
   return float(math.sqrt(var / rounds))
+
+
+def paired_ratio_gain(tokens_a_R: Any, calls_a_R: Any, tokens_b_R: Any,
+                      calls_b_R: Any, *, level: float = 0.95,
+                      resamples: int = 2000, seed: int = 0
+                      ) -> tuple[float, float, float]:
+  """How much more tokens per target call decoder A gives than decoder B on
+  the same rows (same prompts and keys): (gain, low, high), gain =
+  (sum tokens_a / sum calls_a) / (sum tokens_b / sum calls_b) - 1, and its
+  `level` interval from a bootstrap over rows that resamples each row's
+  pair together (the rows, not the rounds, are independent).
+
+  Each argument is an integer `[R]` array of per-row counts (R >= 2),
+  e.g. `GenerationResult.lengths` and `stats.target_calls`.
+  """
+  arrays = [_counts(name, v).reshape(-1).astype(np.float64) for name, v in (
+      ("tokens_a_R", tokens_a_R), ("calls_a_R", calls_a_R),
+      ("tokens_b_R", tokens_b_R), ("calls_b_R", calls_b_R))]
+  rows = arrays[0].size
+  if rows < 2 or any(a.size != rows for a in arrays):
+    raise ValueError("the four per-row arrays must have one equal length "
+                     f">= 2, got {[a.size for a in arrays]}.")
+  level = _checks.check_float("level", level)
+  if not 0 < level < 1:
+    raise ValueError(f"level must be in (0, 1), got {level}.")
+  resamples = _checks.check_int("resamples", resamples, low=10)
+  ta, ca, tb, cb = arrays
+  if min(ca.sum(), cb.sum(), tb.sum()) <= 0:
+    return math.nan, math.nan, math.nan
+  gain = (ta.sum() / ca.sum()) / (tb.sum() / cb.sum()) - 1
+  idx_SxR = np.random.default_rng(seed).integers(0, rows, (resamples, rows))
+  with np.errstate(divide="ignore", invalid="ignore"):
+    boot_S = ((ta[idx_SxR].sum(1) / ca[idx_SxR].sum(1))
+              / (tb[idx_SxR].sum(1) / cb[idx_SxR].sum(1)) - 1)
+  low, high = np.nanquantile(boot_S, [(1 - level) / 2, (1 + level) / 2])
+  return float(gain), float(low), float(high)
 
 
 def expected_tokens_per_target_call(alpha: float, gamma: int,

@@ -464,3 +464,18 @@ def test_rounds_cut_by_the_budget_count_what_the_verifier_kept(spec):
   # one per round), which the budget trims, miss the full round's mean.
   emitted = (s["generated_tokens"] - s["rounds"]) / s["rounds"]
   assert mean - emitted > 10 * se, (emitted, mean)
+
+
+def test_paired_ratio_gain_and_its_interval():
+  rng = np.random.default_rng(0)
+  calls = rng.integers(5, 10, 400)
+  tokens_b = calls * 2 + rng.integers(0, 3, 400)
+  gain, low, high = stats.paired_ratio_gain(tokens_b * 11, calls,
+                                            tokens_b * 10, calls)
+  np.testing.assert_allclose([gain, low, high], 0.1, atol=1e-9)
+  # Noise that pairs cancel only in part: an interval around the gain.
+  noisy = tokens_b + rng.integers(-2, 3, 400)
+  gain, low, high = stats.paired_ratio_gain(noisy, calls, tokens_b, calls)
+  assert low < gain < high and high - low < 0.05
+  with pytest.raises(ValueError, match="one equal length"):
+    stats.paired_ratio_gain([1, 2], [1, 2], [1], [1])
