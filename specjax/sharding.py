@@ -542,7 +542,8 @@ def decode_state_names(state: Any) -> Any:
       draft_cache=(None if state.draft_cache is None
                    else cache_names(state.draft_cache, batch)),
       stats=per_row(state.stats),
-      target_features=per_row(state.target_features))
+      target_features=per_row(state.target_features),
+      constraint_state=per_row(state.constraint_state))
 
 
 def constrain_decode_state(state: Any, units: Units | None = None) -> Any:

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 
 import specjax as sj
+from specjax import constraint
 from specjax import sharding
 from specjax import testing
 from specjax.decode import loop
@@ -80,6 +81,12 @@ def generations(target, draft, mesh):
                                 mesh=mesh)
     out[f"generate_T{temp:g}"] = np.asarray(a.tokens).tolist()
     out[f"speculative_T{temp:g}"] = np.asarray(b.tokens).tolist()
+  # A constraint's automaton state rides in the loop's carry, per row.
+  c = constraint.regex("[a-f]{2,5}( [0-9]+)?", [bytes([i]) for i in
+                                                 range(256)])
+  out["constrained_T1"] = np.asarray(sj.speculative_generate(
+      target, draft, p, lens, jax.random.key(7), gamma=2, max_new_tokens=8,
+      mesh=mesh, constraint=c).tokens).tolist()
   return out
 
 

@@ -154,10 +154,7 @@ class Masker:
     self.draft_unmasked = draft_unmasked
 
   def __call__(self, logits_XxV):
-    states_X = self.states
-    if states_X.shape != logits_XxV.shape[:-1]:  # a round without a bonus
-      states_X = states_X[:, :logits_XxV.shape[1]]
-    return self._mask_fn(states_X, logits_XxV)
+    return self._mask_fn(self.states, logits_XxV)
 
 
 def _sample_masked(draft, logits_BxV, u_B, sampling, mask):
