@@ -432,21 +432,6 @@ def main(argv):
     _print_batch(row)
     rows.append(row)
   meta["load_average"].append(os.getloadavg()[0])
-  # The best of each over the batch sizes it ran at (transformers assisted
-  # runs at batch 1 only).
-  best = {}
-  for name in ("specjax speculative", "transformers assisted"):
-    ran = [(_speed(r, name), r["batch_size"]) for r in rows
-           if "error" not in r["variants"][name]]
-    if ran:
-      best[name] = max(ran)
-  if len(best) == 2:
-    (sj_speed, sj_b), (hf_speed, hf_b) = (best["specjax speculative"],
-                                          best["transformers assisted"])
-    meta["best_speculative_over_assisted"] = sj_speed / hf_speed
-    print(f"\nbest specjax speculative (batch {sj_b}, {sj_speed:.1f} tok/s) "
-          f"/ best transformers assisted (batch {hf_b}, {hf_speed:.1f} "
-          f"tok/s): {sj_speed / hf_speed:.2f}x")
   print(f"\nload average at the end: {meta['load_average'][1]:.2f}")
   _write(rows, meta)
 
