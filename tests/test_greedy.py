@@ -7,10 +7,11 @@ otherwise: whatever the draft, `speculative_generate` must return
 draft kind (independent Transformers good and bad, n-grams, prompt lookup
 with and without a fallback, self-drafts on the target's cache or their
 own, a skip set, an exit adapter, an EAGLE head, the lab's Markov chains)
-under every verifier (token, block, tree, tree-wor) and draft-length rule
-(Confidence, Goodput), on the targets, prompts (ragged, length 1), EOS and
-batch sizes these checks have always run on (`SETTINGS`). A new draft kind
-or verifier is one line of `CASES`.
+under every verifier (token, block, tree, tree-wor, traversal) and
+draft-length rule (Confidence, Goodput), on the targets, prompts (ragged,
+length 1), EOS and batch sizes these checks have always run on
+(`SETTINGS`). A new draft kind or verifier is one line of `CASES`
+(traversal's fast-tier greedy checks are in tests/test_traversal.py).
 
 Each distinct (model structure, gamma, verifier, sampling, shape) compiles
 its own decode loop, and each setting its reference: the default (fast)
@@ -370,6 +371,14 @@ CASES = [
     _case("tree-gpt2-bigram-tree-wor:12,1", "tree:gpt2", _greedy_text_bigram,
           verifier="tree-wor:12,1", batch=3, runs=((0, 4),),
           checks=(_keeps_drafts,)),
+    # Traversal verification: at T = 0 the greedy walk, as token-level
+    # (tests/test_traversal.py runs its own walk at T = 0 too).
+    _case("tree-llama-transformer-traversal:2,2,1", "tree:llama",
+          _tree_transformer, verifier="traversal:2,2,1", batch=3,
+          runs=((0, 4),), checks=(_keeps_drafts, _rejects_at_the_root)),
+    _case("self-tree-skip-middle-traversal-wor:parents", "self-tree",
+          _self_skip, verifier="traversal-wor:parents=-1,-1,0,1,2", batch=4,
+          runs=((9, 0),)),
     _case("draft-length-self-shared-confidence-b1", "draft-length",
           _self(1, share_cache=True), _CONFIDENCE, batch=1, runs=((1, 0),),
           slow=True),
@@ -443,7 +452,7 @@ def test_greedy_speculative_equals_autoregressive(case):
       assert s["alpha_hat"] > case.min_alpha, s
     if isinstance(case.gamma, sj.Confidence | sj.Goodput):
       _check_adaptive_stats(out, case.gamma)
-    if case.verifier.startswith("tree"):
+    if isinstance(sj.get_verifier(case.verifier), sj.TreeVerifier):
       _check_tree_stats(out, case.verifier, case.batch)
     for check in case.checks:
       check(out, setting)

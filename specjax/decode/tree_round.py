@@ -18,10 +18,12 @@ Draft, level by level (max_depth draft calls, like the chain's gamma):
   The leaves' children never exist, so leaves are never fed.
 
 Target: root + every node in ONE `tree_decode` pass (the same slot layout),
-p at every node; `tree.tree_verify` keeps one path by recursive rejection
-sampling. Both caches then `move` the kept path's entries to the contiguous
-slots n, n + 1, ... (the draft's moved leaf entry is stale and is re-read by
-the next round's window).
+p at every node; the verifier's `verify_tree` keeps one path
+(`tree.tree_verify`: recursive rejection sampling;
+`traversal.traversal_verify`: Traversal Verification). Both caches then
+`move` the kept path's entries to the contiguous slots n, n + 1, ... (the
+draft's moved leaf entry is stale and is re-read by the next round's
+window).
 
 A feature-reading draft (`EagleDraft`) starts as a chain round does, from
 the target's features of the committed tokens (level 0), then feeds each
@@ -241,9 +243,10 @@ def tree_round(target, draft, state, verifier, sampling, masker=None,
     logits_BxN1xV = masker(states_BxN1)(logits_BxN1xV)
   target_bad_B = jnp.sum(steps.nonfinite_rows(logits_BxN1xV), axis=1,
                          dtype=jnp.int32)
-  if sampling.greedy and verifier.update_residual:
-    # p is one-hot on the argmax: the walk follows the children equal to it,
-    # and sum_x min(p, q) at a node is q(argmax); no [B, N + 1, V] p.
+  if sampling.greedy and verifier.greedy_walk:
+    # p is one-hot on the argmax: the walk follows the children equal to it
+    # (token-level and traversal verification alike), and sum_x min(p, q)
+    # at a node is q(argmax); no [B, N + 1, V] p.
     target_token_BxN1 = sampling_lib._greedy_token(logits_BxN1xV)
     path_BxD, emitted_BxD1, num_accepted_B = tree_lib.greedy_tree_verify(
         target_token_BxN1, tokens_BxN, valid_BxN, topology)
@@ -253,11 +256,11 @@ def tree_round(target, draft, state, verifier, sampling, masker=None,
     p_BxN1xV = sampling_lib.probabilities(logits_BxN1xV, sampling)
     u_BxN1x2 = jax.vmap(lambda k: jax.random.uniform(
         k, (topology.num_nodes + 1, 2)))(verify_key_B)
-    path_BxD, emitted_BxD1, num_accepted_B = tree_lib.tree_verify(
-        u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN, topology,
-        verifier.mode, lambda u_x, probs_xV: steps._sample(u_x, probs_xV,
-                                                           sampling),
-        update_residual=verifier.update_residual)
+    # The verifier's rule (`TreeVerifier.verify_tree`): token-level
+    # recursive rejection sampling, or Traversal Verification.
+    path_BxD, emitted_BxD1, num_accepted_B = verifier.verify_tree(
+        u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
+        lambda u_x, probs_xV: steps._sample(u_x, probs_xV, sampling))
     overlap_BxN1 = jnp.sum(jnp.minimum(p_BxN1xV, q_BxN1xV), axis=-1)
   # The nodes visited at depths 0..D-1 (index into root + nodes) and whether
   # a child was judged there (the walk stops at a leaf or a rejection).

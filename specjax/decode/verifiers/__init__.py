@@ -11,7 +11,11 @@ verifier=...)` take a registry string or a `Verifier` instance. Strings are
   tree:3,2,1,1       exact draft tree, children i.i.d. (SpecInfer);
                      gamma = its depth (see `trees`)
   tree-wor:3,2,1,1   the same tree drafted without replacement (RSD)
-  wrong_fallback, always_accept, tree-skip-residual   negative controls
+  traversal:3,2,1,1, traversal-wor:3,2,1,1
+                     the same trees judged by Traversal Verification
+                     (Weng et al. 2025; exact, keeps >= tree)
+  wrong_fallback, always_accept, tree-skip-residual,
+  traversal-no-final-residual                         negative controls
 
 Adding a verifier: subclass `Verifier` in its own module under this package,
 then add one `register_verifier` line below. The loop is not touched.
@@ -30,6 +34,8 @@ from specjax.decode.verifiers.controls import WrongFallbackControl
 from specjax.decode.verifiers.lossy import LenientVerifier
 from specjax.decode.verifiers.lossy import TypicalVerifier
 from specjax.decode.verifiers.token import TokenVerifier
+from specjax.decode.verifiers.traversal import TraversalNoFinalResidualControl
+from specjax.decode.verifiers.traversal import TraversalVerifier
 from specjax.decode.verifiers.trees import TreeSkipResidualControl
 from specjax.decode.verifiers.trees import TreeVerifier
 from specjax.decode.verifiers import trees as _trees
@@ -103,6 +109,10 @@ register_verifier("tree", _trees.factory(TreeVerifier, "iid"))
 register_verifier("tree-wor", _trees.factory(TreeVerifier, "wor"))
 register_verifier("tree-skip-residual",
                   _trees.factory(TreeSkipResidualControl, "iid"))
+register_verifier("traversal", _trees.factory(TraversalVerifier, "iid"))
+register_verifier("traversal-wor", _trees.factory(TraversalVerifier, "wor"))
+register_verifier("traversal-no-final-residual",
+                  _trees.factory(TraversalNoFinalResidualControl, "iid"))
 
 
 def get_verifier(spec: str | Verifier) -> Verifier:
@@ -148,5 +158,6 @@ def _check_verifier(verifier: Verifier) -> Verifier:
 
 __all__ = ["Verifier", "TokenVerifier", "BlockVerifier", "LenientVerifier",
            "TypicalVerifier", "WrongFallbackControl", "AlwaysAcceptControl",
-           "TreeVerifier", "TreeSkipResidualControl",
+           "TreeVerifier", "TreeSkipResidualControl", "TraversalVerifier",
+           "TraversalNoFinalResidualControl",
            "register_verifier", "available_verifiers", "get_verifier"]

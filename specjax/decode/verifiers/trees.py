@@ -12,6 +12,9 @@ Registry strings:
   tree:3,2,1,1          branching per depth, children i.i.d. (SpecInfer)
   tree-wor:3,2,1,1      the same tree, children without replacement (RSD)
   tree:parents=-1,-1,0  a parent array (node i's parent; -1 = the root)
+
+The same tree judged by Traversal Verification: `traversal:3,2,1,1`,
+`traversal-wor:3,2,1,1` (`specjax.decode.verifiers.traversal`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,11 @@ class TreeVerifier(base.Verifier):
   mode: str = "iid"
   # False only in the negative control below.
   update_residual: ClassVar[bool] = True
+  # True when, at T = 0 (p one-hot on the target's argmax), the rule keeps
+  # the first child equal to the argmax at every level, so that the loop may
+  # run `tree.greedy_tree_verify` instead of `verify_tree`. Controls say
+  # False: their mistake stays in the compiled program.
+  greedy_walk: ClassVar[bool] = True
 
   def __post_init__(self):
     topology = self.topology
@@ -68,6 +76,28 @@ class TreeVerifier(base.Verifier):
       return f"{prefix}:{','.join(map(str, branching))}"
     return f"{prefix}:parents={','.join(map(str, self.topology.parents))}"
 
+  def verify_tree(self, u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
+                  sample):
+    """Keeps one root-to-node path of each row's drafted tree.
+
+    The tree round (`specjax.decode.tree_round`) calls it with the laws of
+    the root and every node; a tree verifier with another rule overrides
+    it (`TraversalVerifier`).
+
+    Args:
+      u_BxN1x2: float32 uniforms `[B, N + 1, 2]`, the row's own.
+      p_BxN1xV, q_BxN1xV: float32 `[B, N + 1, V]`: target / draft laws after
+        the root (index 0) and after each node i (index i + 1).
+      tokens_BxN: int32 `[B, N]`; valid_BxN: bool `[B, N]`.
+      sample: the loop's sampler.
+
+    Returns:
+      (path_BxD, emitted_BxD1, num_accepted_B), as `tree.tree_verify`.
+    """
+    return tree_lib.tree_verify(u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN,
+                                valid_BxN, self.topology, self.mode, sample,
+                                update_residual=self.update_residual)
+
   def num_uniforms(self, gamma: int) -> int:
     raise TypeError(f"{self.spec!r} judges a draft tree, not a chain: run it "
                     "through speculative_generate(..., verifier=...).")
@@ -84,6 +114,7 @@ class TreeSkipResidualControl(TreeVerifier):
   exact = False
   control = True
   update_residual = False
+  greedy_walk = False
 
 
 def _branching(topology):
