@@ -109,13 +109,6 @@ class Constraint:
     return self.replace(control=control)
 
 
-def _bits(masks_UxW: np.ndarray, vocab: int) -> np.ndarray:
-  """bool `[U, vocab]` from the packed rows (bit i of word w is id 32w+i)."""
-  shifts = np.arange(32, dtype=np.uint32)
-  bits = (masks_UxW[..., None] >> shifts) & 1
-  return bits.reshape(masks_UxW.shape[0], -1)[:, :vocab].astype(bool)
-
-
 def _pack(allowed_SxV: np.ndarray) -> np.ndarray:
   """uint32 `[S, ceil(V / 32)]` bit rows of a bool table."""
   num, vocab = allowed_SxV.shape

@@ -37,22 +37,29 @@ def _outlines():
   return outlines_core
 
 
-def _fingerprint(tokens: Sequence[bytes | None]) -> str:
-  digest = hashlib.sha256()
-  for b in tokens:
-    digest.update(b"\xff" if b is None else len(b).to_bytes(2, "little") + b)
-  return digest.hexdigest()
+class _Vocabulary:
+  """Each id's bytes, hashed by their fingerprint: the compile cache's key
+  (one per vocabulary, whatever tokenizer object it came from)."""
 
+  def __init__(self, tokens: Sequence[bytes | None]):
+    self.tokens = tuple(tokens)
+    digest = hashlib.sha256()
+    for b in self.tokens:
+      digest.update(b"\xff" if b is None
+                    else len(b).to_bytes(2, "little") + b)
+    self.key = digest.hexdigest()
 
-# Compiled per (pattern, vocabulary fingerprint); the vocabulary's bytes ride
-# along in a side table so the cache key stays a short string.
-_VOCABS: dict[str, tuple[bytes | None, ...]] = {}
+  def __hash__(self):
+    return hash(self.key)
+
+  def __eq__(self, other):
+    return isinstance(other, _Vocabulary) and other.key == self.key
 
 
 @functools.lru_cache(maxsize=32)
-def _compile(pattern: str, vocab_key: str) -> automaton.Constraint:
+def _compile(pattern: str, vocabulary: _Vocabulary) -> automaton.Constraint:
   core = _outlines()
-  tokens = _VOCABS[vocab_key]
+  tokens = vocabulary.tokens
   try:
     dfa = core.Index(pattern, core.Vocabulary(
         256, {bytes([b]): [b] for b in range(256)}))
@@ -71,8 +78,8 @@ def _compile(pattern: str, vocab_key: str) -> automaton.Constraint:
   for s in dfa.get_final_states():
     final_S[index[s]] = True
   # The vocabulary's own index: outlines-core's allowed tokens, which
-  # from_byte_dfa checks against its walk (one id per distinct text; the
-  # EOS slot is an id past the vocabulary).
+  # from_byte_dfa checks against its walk (ids of one text share an entry;
+  # its EOS slot, an id past the vocabulary, is left out).
   text = {}
   for i, b in enumerate(tokens):
     if b:
@@ -104,10 +111,7 @@ def regex(pattern: str, tokenizer: Any) -> automaton.Constraint:
   """
   if not isinstance(pattern, str) or not pattern:
     raise TypeError(f"pattern must be a non-empty str, got {pattern!r}.")
-  tokens = tuple(token_bytes(tokenizer))
-  key = _fingerprint(tokens)
-  _VOCABS.setdefault(key, tokens)
-  return _compile(pattern, key)
+  return _compile(pattern, _Vocabulary(token_bytes(tokenizer)))
 
 
 def json_schema(schema: Any, tokenizer: Any, *,
