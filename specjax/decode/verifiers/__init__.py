@@ -14,8 +14,10 @@ verifier=...)` take a registry string or a `Verifier` instance. Strings are
   traversal:3,2,1,1, traversal-wor:3,2,1,1
                      the same trees judged by Traversal Verification
                      (Weng et al. 2025; exact, keeps >= tree)
+  spectr:3,2,1       the i.i.d. tree judged node by node by SpecTr's K-SEQ
+                     (Sun et al. 2023; exact)
   wrong_fallback, always_accept, tree-skip-residual,
-  traversal-no-final-residual                         negative controls
+  traversal-no-final-residual, spectr-wrong-residual  negative controls
 
 Adding a verifier: subclass `Verifier` in its own module under this package,
 then add one `register_verifier` line below. The loop is not touched.
@@ -31,6 +33,8 @@ from specjax.decode.verifiers.base import Verifier
 from specjax.decode.verifiers.block import BlockVerifier
 from specjax.decode.verifiers.controls import AlwaysAcceptControl
 from specjax.decode.verifiers.controls import WrongFallbackControl
+from specjax.decode.verifiers.kseq import KSeqVerifier
+from specjax.decode.verifiers.kseq import KSeqWrongResidualControl
 from specjax.decode.verifiers.lossy import LenientVerifier
 from specjax.decode.verifiers.lossy import TypicalVerifier
 from specjax.decode.verifiers.token import TokenVerifier
@@ -113,6 +117,9 @@ register_verifier("traversal", _trees.factory(TraversalVerifier, "iid"))
 register_verifier("traversal-wor", _trees.factory(TraversalVerifier, "wor"))
 register_verifier("traversal-no-final-residual",
                   _trees.factory(TraversalNoFinalResidualControl, "iid"))
+register_verifier("spectr", _trees.factory(KSeqVerifier, "iid"))
+register_verifier("spectr-wrong-residual",
+                  _trees.factory(KSeqWrongResidualControl, "iid"))
 
 
 def get_verifier(spec: str | Verifier) -> Verifier:
@@ -159,5 +166,6 @@ def _check_verifier(verifier: Verifier) -> Verifier:
 __all__ = ["Verifier", "TokenVerifier", "BlockVerifier", "LenientVerifier",
            "TypicalVerifier", "WrongFallbackControl", "AlwaysAcceptControl",
            "TreeVerifier", "TreeSkipResidualControl", "TraversalVerifier",
-           "TraversalNoFinalResidualControl",
+           "TraversalNoFinalResidualControl", "KSeqVerifier",
+           "KSeqWrongResidualControl",
            "register_verifier", "available_verifiers", "get_verifier"]

@@ -14,7 +14,8 @@ Registry strings:
   tree:parents=-1,-1,0  a parent array (node i's parent; -1 = the root)
 
 The same tree judged by Traversal Verification: `traversal:3,2,1,1`,
-`traversal-wor:3,2,1,1` (`specjax.decode.verifiers.traversal`).
+`traversal-wor:3,2,1,1` (`specjax.decode.verifiers.traversal`); node by
+node by SpecTr's K-SEQ: `spectr:3,2,1,1` (`specjax.decode.verifiers.kseq`).
 """
 
 from __future__ import annotations
