@@ -5,8 +5,8 @@ r"""Exact verifiers at equal node budgets, on the quick job's models.
 A round's target pass scores its root and N draft nodes; this compares every
 exact verifier the loop has at N = 4, 8 and 16 scored draft nodes: chains of
 gamma = N (token, block), and trees of N nodes (SpecInfer's i.i.d. children
-"tree", RSD's without replacement "tree-wor", and Traversal Verification
-where it is registered), on the zoo's quick target (target-3m) with the
+"tree", RSD's without replacement "tree-wor", Traversal Verification and
+SpecTr's K-SEQ "spectr"), on the zoo's quick target (target-3m) with the
 draft distilled from it, at T = 1 and T = 0.7. Every decoder runs the same
 prompts (windows of the corpus's held-out files) with the same keys, so
 each row is paired across decoders: tokens per target call, its gain over
@@ -60,7 +60,8 @@ def _decoders(budget: int) -> list[tuple[str, str, int | None]]:
   out = [(f"token:{budget}", "token", budget),
          (f"block:{budget}", "block", budget)]
   for topology in TREES[budget]:
-    for family in ("tree", "tree-wor", "traversal", "traversal-wor"):
+    for family in ("tree", "tree-wor", "traversal", "traversal-wor",
+                   "spectr"):
       spec = f"{family}:{topology}"
       try:
         verifiers_lib.get_verifier(spec)
