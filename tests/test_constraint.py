@@ -174,7 +174,7 @@ def _run(setup, spec, sampling=None, control=None, k=6):
 
 @pytest.mark.big_batch
 @pytest.mark.parametrize("spec, sampling", [
-    (None, None), ("token", None),
+    ("token", None), pytest.param(None, None, marks=pytest.mark.full),
     pytest.param("block", None, marks=pytest.mark.full),
     pytest.param("tree:2,1", None, marks=pytest.mark.full),
     pytest.param("token", TOP_K_P, marks=pytest.mark.full),
@@ -266,8 +266,9 @@ def _small_drafts():
 
 
 @pytest.mark.parametrize("kind, verifier", [
-    ("self-shared", "tree:2,1"), ("eagle", "token"),
-    ("prompt-lookup", "token"),
+    ("self-shared", "tree:2,1"),
+    pytest.param("eagle", "token", marks=pytest.mark.full),
+    pytest.param("prompt-lookup", "token", marks=pytest.mark.full),
     pytest.param("self-shared", "block", marks=pytest.mark.full),
     pytest.param("eagle", "tree-wor:2,2", marks=pytest.mark.full),
     pytest.param("bigram", "tree:3,1", marks=pytest.mark.full)])

@@ -274,6 +274,7 @@ def test_real_loop_kseq_on_the_lab_is_exact(lab_loop, spec):
 
 
 @pytest.mark.big_batch
+@pytest.mark.full
 def test_real_loop_rejects_the_kseq_control(lab_loop):
   result, _ = _run_loop(lab_loop, "spectr-wrong-residual:2,1", 2, EOS)
   assert not result.passed, str(result)

@@ -420,7 +420,8 @@ def test_bad_counts_and_rates_are_refused_by_name():
 
 @pytest.mark.big_batch
 @pytest.mark.parametrize("spec", [
-    "token", "block", "tree:2,1",
+    "block", pytest.param("token", marks=pytest.mark.full),
+    pytest.param("tree:2,1", marks=pytest.mark.full),
     pytest.param("tree-wor:2,1", marks=pytest.mark.full)])
 def test_rounds_cut_by_the_budget_count_what_the_verifier_kept(spec):
   """`accepted` and `accept_hist` count every draft the verifier kept, also

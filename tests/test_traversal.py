@@ -382,6 +382,7 @@ def test_real_loop_traversal_on_the_lab_is_exact(lab_loop, spec):
 
 
 @pytest.mark.big_batch
+@pytest.mark.full
 def test_real_loop_rejects_the_traversal_control(lab_loop):
   result, _ = _run_loop(lab_loop, "traversal-no-final-residual:2,1", 2, EOS)
   assert not result.passed, str(result)
