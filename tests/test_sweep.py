@@ -364,6 +364,18 @@ def test_plan_reads_a_generator_axis_once():
   assert [c.temperature for c in cells] == [0.0, 1.0]
 
 
+def test_the_verifier_axis_takes_the_tree_rules_by_name():
+  """Traversal and K-SEQ join the axis as registry strings; an "auto" cell
+  of a tree rule is skipped, with its reason."""
+  cells, skipped = sweep.plan(
+      [_named("a")], temperatures=(1.0,), gammas=(2, "auto"),
+      verifiers=("token", "traversal-wor:2,1", "spectr:2,1"))
+  assert [c.verifier.spec for c in cells] == [
+      "token", "token", "traversal-wor:2,1", "spectr:2,1"]
+  assert {s["verifier"] for s in skipped} == {"traversal-wor:2,1",
+                                              "spectr:2,1"}
+
+
 def test_wrap_refuses_an_unknown_or_contradicted_kind():
   from specjax.models.ngram import NGramLM  # pylint: disable=import-outside-toplevel
   bigram = NGramLM.fit(np.arange(50) % 5, 8, 2)
