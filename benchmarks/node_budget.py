@@ -121,10 +121,10 @@ def main(argv):
                    if label.startswith(BASELINE + ":")}
       print(f"--- T = {temperature}, {budget} draft nodes per target pass")
       for label, (tokens_R, calls_R) in per_row.items():
-        # Against tree-wor on the same topology (chains: the first one).
-        topology = label.split(":", 1)[1]
-        base = f"{BASELINE}:{topology}"
-        if base not in baselines:
+        # Against tree-wor on the same tree; a chain against the budget's
+        # first tree.
+        base = f"{BASELINE}:{label.split(':', 1)[1]}"
+        if label.startswith(("token:", "block:")) or base not in baselines:
           base = f"{BASELINE}:{TREES[budget][0]}"
         gain = stats.paired_ratio_gain(tokens_R, calls_R, *per_row[base])
         row = {"temperature": temperature, "nodes": budget,
@@ -138,15 +138,20 @@ def main(argv):
               f"target call, vs {base}: {100 * gain[0]:+.1f}% "
               f"[{100 * gain[1]:+.1f}%, {100 * gain[2]:+.1f}%]; "
               f"{row['tokens_per_s']:.0f} tokens/s")
-  if _RESULTS_DIR.value:
-    os.makedirs(_RESULTS_DIR.value, exist_ok=True)
-    path = os.path.join(_RESULTS_DIR.value, "node_budget.json")
-    with open(path, "w") as f:
-      json.dump({"host": host, "rows_per_decoder": int(prompts.shape[0]),
-                 "prompt_len": _PROMPT_LEN.value,
-                 "max_new_tokens": _MAX_NEW_TOKENS.value, "results": rows},
-                f, indent=1)
-    print(f"wrote {path}")
+      # After every budget: a long run stopped early keeps what it measured.
+      if _RESULTS_DIR.value:
+        _write(host, prompts, rows)
+
+
+def _write(host, prompts, rows):
+  os.makedirs(_RESULTS_DIR.value, exist_ok=True)
+  path = os.path.join(_RESULTS_DIR.value, "node_budget.json")
+  with open(path, "w") as f:
+    json.dump({"host": host, "rows_per_decoder": int(prompts.shape[0]),
+               "prompt_len": _PROMPT_LEN.value,
+               "max_new_tokens": _MAX_NEW_TOKENS.value, "results": rows},
+              f, indent=1)
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":
