@@ -17,9 +17,10 @@ a draft model so that it is a `CausalLM` over the TARGET's ids:
   shared tokens.
 
 The loop samples the draft's proposals from these logits and judges them
-with the same law, so every verifier, tree-free draft-length rule and
-sampling transform runs unchanged and the output stays an exact sample of
-the target. A proposal is always a shared token, one draft token long: a
+with the same law, so every chain verifier, draft-length rule, sampling
+transform and constraint runs unchanged and the output stays an exact
+sample of the target (trees need a `tree_decode` this wrapper does not
+have). A proposal is always a shared token, one draft token long: a
 one-token call (the loop's drafting steps) feeds one draft position.
 """
 
