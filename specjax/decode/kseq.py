@@ -120,24 +120,11 @@ def kseq_tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     the final token at num_accepted (and at D); num_accepted_B int32
     `[B]`).
   """
-  if not isinstance(topology, tree_lib.TreeTopology):
-    raise TypeError("topology must be a TreeTopology (e.g. "
-                    "TreeTopology.from_branching((2, 1))), got "
-                    f"{type(topology).__name__}.")
   if control not in (None, True):
     raise ValueError(f"control must be None (exact) or True (the negative "
                      f"control), got {control!r}.")
-  n = topology.num_nodes
-  if (tokens_BxN.ndim != 2 or tokens_BxN.shape[1] != n
-      or p_BxN1xV.shape[:2] != (tokens_BxN.shape[0], n + 1)
-      or q_BxN1xV.shape != p_BxN1xV.shape
-      or u_BxNx2.shape != (tokens_BxN.shape[0], n + 1, 2)
-      or valid_BxN.shape != tokens_BxN.shape):
-    raise ValueError(
-        f"tokens {tuple(tokens_BxN.shape)}, valid {tuple(valid_BxN.shape)}, "
-        f"p {tuple(p_BxN1xV.shape)}, q {tuple(q_BxN1xV.shape)} and u "
-        f"{tuple(u_BxNx2.shape)} must be [B, N], [B, N], [B, N + 1, V] "
-        f"(twice) and [B, N + 1, 2] for the topology's N = {n} nodes.")
+  tree_lib.check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
+                           valid_BxN)
   batch = tokens_BxN.shape[0]
   table = jnp.asarray(topology.children_table())  # [N + 1, K]
   rows_B = jnp.arange(batch)
@@ -178,15 +165,9 @@ def kseq_tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     mass_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
     r_BxV = jnp.where(mass_B1 > 0,
                       excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0), p_BxV)
-    stop_B = alive_B & (chosen_B < 0)
-    y_B = sample(u_BxNx2[rows_B, node_B + 1, 1], r_BxV)
-    final_B = jnp.where(stop_B, y_B, final_B)
-    descend_B = alive_B & (chosen_B >= 0)
-    path.append(jnp.where(descend_B, chosen_B, -1))
-    emitted.append(jnp.where(descend_B, tokens_BxN[rows_B, jnp.maximum(
-        chosen_B, 0)], 0))
-    node_B = jnp.where(descend_B, chosen_B, node_B)
-    alive_B = descend_B
-  # The walk's layout is `tree_verify`'s: the same stacking.
+    # The walk's step and layout are `tree_verify`'s.
+    node_B, alive_B, final_B = tree_lib.walk_step(
+        chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2, tokens_BxN,
+        sample, path, emitted)
   return tree_lib._finish_walk(  # pylint: disable=protected-access
       path, emitted, final_B, depth)

@@ -134,21 +134,8 @@ def traversal_verify(u_BxN1x2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     D); num_accepted_B int32 `[B]`, the kept depth in [0, D]).
   """
   mode = tree_lib.check_mode(mode)
-  if not isinstance(topology, tree_lib.TreeTopology):
-    raise TypeError("topology must be a TreeTopology (e.g. "
-                    "TreeTopology.from_branching((2, 1))), got "
-                    f"{type(topology).__name__}.")
-  n = topology.num_nodes
-  if (tokens_BxN.ndim != 2 or tokens_BxN.shape[1] != n
-      or p_BxN1xV.shape[:2] != (tokens_BxN.shape[0], n + 1)
-      or q_BxN1xV.shape != p_BxN1xV.shape
-      or u_BxN1x2.shape != (tokens_BxN.shape[0], n + 1, 2)
-      or valid_BxN.shape != tokens_BxN.shape):
-    raise ValueError(
-        f"tokens {tuple(tokens_BxN.shape)}, valid {tuple(valid_BxN.shape)}, "
-        f"p {tuple(p_BxN1xV.shape)}, q {tuple(q_BxN1xV.shape)} and u "
-        f"{tuple(u_BxN1x2.shape)} must be [B, N], [B, N], [B, N + 1, V] "
-        f"(twice) and [B, N + 1, 2] for the topology's N = {n} nodes.")
+  tree_lib.check_walk_args(topology, u_BxN1x2, p_BxN1xV, q_BxN1xV,
+                           tokens_BxN, valid_BxN)
   batch, vocab = tokens_BxN.shape[0], p_BxN1xV.shape[-1]
   levels = topology.max_depth + 1
   rows_B = jnp.arange(batch)

@@ -285,16 +285,51 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
       # square of a node's children.
       carry = jax.lax.fori_loop(0, table.shape[1], judge, carry)
     r_BxV, _, chosen_B = carry
-    stop_B = alive_B & (chosen_B < 0)
-    y_B = sample(u_BxNx2[rows, node_B + 1, 1], r_BxV)
-    final_B = jnp.where(stop_B, y_B, final_B)
-    descend_B = alive_B & (chosen_B >= 0)
-    path.append(jnp.where(descend_B, chosen_B, -1))
-    emitted.append(jnp.where(descend_B, tokens_BxN[rows, jnp.maximum(
-        chosen_B, 0)], 0))
-    node_B = jnp.where(descend_B, chosen_B, node_B)
-    alive_B = descend_B
+    node_B, alive_B, final_B = walk_step(
+        chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2, tokens_BxN,
+        sample, path, emitted)
   return _finish_walk(path, emitted, final_B, depth)
+
+
+def check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
+                    valid_BxN) -> None:
+  """Raises, naming the shapes, unless a tree rule's arguments fit the
+  topology's N nodes: tokens and valid `[B, N]`, p and q `[B, N + 1, V]`,
+  uniforms `[B, N + 1, 2]` (`traversal`, `kseq`)."""
+  if not isinstance(topology, TreeTopology):
+    raise TypeError("topology must be a TreeTopology (e.g. "
+                    "TreeTopology.from_branching((2, 1))), got "
+                    f"{type(topology).__name__}.")
+  n = topology.num_nodes
+  if (tokens_BxN.ndim != 2 or tokens_BxN.shape[1] != n
+      or p_BxN1xV.shape[:2] != (tokens_BxN.shape[0], n + 1)
+      or q_BxN1xV.shape != p_BxN1xV.shape
+      or u_BxNx2.shape != (tokens_BxN.shape[0], n + 1, 2)
+      or valid_BxN.shape != tokens_BxN.shape):
+    raise ValueError(
+        f"tokens {tuple(tokens_BxN.shape)}, valid {tuple(valid_BxN.shape)}, "
+        f"p {tuple(p_BxN1xV.shape)}, q {tuple(q_BxN1xV.shape)} and u "
+        f"{tuple(u_BxNx2.shape)} must be [B, N], [B, N], [B, N + 1, V] "
+        f"(twice) and [B, N + 1, 2] for the topology's N = {n} nodes.")
+
+
+def walk_step(chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2,
+              tokens_BxN, sample, path, emitted):
+  """One level of a walk down the tree, after a node rule judged the
+  children of each row's node: a row that kept child `chosen_B` (>= 0)
+  descends into it; one that kept none draws its final token from
+  `r_BxV` with uniform `u_BxNx2[:, node + 1, 1]` and stops. Appends the
+  level's kept node (-1: none) and token to `path` and `emitted`; returns
+  (node_B, alive_B, final_B)."""
+  rows = jnp.arange(chosen_B.shape[0])
+  stop_B = alive_B & (chosen_B < 0)
+  y_B = sample(u_BxNx2[rows, node_B + 1, 1], r_BxV)
+  final_B = jnp.where(stop_B, y_B, final_B)
+  descend_B = alive_B & (chosen_B >= 0)
+  path.append(jnp.where(descend_B, chosen_B, -1))
+  emitted.append(jnp.where(descend_B, tokens_BxN[rows, jnp.maximum(
+      chosen_B, 0)], 0))
+  return jnp.where(descend_B, chosen_B, node_B), descend_B, final_B
 
 
 def greedy_tree_verify(target_token_BxN1, tokens_BxN, valid_BxN,
