@@ -191,10 +191,7 @@ def _speculation(c: automaton.Constraint, gamma: int, rows: int) -> list:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  read, read_bytes = roofline.read_probe(256)
-  best = min(measure.interleaved_times({"read": read}, 10)["read"])
-  host = {"cpu": roofline.cpu_model(), "cores": os.cpu_count(),
-          "read_gb_per_s": read_bytes / best / 1e9}
+  host = roofline.host_reading()
   print(f"host: {host['cpu']}, {host['cores']} cores, read "
         f"{host['read_gb_per_s']:.1f} GB/s")
   print("--- the tables")

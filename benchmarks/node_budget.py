@@ -88,10 +88,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not set(int(b) for b in _BUDGETS.value) <= set(TREES):
     raise app.UsageError(f"--budgets takes some of {sorted(TREES)}.")
-  read, read_bytes = roofline.read_probe(256)
-  best = min(measure.interleaved_times({"read": read}, 10)["read"])
-  host = {"cpu": roofline.cpu_model(), "cores": os.cpu_count(),
-          "read_gb_per_s": read_bytes / best / 1e9}
+  host = roofline.host_reading()
   print(f"host: {host['cpu']}, {host['cores']} cores, read "
         f"{host['read_gb_per_s']:.1f} GB/s")
   target = zoo.load("target-3m", overrides=reproduce.QUICK_TARGET)

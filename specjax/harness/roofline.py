@@ -39,6 +39,7 @@ A round (`chain_round`, `tree_round`, `ar_step`) is a list of named passes;
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import re
 from typing import Any, Callable, Sequence
@@ -51,6 +52,7 @@ from specjax import _checks
 from specjax import sampling as sampling_lib
 from specjax.decode import loop
 from specjax.decode import verifiers as verifiers_lib
+from specjax.harness import measure
 from specjax.models import TransformerLM
 from specjax.models.self_draft import SelfDraft
 
@@ -142,6 +144,15 @@ def read_probe(megabytes: int) -> tuple[Callable[[], Any], int]:
   total = jax.jit(jnp.sum)
   total(x).block_until_ready()
   return (lambda: total(x)), x.nbytes
+
+
+def host_reading(megabytes: int = 256, calls: int = 10) -> dict[str, Any]:
+  """The host a timing table ran on: its CPU model, cores, and read
+  bandwidth (GB/s, the fastest of `calls` turns of `read_probe`)."""
+  read, read_bytes = read_probe(megabytes)
+  best = min(measure.interleaved_times({"read": read}, calls)["read"])
+  return {"cpu": cpu_model(), "cores": os.cpu_count(),
+          "read_gb_per_s": read_bytes / best / 1e9}
 
 
 def _layout(model: Any):
