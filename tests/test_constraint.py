@@ -31,8 +31,9 @@ from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.self_draft import SelfDraft
 
+from test_verifiers import ragged_lab_loop  # tests/ is on sys.path
+
 EOS = 3  # the lab language's token without text
-REAL_N = 100_000
 TOP_K_P = sj.SamplingConfig(temperature=0.7, top_k=3, top_p=0.9)
 
 
@@ -125,16 +126,10 @@ def lab_setup():
   target, draft = lab_models.markov_lms(pair)
   language = lab_c.lab_language()
   # Ragged prompts: 3 groups of lengths 1..3 ending in a, b and c.
-  rng = np.random.default_rng(0)
-  groups = [np.array([0]), np.array([2, 1]), np.array([1, 0, 2])]
-  which = rng.integers(0, len(groups), REAL_N)
-  prompts = np.zeros((REAL_N, 3), np.int32)
-  lengths = np.zeros(REAL_N, np.int32)
-  for g, prompt in enumerate(groups):
-    prompts[which == g, :len(prompt)] = prompt
-    lengths[which == g] = len(prompt)
-  return (pair, target, draft, language, prompts, lengths, which,
-          [int(p[-1]) for p in groups])
+  _, _, _, prompts, lengths, which, contexts, _ = ragged_lab_loop(
+      pair, target, draft,
+      [np.array([0]), np.array([2, 1]), np.array([1, 0, 2])])
+  return (pair, target, draft, language, prompts, lengths, which, contexts)
 
 
 def _check(setup, out, k, sampling):

@@ -18,13 +18,13 @@ from specjax.models import hf
 from specjax.models.token_intersection import TokenIntersectionDraft
 
 from test_verifiers import _run_loop  # tests/ is on sys.path
+from test_verifiers import ragged_lab_loop
 
 # Two segmentations of strings over {a, b, c}: the target merges ab and bc,
 # the draft ca and bb; each has its EOS (id 5, no text).
 TARGET_TOKENS = [b"a", b"b", b"c", b"ab", b"bc", None]
 DRAFT_TOKENS = [b"a", b"b", b"c", b"ca", b"bb", None]
 EOS = 5
-REAL_N = 100_000
 
 
 class _Tok(list):
@@ -83,18 +83,9 @@ def cross_loop():
   """test_verifiers' lab loop with a draft of another tokenizer: ragged
   prompts over the target's text ids, 10^5 rows."""
   pair, target, _, wrapped = _lab_pair()
-  rng = np.random.default_rng(0)
-  groups = [np.array([2]), np.array([1, 3]), np.array([3, 0, 4]),
-            np.array([0, 2, 1, 4])]
-  which = rng.integers(0, len(groups), REAL_N)
-  prompts = np.zeros((REAL_N, 4), np.int32)
-  lengths = np.zeros(REAL_N, np.int32)
-  for g, prompt in enumerate(groups):
-    prompts[which == g, :len(prompt)] = prompt
-    lengths[which == g] = len(prompt)
-  weights = np.bincount(which, minlength=len(groups)) / REAL_N
-  return pair, target, wrapped, prompts, lengths, which, [
-      int(p[-1]) for p in groups], weights
+  return ragged_lab_loop(pair, target, wrapped, [
+      np.array([2]), np.array([1, 3]), np.array([3, 0, 4]),
+      np.array([0, 2, 1, 4])])
 
 
 @pytest.mark.big_batch

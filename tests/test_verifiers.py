@@ -399,16 +399,12 @@ def _loop_law(pair, gamma, k, contexts, weights, eos_id):
   return law, base
 
 
-@pytest.fixture(scope="module")
-def lab_loop():
-  pair = lab.make_markov_pair(1.5, 0.5, 0, vocab_size=4)
-  target, draft = lab_models.markov_lms(pair)
-  # Ragged prompts: 4 groups of lengths 1..4, ending in 4 different tokens.
+def ragged_lab_loop(pair, target, draft, groups):
+  """`lab_loop`'s tuple for any pair and draft: REAL_N rows, each one of
+  the prompt `groups` (drawn with a fixed seed)."""
   rng = np.random.default_rng(0)
-  groups = [np.array([2]), np.array([1, 3]), np.array([3, 0, 1]),
-            np.array([0, 2, 1, 0])]
   which = rng.integers(0, len(groups), REAL_N)
-  prompts = np.zeros((REAL_N, 4), np.int32)
+  prompts = np.zeros((REAL_N, max(len(p) for p in groups)), np.int32)
   lengths = np.zeros(REAL_N, np.int32)
   for g, prompt in enumerate(groups):
     prompts[which == g, :len(prompt)] = prompt
@@ -416,6 +412,16 @@ def lab_loop():
   weights = np.bincount(which, minlength=len(groups)) / REAL_N
   return pair, target, draft, prompts, lengths, which, [
       int(p[-1]) for p in groups], weights
+
+
+@pytest.fixture(scope="module")
+def lab_loop():
+  pair = lab.make_markov_pair(1.5, 0.5, 0, vocab_size=4)
+  target, draft = lab_models.markov_lms(pair)
+  # Ragged prompts: 4 groups of lengths 1..4, ending in 4 different tokens.
+  return ragged_lab_loop(pair, target, draft, [
+      np.array([2]), np.array([1, 3]), np.array([3, 0, 1]),
+      np.array([0, 2, 1, 0])])
 
 
 def _transformed(pair, sampling):
