@@ -4,6 +4,7 @@ from specjax.models.cache import KVCache
 from specjax.models.exit_adapter import ExitAdapter
 from specjax.models.exit_adapter import ExitAdapterConfig
 from specjax.models.protocol import CausalLM
+from specjax.models.string_level import StringLevelDraft
 from specjax.models.token_intersection import TokenIntersectionDraft
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM

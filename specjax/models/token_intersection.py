@@ -71,6 +71,79 @@ def _segment(data: bytes, index: dict[bytes, int], longest: int
   return out
 
 
+def reading_tables(draft: Any, draft_tokenizer: Any, target_tokenizer: Any,
+                   target_vocab_size: int | None, max_per_token: int):
+  """How the draft reads each target id, and which ids both hold.
+
+  Returns `(to_draft_VxL, to_draft_len_V, from_draft_V, V, target_ids,
+  draft_ids)` as numpy arrays and counts (see `TokenIntersectionDraft`'s
+  attributes); `target_ids`/`draft_ids`: the tokenizers' id counts.
+
+  Raises:
+    TypeError when `draft` is no `CausalLM`; ValueError when some byte has
+    no draft token, or the draft tokenizer has more ids than the model.
+  """
+  if not (callable(draft) and hasattr(draft, "init_cache")
+          and hasattr(draft, "vocab_size")):
+    raise TypeError("draft must be a CausalLM (vocab_size, init_cache, "
+                    f"__call__), got {type(draft).__name__}.")
+  max_per_token = _checks.check_int("max_per_token", max_per_token, low=1)
+  target_bytes = token_bytes(target_tokenizer)
+  draft_bytes = token_bytes(draft_tokenizer)
+  vocab = len(target_bytes) if target_vocab_size is None else (
+      _checks.check_int("target_vocab_size", target_vocab_size,
+                        low=len(target_bytes)))
+  if len(draft_bytes) > draft.vocab_size:
+    raise ValueError(f"draft_tokenizer has {len(draft_bytes)} ids, more "
+                     f"than the draft's vocab_size {draft.vocab_size}.")
+  index = {}
+  for i, b in enumerate(draft_bytes):
+    if b:
+      index.setdefault(b, i)  # duplicates: the lowest id reads them
+  longest = max(len(b) for b in index)
+  # A special id of the target (BOS, EOS, ...) is read as the draft's
+  # matching special where there is one, else as its EOS: any fixed
+  # reading keeps the output exact.
+  draft_eos = getattr(draft_tokenizer, "eos_id", None)
+  target_eos = set(getattr(target_tokenizer, "eos_ids", ()) or ())
+  draft_bos = getattr(draft_tokenizer, "bos_id", None)
+  target_bos = getattr(target_tokenizer, "bos_id", None)
+  fallback = draft_eos if draft_eos is not None else 0
+  to_draft = np.zeros((vocab, max_per_token), np.int32)
+  lengths = np.ones(vocab, np.int32)
+  from_draft = np.full(vocab, -1, np.int32)
+  unreadable = []
+  for t, b in enumerate(target_bytes):
+    if b is None:
+      special = (draft_bos if t == target_bos and draft_bos is not None
+                 else fallback)
+      to_draft[t, 0] = special
+      if t in target_eos and draft_eos is not None:
+        from_draft[t] = draft_eos
+      continue
+    ids = _segment(b, index, longest)
+    if ids is None:
+      unreadable.append(t)
+      to_draft[t, 0] = fallback
+      continue
+    ids = ids[-max_per_token:]
+    to_draft[t, :len(ids)] = ids
+    lengths[t] = len(ids)
+    if len(ids) == 1 and draft_bytes[ids[0]] == b:
+      from_draft[t] = ids[0]
+  if unreadable:
+    raise ValueError(
+        f"{len(unreadable)} target tokens hold bytes no draft token does "
+        f"(first: id {unreadable[0]}, {target_bytes[unreadable[0]]!r}); "
+        "the draft's vocabulary needs every byte (byte-level BPE and "
+        "byte fallback have them).")
+  # As wide as the longest reading, not the cap: each call feeds T times
+  # this many draft positions.
+  to_draft = to_draft[:, :int(lengths.max())]
+  return (to_draft, lengths, from_draft, vocab, len(target_bytes),
+          len(draft_bytes))
+
+
 class TokenIntersectionDraft(struct.PyTreeNode):
   """`draft` (a `CausalLM` over its own ids) as a draft over the target's
   `vocab_size` ids. Build with `TokenIntersectionDraft.build`.
@@ -111,69 +184,15 @@ class TokenIntersectionDraft(struct.PyTreeNode):
       ValueError naming the counts when the vocabularies share fewer than
       `min_shared` tokens, or when some byte has no draft token.
     """
-    if not (callable(draft) and hasattr(draft, "init_cache")
-            and hasattr(draft, "vocab_size")):
-      raise TypeError("draft must be a CausalLM (vocab_size, init_cache, "
-                      f"__call__), got {type(draft).__name__}.")
-    max_per_token = _checks.check_int("max_per_token", max_per_token, low=1)
+    to_draft, lengths, from_draft, vocab, target_count, draft_count = (
+        reading_tables(draft, draft_tokenizer, target_tokenizer,
+                       target_vocab_size, max_per_token))
     min_shared = _checks.check_int("min_shared", min_shared, low=1)
-    target_bytes = token_bytes(target_tokenizer)
-    draft_bytes = token_bytes(draft_tokenizer)
-    vocab = len(target_bytes) if target_vocab_size is None else (
-        _checks.check_int("target_vocab_size", target_vocab_size,
-                          low=len(target_bytes)))
-    if len(draft_bytes) > draft.vocab_size:
-      raise ValueError(f"draft_tokenizer has {len(draft_bytes)} ids, more "
-                       f"than the draft's vocab_size {draft.vocab_size}.")
-    index = {}
-    for i, b in enumerate(draft_bytes):
-      if b:
-        index.setdefault(b, i)  # duplicates: the lowest id reads them
-    longest = max(len(b) for b in index)
-    # A special id of the target (BOS, EOS, ...) is read as the draft's
-    # matching special where there is one, else as its EOS: any fixed
-    # reading keeps the output exact.
-    draft_eos = getattr(draft_tokenizer, "eos_id", None)
-    target_eos = set(getattr(target_tokenizer, "eos_ids", ()) or ())
-    draft_bos = getattr(draft_tokenizer, "bos_id", None)
-    target_bos = getattr(target_tokenizer, "bos_id", None)
-    fallback = draft_eos if draft_eos is not None else 0
-    to_draft = np.zeros((vocab, max_per_token), np.int32)
-    lengths = np.ones(vocab, np.int32)
-    from_draft = np.full(vocab, -1, np.int32)
-    unreadable = []
-    for t, b in enumerate(target_bytes):
-      if b is None:
-        special = (draft_bos if t == target_bos and draft_bos is not None
-                   else fallback)
-        to_draft[t, 0] = special
-        if t in target_eos and draft_eos is not None:
-          from_draft[t] = draft_eos
-        continue
-      ids = _segment(b, index, longest)
-      if ids is None:
-        unreadable.append(t)
-        to_draft[t, 0] = fallback
-        continue
-      ids = ids[-max_per_token:]
-      to_draft[t, :len(ids)] = ids
-      lengths[t] = len(ids)
-      if len(ids) == 1 and draft_bytes[ids[0]] == b:
-        from_draft[t] = ids[0]
-    if unreadable:
-      raise ValueError(
-          f"{len(unreadable)} target tokens hold bytes no draft token does "
-          f"(first: id {unreadable[0]}, {target_bytes[unreadable[0]]!r}); "
-          "the draft's vocabulary needs every byte (byte-level BPE and "
-          "byte fallback have them).")
-    # As wide as the longest reading, not the cap: each call feeds T times
-    # this many draft positions.
-    to_draft = to_draft[:, :int(lengths.max())]
     shared = int((from_draft >= 0).sum())
     if shared < min_shared:
       raise ValueError(
           f"the draft and target vocabularies share {shared} tokens (of "
-          f"{len(target_bytes)} target and {len(draft_bytes)} draft ids), "
+          f"{target_count} target and {draft_count} draft ids), "
           f"fewer than min_shared={min_shared}: such a draft could propose "
           "almost nothing. Pick a draft with a closer vocabulary.")
     return cls(draft=draft, to_draft_VxL=jnp.asarray(to_draft),
@@ -210,38 +229,62 @@ class TokenIntersectionDraft(struct.PyTreeNode):
                ) -> tuple[jax.Array, IntersectionCache]:
     """Scores T target tokens: logits float32 `[B, T, V]` over the target's
     ids, and the cache with `lengths += T`."""
-    batch, num = tokens_BxT.shape
-    rows_B = jnp.arange(batch)
     # A one-token call reads its token's last draft token only: the loop's
     # drafting steps feed the draft's own (shared) proposals, one draft
     # token each.
-    width = 1 if num == 1 else self.max_per_token
-    ids_BxTxL = self.to_draft_VxL[tokens_BxT]
-    len_BxT = jnp.minimum(self.to_draft_len_V[tokens_BxT], width)
-    if width < self.max_per_token:
-      last_BxT = self.to_draft_len_V[tokens_BxT] - 1
-      ids_BxTxL = jnp.take_along_axis(ids_BxTxL, last_BxT[..., None], -1)
-    end_BxT = jnp.cumsum(len_BxT, axis=1)
-    start_B = cache.draft_len_BxS[rows_B, cache.lengths]
-    # Pack each row's draft tokens from position 0 of this call's window;
-    # unused slots are written past the row's length and never read.
-    slot_BxTxL = (end_BxT - len_BxT)[..., None] + jnp.arange(width)
-    used_BxTxL = jnp.arange(width) < len_BxT[..., None]
-    packed = jnp.zeros((batch, num * width), jnp.int32)
-    packed = packed.at[rows_B[:, None, None],
-                       jnp.where(used_BxTxL, slot_BxTxL, num * width)].set(
-                           ids_BxTxL, mode="drop")
-    logits_BxMxW, inner = self.draft(packed,
-                                     cache.inner.replace(lengths=start_B))
-    logits_BxTxW = jnp.take_along_axis(
-        logits_BxMxW, (end_BxT - 1)[..., None], axis=1).astype(jnp.float32)
+    logits_BxTxW, cache = read(self, tokens_BxT, cache,
+                               last_only=tokens_BxT.shape[1] == 1)
     shared_V = self.from_draft_V >= 0
     logits_BxTxV = jnp.where(
         shared_V, logits_BxTxW[..., jnp.maximum(self.from_draft_V, 0)],
         MASKED_LOGIT)
-    draft_len = cache.draft_len_BxS.at[
-        rows_B[:, None], cache.lengths[:, None] + 1 + jnp.arange(num)].set(
-            start_B[:, None] + end_BxT, mode="drop")
-    return logits_BxTxV, IntersectionCache(
-        inner=inner.replace(lengths=start_B + end_BxT[:, -1]),
-        draft_len_BxS=draft_len, lengths=cache.lengths + num)
+    return logits_BxTxV, cache
+
+
+def read(tables: Any, tokens_BxT: jax.Array, cache: Any, last_only=False
+         ) -> tuple[jax.Array, Any]:
+  """The draft (`tables.draft`) reads T target tokens as its own ids.
+
+  Args:
+    tables: anything with `draft`, `to_draft_VxL` and `to_draft_len_V` (a
+      `TokenIntersectionDraft`'s attributes).
+    tokens_BxT: int32 target ids.
+    cache: a cache with `inner`, `draft_len_BxS` and `lengths` (as
+      `IntersectionCache`); reading starts at draft position
+      `draft_len_BxS[b, lengths[b]]`.
+    last_only: static; read each token as its last draft token alone.
+
+  Returns:
+    The draft's float32 logits `[B, T, W]` after each token's last draft
+    token, and the cache with `lengths += T`, `draft_len_BxS` set for the
+    T new positions and `inner` at the end of what was read.
+  """
+  batch, num = tokens_BxT.shape
+  rows_B = jnp.arange(batch)
+  longest = tables.to_draft_VxL.shape[1]
+  width = 1 if last_only else longest
+  ids_BxTxL = tables.to_draft_VxL[tokens_BxT]
+  len_BxT = jnp.minimum(tables.to_draft_len_V[tokens_BxT], width)
+  if width < longest:
+    last_BxT = tables.to_draft_len_V[tokens_BxT] - 1
+    ids_BxTxL = jnp.take_along_axis(ids_BxTxL, last_BxT[..., None], -1)
+  end_BxT = jnp.cumsum(len_BxT, axis=1)
+  start_B = cache.draft_len_BxS[rows_B, cache.lengths]
+  # Pack each row's draft tokens from position 0 of this call's window;
+  # unused slots are written past the row's length and never read.
+  slot_BxTxL = (end_BxT - len_BxT)[..., None] + jnp.arange(width)
+  used_BxTxL = jnp.arange(width) < len_BxT[..., None]
+  packed = jnp.zeros((batch, num * width), jnp.int32)
+  packed = packed.at[rows_B[:, None, None],
+                     jnp.where(used_BxTxL, slot_BxTxL, num * width)].set(
+                         ids_BxTxL, mode="drop")
+  logits_BxMxW, inner = tables.draft(packed,
+                                     cache.inner.replace(lengths=start_B))
+  logits_BxTxW = jnp.take_along_axis(
+      logits_BxMxW, (end_BxT - 1)[..., None], axis=1).astype(jnp.float32)
+  draft_len = cache.draft_len_BxS.at[
+      rows_B[:, None], cache.lengths[:, None] + 1 + jnp.arange(num)].set(
+          start_B[:, None] + end_BxT, mode="drop")
+  return logits_BxTxW, cache.replace(
+      inner=inner.replace(lengths=start_B + end_BxT[:, -1]),
+      draft_len_BxS=draft_len, lengths=cache.lengths + num)
