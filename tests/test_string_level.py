@@ -105,14 +105,20 @@ def test_proposals_are_the_target_tokens_of_the_draft_text():
   assert text.startswith(first) or first == b""
 
 
-@pytest.fixture(scope="module")
-def string_loop():
+def _string_loop(**kwargs):
   pair, target, draft, _ = _lab_pair()
   wrapped = StringLevelDraft.build(draft, _Tok(DRAFT_TOKENS),
-                                   _Tok(TARGET_TOKENS))
+                                   _Tok(TARGET_TOKENS), **kwargs)
   return ragged_lab_loop(pair, target, wrapped, [
       np.array([2]), np.array([1, 3]), np.array([3, 0, 4]),
       np.array([0, 2, 1, 4])])
+
+
+@pytest.fixture(scope="module")
+def string_loop():
+  """A draft that samples its text: its stream, not the verifier's
+  uniforms, drives the proposals."""
+  return _string_loop(draft_temperature=1.0)
 
 
 @pytest.mark.big_batch
@@ -130,6 +136,14 @@ def test_real_loop_with_a_string_level_draft_is_exact(string_loop, spec,
   result, out = _run_loop(string_loop, spec, 2, EOS, sampling)
   assert result.passed, f"{spec}: {result}"
   assert out.summary()["alpha_hat"] > 0.1  # multi-byte proposals are kept
+
+
+@pytest.mark.big_batch
+@pytest.mark.full
+def test_real_loop_with_the_default_greedy_text_is_exact():
+  result, out = _run_loop(_string_loop(), "token", 2, EOS)
+  assert result.passed, str(result)
+  assert out.summary()["alpha_hat"] > 0.1
 
 
 @pytest.mark.big_batch

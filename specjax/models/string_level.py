@@ -17,9 +17,10 @@ without x). Nothing about how the text is cut, nor whether the draft read
 the context perfectly, can bias the output; those choices change only how
 often proposals are kept.
 
-How text becomes target tokens. The draft samples its tokens one at a time
-(temperature `draft_temperature`; 0 is its argmax) and appends their bytes
-to a buffer; the draft's EOS (any special id) is the symbol 256. The buffer
+How text becomes target tokens. The draft writes its tokens one at a time
+(its argmax by default, or samples at `draft_temperature`) and appends
+their bytes to a buffer; the draft's EOS (any special id) is the symbol
+256. The buffer
 is cut by greedy longest match over the target's vocabulary: the walk
 follows the buffer's bytes down the target's tokens (sorted by bytes, so
 each prefix is a contiguous range, found by binary search) and stops where
@@ -124,7 +125,7 @@ class StringLevelDraft(struct.PyTreeNode):
   @classmethod
   def build(cls, draft: Any, draft_tokenizer: Any, target_tokenizer: Any, *,
             target_vocab_size: int | None = None,
-            draft_temperature: float = 1.0, seed: int = 0,
+            draft_temperature: float = 0.0, seed: int = 0,
             max_token_bytes: int = 16, max_per_token: int = 16
             ) -> "StringLevelDraft":
     """Wraps `draft` to propose the target's tokens from its own text.
@@ -136,7 +137,11 @@ class StringLevelDraft(struct.PyTreeNode):
       target_vocab_size: the target model's head (default: the target
         tokenizer's ids); ids past the tokenizer are never proposed.
       draft_temperature: >= 0; the draft samples its text at this
-        temperature (0: greedy), whatever the target's sampling.
+        temperature, whatever the target's sampling. 0 (the default) is
+        its argmax, which suits every target temperature: a point-mass
+        proposal x is kept with probability p(x), and the most likely
+        text beats a sample (max p >= sum p^2 where the draft's law is
+        the target's).
       seed: the draft's random stream.
       max_token_bytes: target tokens longer than this are never proposed
         (the walk looks at most this far).
