@@ -819,7 +819,7 @@ def _check_tree(verifier, gamma, target, draft) -> int:
           f"specjax.models.protocol.supports_trees); {type(model).__name__} "
           "has none. Use TransformerLM, NGramLM, SelfDraft or EagleDraft "
           "models, or a chain verifier such as 'token'.")
-  if verifier.mode == "wor" and verifier.topology.max_children > (
+  if verifier.mode in ("wor", "greedy") and verifier.topology.max_children > (
       target.vocab_size):
     raise ValueError(f"verifier={verifier.spec!r} draws up to "
                      f"{verifier.topology.max_children} distinct children per "

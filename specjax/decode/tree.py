@@ -11,7 +11,11 @@ path. The topology is static (one compile per topology):
 
 The children of one node are drafted from the draft's law q at that node,
 either i.i.d. (`mode="iid"`) or without replacement (`mode="wor"`, the
-Gumbel-top-k trick: draw x_1 ~ q, then x_2 ~ q without x_1, ...).
+Gumbel-top-k trick: draw x_1 ~ q, then x_2 ~ q without x_1, ...). A third
+draft mode, `"greedy"` (`DRAFT_MODES`, Hu et al.'s greedy drafts,
+`greedy_children`), takes a node's k - 1 most likely tokens under q and one
+draw from q without them; it has its own verifier
+(`specjax.decode.greedy_draft`), not the recursive rejection sampling below.
 Verification walks down from the root; at a node with target law p it runs
 recursive rejection sampling over the children in order:
 
@@ -48,6 +52,10 @@ import numpy as np
 from specjax import _checks
 
 MODES = ("iid", "wor")
+# Every way a tree round can draft children: MODES, which recursive
+# rejection sampling (`tree_verify`) and traversal judge, and "greedy",
+# which only its own verifier judges (`specjax.decode.greedy_draft`).
+DRAFT_MODES = MODES + ("greedy",)
 # A tree pass scores every node in one forward pass under a static
 # (N + 1) x (N + 1) ancestor mask built on the host (256 MiB at this size),
 # and the nodes must fit the cache beside the context.
@@ -166,13 +174,17 @@ def _check_size(num_nodes: int) -> None:
 
 def check_mode(mode: str) -> str:
   if mode not in MODES:
+    hint = (" Greedy drafts (the top k - 1 of q and one draw from the rest) "
+            "have their own verifier: 'greedy-draft:3,1,1'."
+            if mode == "greedy" else "")
     raise ValueError(f"mode must be one of {MODES} ('iid': children i.i.d. "
                      f"from q, SpecInfer; 'wor': without replacement, RSD), "
-                     f"got {mode!r}.")
+                     f"got {mode!r}.{hint}")
   return mode
 
 
-def draft_children(u_xK, gumbel_xKxV, q_xV, k: int, mode: str, sample):
+def draft_children(u_xK, gumbel_xKxV, q_xV, k: int, mode: str, sample,
+                   counts_x=None):
   """k children of one node per row: int32 `[..., k]`, and valid `[..., k]`.
 
   Leading dims `...` are rows (and, in a tree round, the nodes of a level).
@@ -180,7 +192,16 @@ def draft_children(u_xK, gumbel_xKxV, q_xV, k: int, mode: str, sample):
   largest of log q + Gumbel (`gumbel_xKxV[..., 0, :]`: a draw without
   replacement); a wor child beyond q's support is invalid. The first k of
   k' > k children are the k children, in either mode, for the same draws.
+  greedy: `greedy_children` with `u_xK[..., 0]` and each node's own number
+  of children `counts_x` (int, broadcast to `...`; default k): unlike the
+  other modes its last child depends on that number, so a level whose
+  nodes have fewer children than k cannot keep the first ones of k.
   """
+  if mode not in DRAFT_MODES:
+    raise ValueError(f"mode must be one of {DRAFT_MODES}, got {mode!r}.")
+  if mode == "greedy":
+    return greedy_children(u_xK[..., 0], q_xV,
+                           k if counts_x is None else counts_x, k, sample)
   if mode == "iid":
     tokens_xK = sample(u_xK[..., :k], jnp.broadcast_to(
         q_xV[..., None, :], q_xV.shape[:-1] + (k, q_xV.shape[-1])))
@@ -191,6 +212,76 @@ def draft_children(u_xK, gumbel_xKxV, q_xV, k: int, mode: str, sample):
   _, tokens_xK = jax.lax.top_k(scores_xV, k)
   valid_xK = jnp.take_along_axis(q_xV, tokens_xK, axis=-1) > 0
   return tokens_xK.astype(jnp.int32), valid_xK
+
+
+def greedy_children(u_x, q_xV, counts_x, width: int, sample):
+  """Hu et al.'s greedy children of one node per row (`mode="greedy"`).
+
+  A node with k children drafts, in slots 0..k-2, the k - 1 most likely
+  tokens under q (the set T; ties: the lower id, as `jax.lax.top_k` and
+  `specjax.lab.multidraft.draft_law` order them; the verifier reads T off
+  the drafted tokens, so exactness does not hang on the order of ties),
+  and in slot k - 1 one inverse-CDF draw (uniform `u_x`) from q' = q
+  without T. Slot k - 1 is invalid where q has no mass outside T (the
+  lab's empty slot; its token, 0, is never kept), and slots k.. of a
+  `width`-wide level are unused (0, invalid). The tokens of T stay valid
+  even where q(x) = 0: they are drafted outright, so the target's mass on
+  them still counts.
+
+  Args:
+    u_x: float32 uniforms `[...]`, one per node.
+    q_xV: float32 `[..., V]`, the law the verifier judges (after the
+      sampling transform).
+    counts_x: int `[...]` (or broadcastable): each node's k, 1 <= k <=
+      width (k = 1: no T, one draw from q).
+    width: static, the widest node's k (at most V).
+    sample: the loop's sampler (reads the total off the CDF, so q' need not
+      be normalised; a token of zero mass is never drawn).
+
+  Returns:
+    (tokens int32 `[..., width]`, valid bool `[..., width]`).
+  """
+  width = _checks.check_int("width", width, low=1)
+  lead, vocab = q_xV.shape[:-1], q_xV.shape[-1]
+  if width > vocab:
+    raise ValueError(f"width={width} greedy children need as many distinct "
+                     f"tokens, more than the vocabulary ({vocab}).")
+  if tuple(u_x.shape) != tuple(lead):
+    raise ValueError(f"u_x {tuple(u_x.shape)} must have q's leading shape "
+                     f"{tuple(lead)}: one uniform per node.")
+  if _checks.is_concrete(counts_x) and not np.all(
+      (np.asarray(counts_x) >= 1) & (np.asarray(counts_x) <= width)):
+    raise ValueError(f"counts_x must lie in [1, width={width}] (each node's "
+                     f"number of children), got {np.asarray(counts_x)}.")
+  counts_x = jnp.broadcast_to(jnp.asarray(counts_x, jnp.int32), lead)
+  slot_W = jnp.arange(width)
+  in_t_xW1 = slot_W[:width - 1] < counts_x[..., None] - 1
+  if width > 1:
+    _, top_xW1 = jax.lax.top_k(q_xV, width - 1)
+    # q without T: a scatter per row (a `[..., W, V]` one-hot would be W
+    # times the level's laws).
+    flat_q_RxV = q_xV.reshape(-1, vocab)
+    rows_R1 = jnp.arange(flat_q_RxV.shape[0])[:, None]
+    rest_xV = flat_q_RxV.at[rows_R1, top_xW1.reshape(-1, width - 1)].multiply(
+        jnp.where(in_t_xW1, 0.0, 1.0).reshape(-1, width - 1)).reshape(
+            q_xV.shape)
+  else:  # one child: no T, the draw is from q itself
+    top_xW1, rest_xV = jnp.zeros(lead + (0,), jnp.int32), q_xV
+  draw_x = sample(u_x, rest_xV).astype(jnp.int32)
+  # The mass left is summed over what is left, not 1 - q(T): no
+  # cancellation when q is nearly one-hot.
+  last_ok_x = (jnp.sum(rest_xV, axis=-1) > 0) & (jnp.take_along_axis(
+      rest_xV, draw_x[..., None], axis=-1)[..., 0] > 0)
+  is_last_xW = slot_W == counts_x[..., None] - 1
+  top_xW = jnp.concatenate([top_xW1.astype(jnp.int32),
+                            jnp.zeros(lead + (1,), jnp.int32)], axis=-1)
+  in_t_xW = jnp.concatenate([in_t_xW1, jnp.zeros(lead + (1,), bool)],
+                            axis=-1)
+  tokens_xW = jnp.where(in_t_xW, top_xW,
+                        jnp.where(is_last_xW & last_ok_x[..., None],
+                                  draw_x[..., None], 0))
+  valid_xW = in_t_xW | (is_last_xW & last_ok_x[..., None])
+  return tokens_xW.astype(jnp.int32), valid_xW
 
 
 def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
@@ -314,16 +405,18 @@ def check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
 
 
 def walk_step(chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2,
-              tokens_BxN, sample, path, emitted):
+              tokens_BxN, sample, path, emitted, drawn_B=None):
   """One level of a walk down the tree, after a node rule judged the
   children of each row's node: a row that kept child `chosen_B` (>= 0)
   descends into it; one that kept none draws its final token from
   `r_BxV` with uniform `u_BxNx2[:, node + 1, 1]` and stops. Appends the
   level's kept node (-1: none) and token to `path` and `emitted`; returns
-  (node_B, alive_B, final_B)."""
+  (node_B, alive_B, final_B). A rule that drew that token already (its
+  choice depends on it: `greedy_draft`) passes it as `drawn_B`."""
   rows = jnp.arange(chosen_B.shape[0])
   stop_B = alive_B & (chosen_B < 0)
-  y_B = sample(u_BxNx2[rows, node_B + 1, 1], r_BxV)
+  y_B = (sample(u_BxNx2[rows, node_B + 1, 1], r_BxV) if drawn_B is None
+         else drawn_B)
   final_B = jnp.where(stop_B, y_B, final_B)
   descend_B = alive_B & (chosen_B >= 0)
   path.append(jnp.where(descend_B, chosen_B, -1))

@@ -9,21 +9,22 @@ Draft, level by level (max_depth draft calls, like the chain's gamma):
     the chain does (it never saw a kept leaf of the last round), giving q at
     the root; its cache is then set to start the tree region at the root.
   level d >= 1: the children of every node of depth d - 1 are drawn from
-    that node's q (`tree.draft_children`, i.i.d. or without replacement;
-    every node of the level in one step), and the nodes of depth d that
-    have children are fed to the draft in ONE
-    `tree_decode(..., nodes=level)` call: each node goes to slot
-    n - 1 + 1 + node, position n - 1 + depth, attending to the committed
-    slots and its ancestors' slots.
+    that node's q (`tree.draft_children`, i.i.d., without replacement, or
+    greedy: the top k - 1 and one draw from the rest; every node of the
+    level in one step), and the nodes of depth d that have children are
+    fed to the draft in ONE `tree_decode(..., nodes=level)` call: each
+    node goes to slot n - 1 + 1 + node, position n - 1 + depth, attending
+    to the committed slots and its ancestors' slots.
   The leaves' children never exist, so leaves are never fed.
 
 Target: root + every node in ONE `tree_decode` pass (the same slot layout),
 p at every node; the verifier's `verify_tree` keeps one path
 (`tree.tree_verify`: recursive rejection sampling;
-`traversal.traversal_verify`: Traversal Verification). Both caches then
-`move` the kept path's entries to the contiguous slots n, n + 1, ... (the
-draft's moved leaf entry is stale and is re-read by the next round's
-window).
+`traversal.traversal_verify`: Traversal Verification;
+`greedy_draft.greedy_draft_verify`: Hu et al.'s greedy drafts). Both
+caches then `move` the kept path's entries to the contiguous slots n,
+n + 1, ... (the draft's moved leaf entry is stale and is re-read by the
+next round's window).
 
 A feature-reading draft (`EagleDraft`) starts as a chain round does, from
 the target's features of the committed tokens (level 0), then feeds each
@@ -39,9 +40,10 @@ target's tree pass, which writes every tree slot before it reads one,
 replaces them; the target's move is the draft's.
 
 Randomness: key (row, round) folded with purpose 0 drafts the tree (iid:
-uniforms `[I, K]`, wor: Gumbel noise `[I, V]`, one row per node with
-children), purpose `_VERIFY` the `[N + 1, 2]` verification uniforms; a row's
-draws never depend on the rest of the batch.
+uniforms `[I, K]`, greedy: the same, column 0 drawing a node's last child,
+wor: Gumbel noise `[I, V]`, one row per node with children), purpose
+`_VERIFY` the `[N + 1, 2]` verification uniforms; a row's draws never depend
+on the rest of the batch.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def propose(draft, state, verifier, key_B, sampling, masker=None,
   levels = _levels(topology)
   internal = [u for level in levels for u, _ in level]
   row = {u: i for i, u in enumerate(internal)}
-  if mode == "iid":
+  if mode in ("iid", "greedy"):
     u_BxIxK = jax.vmap(lambda k: jax.random.uniform(
         k, (len(internal), topology.max_children)))(key_B)
     gumbel_BxIxV = None
@@ -174,11 +176,13 @@ def propose(draft, state, verifier, key_B, sampling, masker=None,
     width = max(len(kids) for _, kids in level)
     ids = np.array([row[u] for u, _ in level])
     q_BxN1xV = q_BxN1xV.at[:, nodes + 1].set(q_BxLxV)
+    # Greedy children depend on each node's own number of children (its
+    # last child is drawn from q without its top k - 1).
     x_BxLxW, ok_BxLxW = tree_lib.draft_children(
         None if u_BxIxK is None else u_BxIxK[:, ids],
         None if gumbel_BxIxV is None else gumbel_BxIxV[:, ids, None],
         q_BxLxV if draw_q_BxLxV is None else draw_q_BxLxV, width, mode,
-        sample)
+        sample, counts_x=np.array([len(kids) for _, kids in level]))
     # Each child's (node of the level, child slot), and its id.
     at_j = np.array([j for j, (_, kids) in enumerate(level) for _ in kids])
     at_s = np.array([s for _, kids in level for s in range(len(kids))])

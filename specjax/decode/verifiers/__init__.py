@@ -16,8 +16,12 @@ verifier=...)` take a registry string or a `Verifier` instance. Strings are
                      (Weng et al. 2025; exact, keeps >= tree)
   spectr:3,2,1       the i.i.d. tree judged node by node by SpecTr's K-SEQ
                      (Sun et al. 2023; exact)
+  greedy-draft:3,1,1 Hu et al.'s greedy drafts (top k - 1 of q and one draw
+                     from the rest) and their verifier (ICLR 2025; exact,
+                     the scheme's optimal acceptance at every node)
   wrong_fallback, always_accept, tree-skip-residual,
-  traversal-no-final-residual, spectr-wrong-residual  negative controls
+  traversal-no-final-residual, spectr-wrong-residual,
+  greedy-draft-residual-outside-drafts  negative controls
 
 Adding a verifier: subclass `Verifier` in its own module under this package,
 then add one `register_verifier` line below. The loop is not touched.
@@ -33,6 +37,9 @@ from specjax.decode.verifiers.base import Verifier
 from specjax.decode.verifiers.block import BlockVerifier
 from specjax.decode.verifiers.controls import AlwaysAcceptControl
 from specjax.decode.verifiers.controls import WrongFallbackControl
+from specjax.decode.verifiers.greedy_draft import (
+    GreedyDraftResidualOutsideControl)
+from specjax.decode.verifiers.greedy_draft import GreedyDraftVerifier
 from specjax.decode.verifiers.kseq import KSeqVerifier
 from specjax.decode.verifiers.kseq import KSeqWrongResidualControl
 from specjax.decode.verifiers.lossy import LenientVerifier
@@ -120,6 +127,10 @@ register_verifier("traversal-no-final-residual",
 register_verifier("spectr", _trees.factory(KSeqVerifier, "iid"))
 register_verifier("spectr-wrong-residual",
                   _trees.factory(KSeqWrongResidualControl, "iid"))
+register_verifier("greedy-draft", _trees.factory(GreedyDraftVerifier,
+                                                 "greedy"))
+register_verifier("greedy-draft-residual-outside-drafts",
+                  _trees.factory(GreedyDraftResidualOutsideControl, "greedy"))
 
 
 def get_verifier(spec: str | Verifier) -> Verifier:
@@ -167,5 +178,6 @@ __all__ = ["Verifier", "TokenVerifier", "BlockVerifier", "LenientVerifier",
            "TypicalVerifier", "WrongFallbackControl", "AlwaysAcceptControl",
            "TreeVerifier", "TreeSkipResidualControl", "TraversalVerifier",
            "TraversalNoFinalResidualControl", "KSeqVerifier",
-           "KSeqWrongResidualControl",
+           "KSeqWrongResidualControl", "GreedyDraftVerifier",
+           "GreedyDraftResidualOutsideControl",
            "register_verifier", "available_verifiers", "get_verifier"]

@@ -16,6 +16,9 @@ Registry strings:
 The same tree judged by Traversal Verification: `traversal:3,2,1,1`,
 `traversal-wor:3,2,1,1` (`specjax.decode.verifiers.traversal`); node by
 node by SpecTr's K-SEQ: `spectr:3,2,1,1` (`specjax.decode.verifiers.kseq`).
+Hu et al.'s greedy drafts (the top k - 1 of q and one draw from the rest)
+with their own verifier: `greedy-draft:3,1,1`
+(`specjax.decode.verifiers.greedy_draft`).
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ class TreeVerifier(base.Verifier):
                       "branching tuple like (3, 2, 1, 1), got "
                       f"{self.topology!r}.")
     object.__setattr__(self, "topology", topology)
+    self._check_mode()
+
+  def _check_mode(self) -> None:
+    """Refuses a draft mode this rule cannot judge (`GreedyDraftVerifier`
+    takes "greedy" alone)."""
     tree_lib.check_mode(self.mode)
 
   @property
