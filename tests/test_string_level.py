@@ -10,6 +10,8 @@ import pytest
 from conftest import REPO
 import specjax as sj
 from specjax.data.tokenizer_protocol import encode_batch
+from specjax.harness import drafts
+from specjax.harness import textgen
 from specjax.models import hf
 from specjax.models.string_level import EOS_SYMBOL
 from specjax.models.string_level import StringLevelDraft
@@ -177,3 +179,26 @@ def test_greedy_output_is_the_target_own_on_a_hugging_face_pair(spec):
                                 **kwargs)
   np.testing.assert_array_equal(np.asarray(out.tokens),
                                 np.asarray(base.tokens))
+
+
+def test_the_registry_wraps_a_draft_of_another_tokenizer_as_text():
+  """`--draft=string:DIR` (text in, text out through experiments.generate):
+  greedy text equals the target's own."""
+  data = REPO / "tests" / "data" / "hf"
+  target, tok = hf.load(data / "qwen2")
+  draft = drafts.make_draft(f"string:{data / 'llama3_tied'}", target,
+                            tokenizer=tok)
+  assert "string-level exact match" in draft.description
+  assert isinstance(draft.model, StringLevelDraft)
+  result = textgen.run(draft.target, draft.model, tok, ["the quick brown"],
+                       gamma=3, max_new_tokens=16, compare=True)
+  assert result.texts == result.baseline_texts
+
+
+def test_the_registry_refuses_string_of_a_draft_without_text():
+  target, tok = hf.load(REPO / "tests" / "data" / "hf" / "qwen2")
+  with pytest.raises(ValueError, match="wraps a model of another tokenizer"):
+    drafts.make_draft("string:self:1", target, tokenizer=tok)
+  with pytest.raises(ValueError, match="pass the target's tokenizer"):
+    drafts.make_draft("string:" + str(REPO / "tests" / "data" / "hf" / "gpt2"),
+                      target)

@@ -31,6 +31,10 @@ every one of them is resolved here:
                       with the target's tokenizer (`models.vocab.reconcile`);
                       of another tokenizer, read through token-level
                       intersection (`models.TokenIntersectionDraft`)
+  string:<draft>      a checkpoint (DIR, hf:<repo_id>) or a zoo model
+                      (byte-level) of another tokenizer writing text, cut
+                      into the target's tokens (`models.StringLevelDraft`,
+                      string-level exact match)
 
 A config (`configs/reproduce.py`) supplies a zoo draft's recipe (its
 entry in `config.drafts`, by name), the target that distilled drafts, EAGLE
@@ -54,6 +58,7 @@ import numpy as np
 
 from specjax import _checks
 from specjax.data.hf_tokenizer import read_json
+from specjax.data.tokenizer import ByteTokenizer
 from specjax.decode import validation
 from specjax.harness import zoo
 from specjax.models import derived
@@ -64,6 +69,7 @@ from specjax.models.eagle import EagleDraft
 from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.self_draft import SelfDraft
+from specjax.models.string_level import StringLevelDraft
 from specjax.models.token_intersection import TokenIntersectionDraft
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
@@ -402,12 +408,9 @@ def _parse_checkpoint(spec):
   return None
 
 
-def _build_checkpoint(spec, target, ctx):
-  if ctx.tokenizer is None:
-    raise ValueError(f"draft {spec!r} is a checkpoint: pass the target's "
-                     "tokenizer (tokenizer=...), with which its vocabulary "
-                     "is checked and reconciled.")
-  _transformer(target, spec)
+def _load_checkpoint(spec, ctx):
+  """A checkpoint draft and its tokenizer, its context capped at the
+  target's."""
   directory = hf.resolve(spec)
   max_positions = ctx.max_positions
   if max_positions is not None:
@@ -420,6 +423,16 @@ def _build_checkpoint(spec, target, ctx):
   if draft_tok is None:
     raise FileNotFoundError(f"draft {spec!r} has no tokenizer.json; it is "
                             "needed to check the vocabularies agree.")
+  return draft, draft_tok
+
+
+def _build_checkpoint(spec, target, ctx):
+  if ctx.tokenizer is None:
+    raise ValueError(f"draft {spec!r} is a checkpoint: pass the target's "
+                     "tokenizer (tokenizer=...), with which its vocabulary "
+                     "is checked and reconciled.")
+  _transformer(target, spec)
+  draft, draft_tok = _load_checkpoint(spec, ctx)
   try:
     vocab.check_same_tokenizer(ctx.tokenizer, draft_tok)
   except ValueError:
@@ -432,6 +445,39 @@ def _build_checkpoint(spec, target, ctx):
         f"intersection ({draft.num_shared} shared tokens)")
   target, draft = vocab.reconcile(target, draft, ctx.tokenizer, draft_tok)
   return (draft, target), "a checkpoint"
+
+
+_STRING = "string:"
+
+
+def _parse_string(spec):
+  if not spec.startswith(_STRING):
+    return None
+  inner = spec[len(_STRING):]
+  entry, args = _resolve(inner)
+  if not (entry.zoo or entry.parse is _parse_checkpoint):
+    raise ValueError(f"draft {spec!r}: {_STRING}<draft> wraps a model of "
+                     "another tokenizer, a checkpoint (DIR, hf:<repo_id>) or "
+                     f"a zoo model (byte-level), not {inner!r}.")
+  return inner, entry, args
+
+
+def _build_string(args, target, ctx):
+  inner, entry, inner_args = args
+  if ctx.tokenizer is None:
+    raise ValueError(f"draft {_STRING}{inner!r} cuts the draft's text into "
+                     "the target's tokens: pass the target's tokenizer "
+                     "(tokenizer=...).")
+  if entry.zoo:
+    draft, what = entry.build(inner_args, target, ctx)
+    draft_tok = ByteTokenizer()
+  else:
+    draft, draft_tok = _load_checkpoint(inner, ctx)
+    what = "a checkpoint"
+  model = StringLevelDraft.build(draft, draft_tok, ctx.tokenizer,
+                                 target_vocab_size=target.vocab_size)
+  return model, (f"{what}, its text cut into the target's tokens "
+                 "(string-level exact match)")
 
 
 _KINDS = (
@@ -452,6 +498,8 @@ _KINDS = (
     _Kind("<zoo name>", _parse_zoo, lambda a: a[0], _build_zoo, zoo=True),
     _Kind("DIR | hf:<repo_id>", _parse_checkpoint, lambda a: "transformer",
           _build_checkpoint),
+    _Kind("string:<DIR | hf:<repo_id> | zoo name>", _parse_string,
+          lambda a: a[1].kind(a[2]), _build_string),
 )
 
 SYNTAX = tuple(k.syntax for k in _KINDS)
