@@ -181,6 +181,7 @@ def test_greedy_output_is_the_target_own_on_a_hugging_face_pair(spec):
                                 np.asarray(base.tokens))
 
 
+@pytest.mark.full
 def test_the_registry_wraps_a_draft_of_another_tokenizer_as_text():
   """`--draft=string:DIR` (text in, text out through experiments.generate):
   greedy text equals the target's own."""
