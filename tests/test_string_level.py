@@ -203,3 +203,33 @@ def test_the_registry_refuses_string_of_a_draft_without_text():
   with pytest.raises(ValueError, match="pass the target's tokenizer"):
     drafts.make_draft("string:" + str(REPO / "tests" / "data" / "hf" / "gpt2"),
                       target)
+
+
+def test_a_token_other_than_the_proposal_is_read_row_by_row():
+  """A row fed another token than its proposal (a constraint may overrule
+  one) reads it; a row fed its own proposal in the same call consumes it,
+  exactly as a call where every row does."""
+  _, _, draft, _ = _lab_pair()
+  wrapped = StringLevelDraft.build(draft, _Tok(DRAFT_TOKENS),
+                                   _Tok(TARGET_TOKENS), draft_temperature=0.0)
+  logits, cache = wrapped(jnp.array([[3, 4], [3, 4]]),
+                          wrapped.init_cache(2, 16))
+  own = jnp.argmax(logits[:, -1], -1)
+  other = (own[1] + 1) % 5  # a text token that is not row 1's proposal
+  _, mixed = wrapped(jnp.stack([own[0], other])[:, None], cache)
+  _, consumed = wrapped(own[:, None], cache)
+  _, fresh = wrapped(jnp.array([[3, 4, int(other)]]),
+                     wrapped.init_cache(1, 16))
+  # (draws_B counts on: the row's stream is not restarted by a read.)
+  for name in ("lengths", "proposal_B", "buffer_BxK", "buffer_len_B"):
+    np.testing.assert_array_equal(np.asarray(getattr(mixed, name))[0],
+                                  np.asarray(getattr(consumed, name))[0])
+    np.testing.assert_array_equal(np.asarray(getattr(mixed, name))[1],
+                                  np.asarray(getattr(fresh, name))[0])
+  np.testing.assert_array_equal(np.asarray(mixed.draft_len_BxS[0]),
+                                np.asarray(consumed.draft_len_BxS[0]))
+  np.testing.assert_array_equal(np.asarray(mixed.draft_len_BxS[1]),
+                                np.asarray(fresh.draft_len_BxS[0]))
+  np.testing.assert_array_equal(np.asarray(mixed.inner.lengths),
+                                [int(consumed.inner.lengths[0]),
+                                 int(fresh.inner.lengths[0])])
