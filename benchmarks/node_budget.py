@@ -6,14 +6,16 @@ A round's target pass scores its root and N draft nodes; this compares every
 exact verifier the loop has at N = 4, 8 and 16 scored draft nodes: chains of
 gamma = N (token, block), and trees of N nodes (SpecInfer's i.i.d. children
 "tree", RSD's without replacement "tree-wor", Traversal Verification,
-SpecTr's K-SEQ "spectr" and Hu et al.'s greedy drafts "greedy-draft"), on
-the zoo's quick target (target-3m) with the draft distilled from it, at
-T = 1 and T = 0.7. Every decoder runs the same prompts (windows of the
-corpus's held-out files) with the same keys, so each row is paired across
-decoders: tokens per target call, its gain over tree-wor at the same budget
-with a 95% bootstrap interval over rows (`specjax.stats.paired_ratio_gain`),
-and tokens/s (the fastest of `--repeats` calls, all decoders of a budget
-taking turns) beside it.
+SpecTr's K-SEQ "spectr", Hu et al.'s greedy drafts "greedy-draft" and
+Khisti et al.'s canonical verifier "canonical", on the trees of at most 2
+children per node it judges: 2,1 and 2,1,1,1), on the zoo's quick target
+(target-3m) with the draft distilled from it, at T = 1 and T = 0.7. Every
+decoder runs the same prompts (windows of the corpus's held-out files) with
+the same keys, so each row is paired across decoders: tokens per target
+call, its gain over tree-wor at the same budget with a 95% bootstrap
+interval over rows (`specjax.stats.paired_ratio_gain`), and tokens/s (the
+fastest of `--repeats` calls, all decoders of a budget taking turns)
+beside it.
 
 With `--results_dir`, writes node_budget.json there.
 """
@@ -62,12 +64,12 @@ def _decoders(budget: int) -> list[tuple[str, str, int | None]]:
          (f"block:{budget}", "block", budget)]
   for topology in TREES[budget]:
     for family in ("tree", "tree-wor", "traversal", "traversal-wor",
-                   "spectr", "greedy-draft"):
+                   "spectr", "greedy-draft", "canonical"):
       spec = f"{family}:{topology}"
       try:
         verifiers_lib.get_verifier(spec)
-      except ValueError:  # not registered in this checkout
-        continue
+      except ValueError:  # not registered in this checkout, or a tree the
+        continue          # rule refuses (canonical: over 2 children a node)
       out.append((spec, spec, None))
   return out
 

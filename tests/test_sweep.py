@@ -365,16 +365,18 @@ def test_plan_reads_a_generator_axis_once():
 
 
 def test_the_verifier_axis_takes_the_tree_rules_by_name():
-  """Traversal, K-SEQ and greedy drafts join the axis as registry strings;
-  an "auto" cell of a tree rule is skipped, with its reason."""
+  """Traversal, K-SEQ, greedy drafts and the canonical verifier join the
+  axis as registry strings; an "auto" cell of a tree rule is skipped, with
+  its reason."""
   cells, skipped = sweep.plan(
       [_named("a")], temperatures=(1.0,), gammas=(2, "auto"),
       verifiers=("token", "traversal-wor:2,1", "spectr:2,1",
-                 "greedy-draft:3,1"))
+                 "greedy-draft:3,1", "canonical:2,1"))
   assert [c.verifier.spec for c in cells] == [
-      "token", "token", "traversal-wor:2,1", "spectr:2,1", "greedy-draft:3,1"]
+      "token", "token", "traversal-wor:2,1", "spectr:2,1", "greedy-draft:3,1",
+      "canonical:2,1"]
   assert {s["verifier"] for s in skipped} == {
-      "traversal-wor:2,1", "spectr:2,1", "greedy-draft:3,1"}
+      "traversal-wor:2,1", "spectr:2,1", "greedy-draft:3,1", "canonical:2,1"}
 
 
 def test_wrap_refuses_an_unknown_or_contradicted_kind():

@@ -824,6 +824,7 @@ def _check_tree(verifier, gamma, target, draft) -> int:
     raise ValueError(f"verifier={verifier.spec!r} draws up to "
                      f"{verifier.topology.max_children} distinct children per "
                      f"node, more than the vocabulary ({target.vocab_size}).")
+  verifier.check_vocab(target.vocab_size)
   return depth
 
 

@@ -21,7 +21,8 @@ Target: root + every node in ONE `tree_decode` pass (the same slot layout),
 p at every node; the verifier's `verify_tree` keeps one path
 (`tree.tree_verify`: recursive rejection sampling;
 `traversal.traversal_verify`: Traversal Verification;
-`greedy_draft.greedy_draft_verify`: Hu et al.'s greedy drafts). Both
+`greedy_draft.greedy_draft_verify`: Hu et al.'s greedy drafts;
+`canonical.canonical_verify`: Khisti et al.'s canonical verifier). Both
 caches then `move` the kept path's entries to the contiguous slots n,
 n + 1, ... (the draft's moved leaf entry is stale and is re-read by the
 next round's window).

@@ -19,9 +19,13 @@ verifier=...)` take a registry string or a `Verifier` instance. Strings are
   greedy-draft:3,1,1 Hu et al.'s greedy drafts (top k - 1 of q and one draw
                      from the rest) and their verifier (ICLR 2025; exact,
                      the scheme's optimal acceptance at every node)
+  canonical:2,1,1    the i.i.d. tree (at most 2 children per node) judged
+                     by Khisti et al.'s canonical importance-sampling
+                     verifier (ICLR 2025; exact; O(V^2) per node, V <= 8192)
   wrong_fallback, always_accept, tree-skip-residual,
   traversal-no-final-residual, spectr-wrong-residual,
-  greedy-draft-residual-outside-drafts  negative controls
+  greedy-draft-residual-outside-drafts, canonical-draft-law-q
+                     negative controls
 
 Adding a verifier: subclass `Verifier` in its own module under this package,
 then add one `register_verifier` line below. The loop is not touched.
@@ -35,6 +39,8 @@ from typing import Callable
 from specjax import _checks
 from specjax.decode.verifiers.base import Verifier
 from specjax.decode.verifiers.block import BlockVerifier
+from specjax.decode.verifiers.canonical import CanonicalDraftLawQControl
+from specjax.decode.verifiers.canonical import CanonicalVerifier
 from specjax.decode.verifiers.controls import AlwaysAcceptControl
 from specjax.decode.verifiers.controls import WrongFallbackControl
 from specjax.decode.verifiers.greedy_draft import (
@@ -131,6 +137,9 @@ register_verifier("greedy-draft", _trees.factory(GreedyDraftVerifier,
                                                  "greedy"))
 register_verifier("greedy-draft-residual-outside-drafts",
                   _trees.factory(GreedyDraftResidualOutsideControl, "greedy"))
+register_verifier("canonical", _trees.factory(CanonicalVerifier, "iid"))
+register_verifier("canonical-draft-law-q",
+                  _trees.factory(CanonicalDraftLawQControl, "iid"))
 
 
 def get_verifier(spec: str | Verifier) -> Verifier:
@@ -179,5 +188,6 @@ __all__ = ["Verifier", "TokenVerifier", "BlockVerifier", "LenientVerifier",
            "TreeVerifier", "TreeSkipResidualControl", "TraversalVerifier",
            "TraversalNoFinalResidualControl", "KSeqVerifier",
            "KSeqWrongResidualControl", "GreedyDraftVerifier",
-           "GreedyDraftResidualOutsideControl",
+           "GreedyDraftResidualOutsideControl", "CanonicalVerifier",
+           "CanonicalDraftLawQControl",
            "register_verifier", "available_verifiers", "get_verifier"]

@@ -18,7 +18,9 @@ The same tree judged by Traversal Verification: `traversal:3,2,1,1`,
 node by SpecTr's K-SEQ: `spectr:3,2,1,1` (`specjax.decode.verifiers.kseq`).
 Hu et al.'s greedy drafts (the top k - 1 of q and one draw from the rest)
 with their own verifier: `greedy-draft:3,1,1`
-(`specjax.decode.verifiers.greedy_draft`).
+(`specjax.decode.verifiers.greedy_draft`). Khisti et al.'s canonical
+importance-sampling verifier on i.i.d. trees of at most 2 children per node:
+`canonical:2,1,1` (`specjax.decode.verifiers.canonical`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,12 @@ class TreeVerifier(base.Verifier):
     """Refuses a draft mode this rule cannot judge (`GreedyDraftVerifier`
     takes "greedy" alone)."""
     tree_lib.check_mode(self.mode)
+
+  def check_vocab(self, vocab: int) -> None:
+    """Refuses, before tracing, a vocabulary this rule cannot judge at a
+    reasonable cost (the loop calls it with the target's; `canonical` caps
+    its O(V^2) work). Every vocabulary by default."""
+    del vocab
 
   @property
   def depth(self) -> int:
