@@ -9,6 +9,7 @@ from specjax.data.corpus import from_flag
 from specjax.data.corpus import split_of
 from specjax.data.corpus import stdlib_corpus
 from specjax.data.corpus import text_corpus
+from specjax.data.corpus import text_prompts
 from specjax.data.tokenizer import BOS_ID
 from specjax.data.tokenizer import BYTE_VOCAB_SIZE
 from specjax.data.tokenizer import ByteTokenizer

@@ -18,6 +18,10 @@ Tokens. Each split is one token array (the byte tokenizer's ids, see
 `specjax.data.tokenizer`): every file becomes `BOS bytes... EOS`, files in
 sorted relative-path order, concatenated. It is stored as uint16 (the ids are
 < 2**16) to halve memory; `batches` and `prompts` return int32.
+`corpus.tokenized(tokenizer)` is the same text in another tokenizer's ids
+(e.g. a BPE of `specjax.data.bpe`): every file becomes `[BOS] ids... EOS`
+(BOS where the tokenizer has one), the file read as UTF-8 (errors
+replaced) and encoded without its post-processor.
 
 Fingerprint. `Corpus.fingerprint()` is a JSON-ready dict (interpreter
 version, file count, bytes, sha256 over paths and contents, split sizes) that
@@ -34,11 +38,12 @@ import hashlib
 import os
 import platform
 import sysconfig
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from specjax import _checks
+from specjax.data import hf_tokenizer
 from specjax.data import tokenizer as tokenizer_lib
 
 SPLITS = ("train", "heldout")
@@ -70,6 +75,8 @@ class Corpus:
     root: the directory the stdlib was read from, or None for user files.
     files: the documents, sorted by `rel_path` (unique).
     heldout_fraction: the expected fraction of files held out, in [0, 1).
+    tokenizer: None for the byte tokenizer's ids, else the `HFTokenizer`
+      whose ids `tokens()` returns (build with `tokenized`).
 
   Reading is lazy: the first `tokens()` or `fingerprint()` call reads every
   file once and caches both splits and the fingerprint in memory.
@@ -79,6 +86,7 @@ class Corpus:
   root: str | None
   files: tuple[CorpusFile, ...]
   heldout_fraction: float = DEFAULT_HELDOUT_FRACTION
+  tokenizer: Any = None
   _cache: dict = dataclasses.field(default_factory=dict, repr=False,
                                    compare=False, hash=False)
 
@@ -91,11 +99,20 @@ class Corpus:
       raise ValueError("heldout_fraction must be in [0, 1), got "
                        f"{fraction}; 0.05 holds out about 5% of the files.")
     object.__setattr__(self, "heldout_fraction", fraction)
+    if self.tokenizer is not None:
+      _check_tokenizer(self.tokenizer)
     rel_paths = [f.rel_path for f in self.files]
     if rel_paths != sorted(set(rel_paths)):
       raise ValueError("Corpus.files must be sorted by rel_path without "
                        "duplicates; build corpora with stdlib_corpus() or "
                        "text_corpus().")
+
+  def tokenized(self, tokenizer: Any) -> "Corpus":
+    """This corpus's text in `tokenizer`'s ids (an `HFTokenizer` with an
+    EOS and fewer than 2**16 ids, e.g. `bpe.train_bpe(corpus, 1024)`'s).
+    Its fingerprint names the tokenizer and its content fingerprint."""
+    _check_tokenizer(tokenizer)
+    return dataclasses.replace(self, tokenizer=tokenizer, _cache={})
 
   def split_files(self, split: str) -> tuple[CorpusFile, ...]:
     """The files of `split` ("train" or "heldout"), in corpus order."""
@@ -111,6 +128,9 @@ class Corpus:
     """
     _check_split(split)
     self._load()
+    if split not in self._cache["tokens"]:
+      self._cache["tokens"][split] = _frame_ids(
+          self.tokenizer, self._cache["chunks"].pop(split))
     tokens_N = self._cache["tokens"][split]
     if tokens_N.size == 0:
       raise ValueError(
@@ -142,7 +162,13 @@ class Corpus:
       hasher.update(len(name).to_bytes(8, "little") + name)
       hasher.update(len(data).to_bytes(8, "little") + data)
       chunks[split_of(f.rel_path, self.heldout_fraction)].append(data)
-    tokens = {split: _frame(chunks[split]) for split in SPLITS}
+    if self.tokenizer is None:
+      tokens = {split: _frame(chunks[split]) for split in SPLITS}
+    else:
+      # Encoded on the first `tokens(split)`: a fingerprint (what a recipe
+      # key reads) then costs no encoding of the whole text.
+      tokens = {}
+      self._cache["chunks"] = chunks
     nbytes = {split: sum(map(len, chunks[split])) for split in SPLITS}
     self._cache["fingerprint"] = {
         "source": self.source,
@@ -157,9 +183,47 @@ class Corpus:
         "train_bytes": nbytes["train"],
         "heldout_files": len(chunks["heldout"]),
         "heldout_bytes": nbytes["heldout"],
-        "tokenizer": tokenizer_lib.ByteTokenizer().name,
+        "tokenizer": _tokenizer_id(self.tokenizer),
     }
     self._cache["tokens"] = tokens
+
+
+def _check_tokenizer(tokenizer: Any) -> None:
+  if not isinstance(tokenizer, hf_tokenizer.HFTokenizer):
+    raise TypeError("tokenizer must be an HFTokenizer (e.g. specjax.data.bpe."
+                    "train_bpe's; None is the byte tokenizer), got "
+                    f"{type(tokenizer).__name__}.")
+  if tokenizer.eos_id is None:
+    raise ValueError(f"tokenizer {tokenizer.name!r} has no EOS id; every "
+                     "corpus file ends with one.")
+  if tokenizer.vocab_size > 2**16:
+    raise ValueError(f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size}"
+                     " ids; corpus tokens are stored as uint16 (at most "
+                     f"{2**16} ids).")
+
+
+def _tokenizer_id(tokenizer: Any) -> str:
+  """The fingerprint's tokenizer field: "byte259" for the byte tokenizer
+  (as ever), "<name>:<16 hex digits of its content fingerprint>" else."""
+  if tokenizer is None:
+    return tokenizer_lib.ByteTokenizer().name
+  return f"{tokenizer.name}:{tokenizer.fingerprint()[:16]}"
+
+
+def _frame_ids(tokenizer: Any, docs: Sequence[bytes]) -> np.ndarray:
+  """`[BOS] ids(d0) EOS [BOS] ids(d1) EOS ...` as uint16 in `tokenizer`'s
+  ids (the library encodes the files in parallel)."""
+  texts = [d.decode("utf-8", errors="replace") for d in docs]
+  encoded = tokenizer.tokenizer.encode_batch(texts, add_special_tokens=False)
+  head = np.array([] if tokenizer.bos_id is None else [tokenizer.bos_id],
+                  np.int64)
+  tail = np.array([tokenizer.eos_id], np.int64)
+  parts = []
+  for e in encoded:
+    parts += [head, np.asarray(e.ids, np.int64), tail]
+  if not parts:
+    return np.empty(0, np.uint16)
+  return np.concatenate(parts).astype(np.uint16)
 
 
 def _check_split(split: str) -> None:
@@ -189,6 +253,45 @@ def _frame(docs: Sequence[bytes]) -> np.ndarray:
     out_N[pos + 1 + len(d)] = tokenizer_lib.EOS_ID
     pos += len(d) + 2
   return out_N
+
+
+# The first word of `text_prompts`' seed: a stream of its own.
+_TEXT_PROMPT_STREAM = 2
+
+
+def text_prompts(corpus: Corpus, n: int, prompt_bytes: int, seed: int = 0,
+                 split: str = "heldout") -> list[str]:
+  """`n` prompts as text: windows of `prompt_bytes` bytes of `split`, each
+  inside one file and whole UTF-8, so that targets of different tokenizers
+  can encode the same text (`encode_batch`). A pure function of the
+  arguments (the text, not the corpus's tokenizer, is read)."""
+  if not isinstance(corpus, Corpus):
+    raise TypeError(f"corpus must be a Corpus, got {type(corpus).__name__}.")
+  n = _checks.check_int("n", n, low=1)
+  prompt_bytes = _checks.check_int("prompt_bytes", prompt_bytes, low=1)
+  seed = _checks.check_int("seed", seed, low=0)
+  if corpus.tokenizer is not None:
+    corpus = dataclasses.replace(corpus, tokenizer=None, _cache={})
+  tokens_N = corpus.tokens(split)
+  if tokens_N.size < prompt_bytes:
+    raise ValueError(f"the {split} split holds {tokens_N.size} tokens, fewer "
+                     f"than prompt_bytes={prompt_bytes}.")
+  rng = np.random.default_rng([_TEXT_PROMPT_STREAM, seed])
+  out: list[str] = []
+  for _ in range(100 * n + 1000):  # most windows qualify
+    start = int(rng.integers(0, tokens_N.size - prompt_bytes + 1))
+    window = tokens_N[start:start + prompt_bytes]
+    if (window > 255).any():  # a file boundary (BOS / EOS) inside
+      continue
+    try:
+      out.append(window.astype(np.uint8).tobytes().decode("utf-8"))
+    except UnicodeDecodeError:  # cut inside a character
+      continue
+    if len(out) == n:
+      return out
+  raise ValueError(f"found {len(out)} of {n} windows of {prompt_bytes} bytes "
+                   f"inside one file of the {split} split; use shorter "
+                   "prompts.")
 
 
 def stdlib_dir() -> str:

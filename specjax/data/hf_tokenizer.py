@@ -10,6 +10,7 @@ several, as in Llama 3).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import pathlib
@@ -170,6 +171,15 @@ class HFTokenizer:
   def vocab_size(self) -> int:
     """Number of ids, added tokens included (a model head may be larger)."""
     return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+  def fingerprint(self) -> str:
+    """sha256 hex of the whole pipeline (tokenizer.json) and the special
+    ids: equal fingerprints encode and decode every text alike."""
+    spec = {"tokenizer": json.loads(self.tokenizer.to_str()),
+            "bos_id": self.bos_id, "eos_ids": list(self.eos_ids),
+            "pad_id": self.pad_id}
+    return hashlib.sha256(
+        json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
   def id_to_token(self, i: int) -> str | None:
     return self.tokenizer.id_to_token(int(i))

@@ -24,6 +24,30 @@ and later calls load it. Names:
                          features and next-token distributions
                          (`specjax.train.eagle`).
 
+  bpe<V>                 a byte-level BPE of V ids (the EOS included, V in
+                         [259, 65536]) trained on the corpus' training files
+                         (`specjax.data.bpe.train_bpe`); `load` and
+                         `tokenizer` return it (an `HFTokenizer`).
+  bpe<V>-<size>          the <size> Transformer over bpe<V>'s ids: the same
+                         architecture and recipe, its embedding and head
+                         V rows, trained on the corpus encoded with bpe<V>
+                         (`Corpus.tokenized`); e.g. bpe1024-target-3m.
+  distilled-bpe<V>-<draft>@bpe<V>-<target>
+                         as distilled-<draft>@<target>, over bpe<V>'s ids
+                         (a student and its teacher share one vocabulary).
+
+A BPE name reads as "<tokenizer>-<model>": the prefix names the vocabulary,
+the rest the model it holds, so every byte-level name has its BPE twin and
+`names()` lists them for V = 1024 (`BPE_VOCABS`): 1024 ids keep the head of
+draft-0.1m (D = 48) at 49k parameters, under half the draft, and the
+target-3m's at 262k (8%), while the BPE writes the stdlib in 2.6 bytes per
+token. `tokenizer(name)` gives the tokenizer of any name (the
+`ByteTokenizer` for byte-level models), and `load_with_tokenizer(name)`
+the pair `(model, tokenizer)`, the tokenizer read from the model's own
+entry, where it is stored (tokenizer.json). BPE models train without
+held-out bits per byte (`eval_every` is 0: the trainer's measure counts
+byte ids).
+
 `overrides` change a recipe (e.g. `{"num_steps": 300}` for a quick run).
 
 Integrity. An entry is stored under `<name>-<key>`, where the key is a
@@ -35,7 +59,11 @@ draft the teacher's own full key (so `teacher_overrides=None`, "the teacher
 uses `overrides`", and `{}`, "the teacher's default recipe", are different
 teachers; for an exit adapter None means the target's default recipe, since
 the adapter's training config has other fields). A changed recipe, corpus or
-teacher is a new entry, never the old model under the same name. Each entry
+teacher is a new entry, never the old model under the same name. A BPE
+model's recipe also holds its tokenizer (name, vocab_size and the sha256 of
+its content, `HFTokenizer.fingerprint`), so a changed tokenizer is a new
+entry too; a tokenizer's own recipe holds the corpus, V and the `tokenizers`
+library's version (its trainer). Each entry
 records its recipe in `zoo.json`; one whose record differs from the request
 is refused with the differing fields named (`ZooError`), never returned.
 
@@ -63,6 +91,7 @@ from typing import Any
 import numpy as np
 
 from specjax import data
+from specjax.data import bpe as bpe_lib
 from specjax.cache_dir import CACHE_ENV  # pylint: disable=unused-import
 from specjax.cache_dir import resolve_cache_dir
 from specjax.models import eagle as eagle_models
@@ -78,6 +107,13 @@ from specjax.train import recipes
 from specjax.train import trainer
 
 NGRAMS = {"unigram": 1, "bigram": 2}
+# The BPE vocabularies `names()` lists (any V in [259, 2**16] loads).
+BPE_VOCABS = (1024,)
+_BPE = "bpe"
+# The trainer checks a model's head holds the byte tokenizer's 259 ids;
+# corpus tokens are uint16.
+_BPE_MIN, _BPE_MAX = data.BYTE_VOCAB_SIZE, 2**16
+TOKENIZER_DIR = "tokenizer"
 _DISTILLED = "distilled-"
 _EXIT_ADAPTER = "exit-adapter-"
 _EAGLE = "eagle-head@"
@@ -94,6 +130,7 @@ _NOT_IN_KEY = ("progress", "log_every", "eval_every", "eval_batches",
 # The objective each kind trains with (part of the recipe).
 _OBJECTIVES = {"transformer": "next_token", "distilled": "forward_kl",
                "ngram": "counts", "exit_adapter": "forward_kl",
+               "bpe": "bpe merges (specjax.data.bpe.train_bpe)",
                "eagle": (f"eagle_features x {eagle_train.FEATURE_WEIGHT:g}"
                          f" + forward_kl x {eagle_train.KL_WEIGHT:g}; inputs "
                          f"{eagle_train.INPUTS}")}
@@ -108,26 +145,72 @@ def names() -> list[str]:
   sizes = [s for s in recipes.SIZES if s != "tiny"]
   drafts = [s for s in sizes if s.startswith("draft-")]
   targets = [s for s in sizes if s.startswith("target-")]
+  bpe = [f"{_BPE}{v}" for v in BPE_VOCABS]
   return (sorted(NGRAMS) + sizes
           + [f"{_DISTILLED}{d}@{t}" for d in drafts for t in targets]
+          + bpe + [f"{b}-{s}" for b in bpe for s in sizes]
+          + [f"{_DISTILLED}{b}-{d}@{b}-{t}" for b in bpe for d in drafts
+             for t in targets]
           + [f"{_EXIT_ADAPTER}{k}@{t}" for t in targets
              for k in range(1, recipes.SIZES[t]["num_layers"])]
           + [f"{_EAGLE}{t}" for t in targets])
 
 
+def _bpe_vocab(name: str) -> int | None:
+  """V of "bpe<V>" (one spelling, V in range), else None."""
+  digits = name[len(_BPE):]
+  if (name.startswith(_BPE) and digits.isdecimal() and digits == str(
+      int(digits)) and _BPE_MIN <= int(digits) <= _BPE_MAX):
+    return int(digits)
+  return None
+
+
+def split_size(size: str) -> tuple[int | None, str]:
+  """(V, base size) of a model size: (None, size) for a byte-level one,
+  (V, base) for "bpe<V>-<base>"; raises for an unknown size."""
+  if size in recipes.SIZES:
+    return None, size
+  prefix, _, base = size.partition("-")
+  vocab = _bpe_vocab(prefix)
+  if vocab is None or base not in recipes.SIZES:
+    raise ValueError(f"Unknown model size {size!r}: a size of "
+                     f"{sorted(recipes.SIZES)}, or bpe<V>-<size> with V in "
+                     f"[{_BPE_MIN}, {_BPE_MAX}].")
+  return vocab, base
+
+
+def _is_size(size: str) -> bool:
+  try:
+    split_size(size)
+  except ValueError:
+    return False
+  return True
+
+
 def parse_name(name: str) -> tuple[str, str, str | None]:
-  """(kind, size, teacher) for a model name; raises for an unknown one."""
+  """(kind, size, teacher) for a model name; raises for an unknown one.
+
+  Kinds: "ngram", "bpe" (a tokenizer; size is its name), "transformer",
+  "distilled", "exit_adapter", "eagle". A size may be "bpe<V>-<size>"
+  (`split_size`)."""
   if not isinstance(name, str):
     raise TypeError(f"name must be a string, got {type(name).__name__}.")
   if name in NGRAMS:
     return "ngram", name, None
-  if name in recipes.SIZES:
+  if _bpe_vocab(name) is not None:
+    return "bpe", name, None
+  if _is_size(name):
     return "transformer", name, None
   if name.startswith(_EAGLE) and name[len(_EAGLE):] in recipes.SIZES:
     return "eagle", "eagle-head", name[len(_EAGLE):]
   if name.startswith(_DISTILLED) and "@" in name:
     student, teacher = name[len(_DISTILLED):].split("@", 1)
-    if student in recipes.SIZES and teacher in recipes.SIZES:
+    if _is_size(student) and _is_size(teacher):
+      if split_size(student)[0] != split_size(teacher)[0]:
+        raise ValueError(
+            f"{name!r}: a distilled draft learns its teacher's next-token "
+            "distributions, so both need one vocabulary; give both sizes "
+            "the same bpe<V>- prefix, or neither.")
       return "distilled", student, teacher
   if name.startswith(_EXIT_ADAPTER) and "@" in name:
     k, teacher = name[len(_EXIT_ADAPTER):].split("@", 1)
@@ -169,7 +252,11 @@ def _config(size: str, overrides: dict[str, Any] | None,
   elif kind == "exit_adapter":
     config = recipes.exit_adapter_config(int(size))
   else:
-    config = recipes.train_config(size)
+    vocab, base = split_size(size)
+    config = recipes.train_config(base)
+    if vocab is not None:
+      config.model_name = size
+      config.model.vocab_size = vocab
   config.progress = True
   for key, value in (overrides or {}).items():
     if not isinstance(key, str):
@@ -201,6 +288,15 @@ def _config(size: str, overrides: dict[str, Any] | None,
     raise ValueError(f"overrides: the name sets the kept blocks "
                      f"(exit-adapter-{size}@...); model.layers may not be "
                      f"overridden (got {config.model.layers!r}).")
+  if kind in ("transformer", "distilled") and split_size(size)[0]:
+    vocab = split_size(size)[0]
+    if config.model.vocab_size != vocab:
+      raise ValueError(f"overrides: the name sets the vocabulary ({size}: "
+                       f"{vocab} ids); model.vocab_size may not be "
+                       f"overridden (got {config.model.vocab_size!r}).")
+    # Held-out bits per byte counts byte ids (< 256) as the text's bytes,
+    # which BPE ids are not (the key ignores eval_every: same entry).
+    config.eval_every = 0
   if kind == "eagle":
     # A head maps features, not tokens, to logits: no held-out evaluation
     # while training, whatever a draft budget shared with it says (the key
@@ -245,25 +341,52 @@ def _corpus_identity(corpus: data.Corpus) -> dict:
                              "tokenizer")}
 
 
-def recipe(name: str, *, overrides: dict[str, Any] | None = None,
-           teacher_overrides: dict[str, Any] | None = None,
-           corpus: data.Corpus | None = None) -> dict:
-  """The JSON-ready recipe that determines the model `load` returns.
-
-  Keys: format, name, kind, objective, corpus (content identity), and for
-  Transformers model_config and train_config; for distilled drafts also
-  teacher (the teacher's full recipe). `key(recipe)` names the cache entry.
-  Reading the default corpus costs about a second (its content is hashed).
-  """
-  kind, size, teacher_name = parse_name(name)
-  _check_overrides(overrides, teacher_overrides)
+def _check_corpus(corpus) -> None:
   if corpus is not None and not isinstance(corpus, data.Corpus):
     raise TypeError("corpus must be a specjax.data.Corpus (e.g. "
                     "data.text_corpus(path)) or None for the built-in one, "
                     f"got {type(corpus).__name__}.")
+  if corpus is not None and corpus.tokenizer is not None:
+    raise ValueError("corpus must be the text (its byte tokens), not "
+                     f"corpus.tokenized(...) ({corpus.tokenizer.name}): a BPE "
+                     "name encodes it with the zoo's own bpe<V>.")
+
+
+def recipe(name: str, *, overrides: dict[str, Any] | None = None,
+           teacher_overrides: dict[str, Any] | None = None,
+           corpus: data.Corpus | None = None, cache_dir: str | None = None,
+           verbose: bool = False) -> dict:
+  """The JSON-ready recipe that determines the model `load` returns.
+
+  Keys: format, name, kind, objective, corpus (content identity), and for
+  Transformers model_config and train_config; for distilled drafts also
+  teacher (the teacher's full recipe); for BPE models tokenizer (name,
+  vocab_size, sha256 of its content), the corpus identity naming it too;
+  for a tokenizer vocab_size and library. `key(recipe)` names the cache
+  entry. Reading the default corpus costs about a second (its content is
+  hashed); a BPE model's recipe reads its tokenizer from `cache_dir`,
+  training it there first when missing (seconds; `verbose` says so).
+  """
+  kind, size, teacher_name = parse_name(name)
+  _check_overrides(overrides, teacher_overrides)
+  _check_corpus(corpus)
   corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
   out = {"format": FORMAT, "name": name, "kind": kind,
          "objective": _OBJECTIVES[kind], "corpus": _corpus_identity(corpus)}
+  if kind == "bpe":
+    if overrides or teacher_overrides:
+      raise ValueError(f"overrides do not apply to the tokenizer {name!r} "
+                       f"(got {overrides or teacher_overrides}); its recipe "
+                       "is its corpus and vocabulary size.")
+    import tokenizers  # pylint: disable=g-import-not-at-top
+    out.update(vocab_size=_bpe_vocab(name),
+               library=f"tokenizers {tokenizers.__version__}")
+    return out
+  if kind in ("transformer", "distilled") and split_size(size)[0]:
+    tok = _bpe_of(size, cache_dir, corpus, verbose)
+    out["corpus"] = _corpus_identity(corpus.tokenized(tok))
+    out["tokenizer"] = {"name": tok.name, "vocab_size": tok.vocab_size,
+                        "sha256": tok.fingerprint()}
   if kind == "ngram":
     if overrides:
       raise ValueError(f"overrides do not apply to the count model {name!r} "
@@ -293,12 +416,24 @@ def recipe(name: str, *, overrides: dict[str, Any] | None = None,
   if kind in ("distilled", "eagle"):
     out["teacher"] = recipe(
         teacher_name, corpus=corpus,
-        overrides=_teacher_overrides(overrides, teacher_overrides))
+        overrides=_teacher_overrides(overrides, teacher_overrides),
+        cache_dir=cache_dir, verbose=verbose)
     _check_teacher_window(name, config, out["teacher"])
   elif teacher_overrides is not None:
     raise ValueError(f"teacher_overrides apply to distilled and eagle-head "
                      f"names only, not {name!r}.")
   return out
+
+
+def _bpe_of(size: str, cache_dir, corpus, verbose):
+  """The zoo's bpe<V> (trained on `corpus`) of a "bpe<V>-<base>" size;
+  `verbose` says so only when it trains (every recipe reads it)."""
+  name = f"{_BPE}{split_size(size)[0]}"
+  cache_dir = resolve_cache_dir(cache_dir)
+  there = os.path.isdir(_entry_path(cache_dir, name,
+                                    recipe(name, corpus=corpus)))
+  return load(name, cache_dir=cache_dir, corpus=corpus,
+              verbose=verbose and not there)
 
 
 def _check_teacher_window(name: str, config, teacher: dict) -> None:
@@ -322,10 +457,13 @@ def entry_dir(name: str, *, cache_dir: str | None = None,
               overrides: dict[str, Any] | None = None,
               teacher_overrides: dict[str, Any] | None = None,
               corpus: data.Corpus | None = None) -> str:
-  """Where `load` keeps (or would keep) this model: `<cache>/<name>-<key>`."""
-  return _entry_path(resolve_cache_dir(cache_dir), name, recipe(
+  """Where `load` keeps (or would keep) this model: `<cache>/<name>-<key>`.
+  (A BPE model's key holds its tokenizer's content, which is trained into
+  the cache first if missing.)"""
+  cache_dir = resolve_cache_dir(cache_dir)
+  return _entry_path(cache_dir, name, recipe(
       name, overrides=overrides, teacher_overrides=teacher_overrides,
-      corpus=corpus))
+      corpus=corpus, cache_dir=cache_dir))
 
 
 def _entry_path(root: str, name: str, recipe_: dict) -> str:
@@ -333,7 +471,7 @@ def _entry_path(root: str, name: str, recipe_: dict) -> str:
 
 
 def _default_corpus(kind: str, size: str, overrides) -> data.Corpus:
-  if kind == "ngram":
+  if kind in ("ngram", "bpe"):
     return data.stdlib_corpus()
   if kind == "eagle":
     # The head's schedule is a draft recipe's; so is its corpus field.
@@ -435,19 +573,75 @@ def load(name: str, *, cache_dir: str | None = None,
     verbose: print what is loaded or trained, and the expected time.
 
   Returns:
-    A `TransformerLM` or an `NGramLM` (both `CausalLM` pytrees), or for an
-    exit-adapter name an `ExitAdapter`, made by exactly the requested recipe
-    (see the module docstring).
+    A `TransformerLM` or an `NGramLM` (both `CausalLM` pytrees), for an
+    exit-adapter name an `ExitAdapter`, for a bpe<V> name its `HFTokenizer`,
+    made by exactly the requested recipe (see the module docstring).
 
   Raises:
     ZooError: the entry's recorded recipe differs from the request.
   """
+  return _load(name, cache_dir, overrides, teacher_overrides, corpus,
+               verbose)[0]
+
+
+def tokenizer(name: str, *, cache_dir: str | None = None,
+              overrides: dict[str, Any] | None = None,
+              corpus: data.Corpus | None = None, verbose: bool = True):
+  """The tokenizer of a zoo name: for bpe<V> and bpe<V>-... names the zoo's
+  bpe<V> (an `HFTokenizer`, trained on `corpus`, default the recipe's, into
+  the cache when missing), for every other name the `ByteTokenizer`."""
+  kind, size, _ = parse_name(name)
+  _check_overrides(overrides, None)
+  _check_corpus(corpus)
+  if kind == "bpe":
+    return load(name, cache_dir=cache_dir, corpus=corpus, verbose=verbose)
+  if kind in ("transformer", "distilled") and split_size(size)[0]:
+    corpus = (_default_corpus(kind, size, overrides) if corpus is None
+              else corpus)
+    return _bpe_of(size, resolve_cache_dir(cache_dir), corpus, verbose)
+  return data.ByteTokenizer()
+
+
+def load_with_tokenizer(name: str, *, cache_dir: str | None = None,
+                        overrides: dict[str, Any] | None = None,
+                        teacher_overrides: dict[str, Any] | None = None,
+                        corpus: data.Corpus | None = None,
+                        verbose: bool = True):
+  """`(load(name, ...), its tokenizer)`: a BPE model's tokenizer is read from
+  the model's own entry (checked against its recipe's fingerprint), any
+  other model's is the `ByteTokenizer`. Not for a bpe<V> name (`tokenizer`
+  is)."""
+  kind, _, _ = parse_name(name)
+  if kind == "bpe":
+    raise ValueError(f"{name!r} is a tokenizer; load it with "
+                     "zoo.tokenizer(name) or zoo.load(name).")
+  model, directory, recipe_ = _load(name, cache_dir, overrides,
+                                    teacher_overrides, corpus, verbose)
+  if "tokenizer" not in recipe_:
+    return model, data.ByteTokenizer()
+  try:
+    tok = bpe_lib.load(os.path.join(directory, TOKENIZER_DIR),
+                       name=recipe_["tokenizer"]["name"])
+  except (OSError, ValueError) as e:
+    raise ZooError(f"The zoo entry {directory!r} has no readable tokenizer "
+                   f"({e}). Delete the directory to retrain it.") from e
+  if tok.fingerprint() != recipe_["tokenizer"]["sha256"]:
+    raise ZooError(f"The zoo entry {directory!r} holds a tokenizer other than "
+                   "the one its recipe records. Delete the directory to "
+                   "retrain it.")
+  return model, tok
+
+
+def _load(name, cache_dir, overrides, teacher_overrides, corpus, verbose):
+  """`load`, also returning the entry's directory and recipe."""
   kind, size, teacher_name = parse_name(name)
   _check_overrides(overrides, teacher_overrides)
+  _check_corpus(corpus)
   cache_dir_ = resolve_cache_dir(cache_dir)
   corpus = _default_corpus(kind, size, overrides) if corpus is None else corpus
   recipe_ = recipe(name, overrides=overrides,
-                   teacher_overrides=teacher_overrides, corpus=corpus)
+                   teacher_overrides=teacher_overrides, corpus=corpus,
+                   cache_dir=cache_dir_, verbose=verbose)
   directory = _entry_path(cache_dir_, name, recipe_)
   if os.path.exists(directory) and not os.path.isdir(directory):
     # Else found only when the trained entry is moved there, after training.
@@ -462,7 +656,7 @@ def load(name: str, *, cache_dir: str | None = None,
   _check_record(directory, recipe_)
   try:
     return _read(name, kind, teacher_name, directory, cache_dir_, overrides,
-                 teacher_overrides, corpus, verbose)
+                 teacher_overrides, corpus, verbose), directory, recipe_
   except (FileNotFoundError, checkpoint_lib.CheckpointError) as e:
     # A file of the entry went missing or is damaged: its own error would
     # say to train first, or name checkpoint internals.
@@ -476,6 +670,10 @@ def _read(name, kind, teacher_name, directory, cache_dir_, overrides,
   """The model of a finished entry (its record already checked)."""
   if kind == "ngram":
     return _read_ngram(name, directory, verbose)
+  if kind == "bpe":
+    tok = bpe_lib.load(directory, name=name)
+    _say(verbose, f"loaded {name} from {directory}")
+    return tok
   if kind == "exit_adapter":
     target = _exit_adapter_target(teacher_name, cache_dir_, teacher_overrides,
                                   corpus, verbose)
@@ -505,10 +703,15 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
   is resumed (the trainer checks it holds the same model).
   """
   partial = directory + ".partial"
-  if kind == "ngram":
+  if kind in ("ngram", "bpe"):
     if os.path.isdir(partial):
       shutil.rmtree(partial)
-    _fit_ngram(name, partial, corpus, verbose)
+    if kind == "ngram":
+      _fit_ngram(name, partial, corpus, verbose)
+    else:
+      _say(verbose, f"training {name} on the {corpus.source} corpus' "
+           f"training split (seconds) into {directory}")
+      bpe_lib.save(bpe_lib.train_bpe(corpus, _bpe_vocab(name)), partial)
     _write_record(partial, recipe_, {"zoo_name": name})
     _publish(partial, directory)
     return
@@ -519,8 +722,14 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
     _build_exit_adapter(name, size, teacher_name, config, recipe_, directory,
                         cache_dir_, teacher_overrides, corpus, verbose, extra)
     return
-  minutes = _expected_minutes(config, size)
+  minutes = _expected_minutes(config, split_size(size)[1])
   loss_fn, aux, what = losses.next_token_loss, None, "training"
+  train_corpus = corpus
+  if "tokenizer" in recipe_:
+    tok = _bpe_of(size, cache_dir_, corpus, verbose)
+    train_corpus = corpus.tokenized(tok)
+    # The entry holds its tokenizer: `load_with_tokenizer` reads it there.
+    bpe_lib.save(tok, os.path.join(partial, TOKENIZER_DIR))
   if kind == "distilled":
     aux = load(teacher_name, cache_dir=cache_dir_,
                overrides=(overrides if teacher_overrides is None
@@ -557,7 +766,7 @@ def _build(name, kind, size, teacher_name, recipe_, directory, cache_dir_,
        f"expect about {minutes:.1f} min on 2 CPU cores")
   start = time.time()
   model, metrics = trainer.train(config, partial, loss_fn=loss_fn, aux=aux,
-                                 corpus=corpus, extra_metadata=extra)
+                                 corpus=train_corpus, extra_metadata=extra)
   _write_record(partial, recipe_, {"zoo_name": name})
   _publish(partial, directory)
   bpb = metrics["eval_bpb"]

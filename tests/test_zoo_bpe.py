@@ -1,0 +1,152 @@
+"""The zoo's BPE tokenizers and the models over them (tiny recipes, seconds)."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import specjax as sj
+from specjax import data
+from specjax.data import bpe
+from specjax.harness import zoo
+
+pytest.importorskip("tokenizers")
+
+# A few steps of small batches: the entries need only exist.
+FAST = {"num_steps": 20, "optim.warmup_steps": 2, "batch_size": 4,
+        "seq_len": 32, "checkpoint_every": 0, "progress": False}
+TEXT = 'def f(x):\n    return {"a": x + 1}  # ok\n'
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  root = tmp_path_factory.mktemp("corpus")
+  for i, path in enumerate(data.stdlib_corpus().files[:24]):
+    with open(path.path, "rb") as src, open(root / f"f{i}.py", "wb") as dst:
+      dst.write(src.read()[:8_000])
+  return data.text_corpus(str(root), heldout_fraction=0.25)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+  return str(tmp_path_factory.mktemp("zoo"))
+
+
+def test_tokenized_corpus_is_the_text_in_bpe_ids(corpus, cache):
+  tok = zoo.tokenizer("bpe300", cache_dir=cache, corpus=corpus,
+                      verbose=False)
+  tokens = corpus.tokenized(tok)
+  ids = tokens.tokens("heldout").astype(np.int32)
+  assert ids.max() < 300 and ids[-1] == tok.eos_id
+  first = corpus.split_files("heldout")[0]
+  with open(first.path, "rb") as fh:
+    text = fh.read().decode("utf-8", errors="replace")
+  end = int(np.flatnonzero(ids == tok.eos_id)[0])
+  assert tok.decode(ids[:end]) == text
+  # The fingerprint names the tokenizer's content; the text's hash is kept.
+  fp, raw = tokens.fingerprint(), corpus.fingerprint()
+  assert fp["tokenizer"] == f"bpe300:{tok.fingerprint()[:16]}"
+  assert raw["tokenizer"] == "byte259" and fp["sha256"] == raw["sha256"]
+
+
+def test_bpe_model_trains_loads_back_with_its_tokenizer(corpus, cache, capsys):
+  kw = dict(cache_dir=cache, corpus=corpus, overrides=FAST, verbose=False)
+  model, tok = zoo.load_with_tokenizer("bpe300-tiny", **kw)
+  assert isinstance(model, sj.TransformerLM) and model.vocab_size == 300
+  assert tok.vocab_size == 300 and tok.name == "bpe300"
+  assert tok.decode(tok.encode(TEXT)) == TEXT
+  assert len(tok.encode(TEXT)) < len(TEXT.encode())  # merges are used
+  # The tokenizer the entry stores is the zoo's bpe300, fingerprint and all.
+  assert tok.fingerprint() == zoo.tokenizer("bpe300-tiny", **kw).fingerprint()
+  entry = zoo.entry_dir("bpe300-tiny", cache_dir=cache, corpus=corpus,
+                        overrides=FAST)
+  assert os.path.isfile(os.path.join(entry, zoo.TOKENIZER_DIR,
+                                     "tokenizer.json"))
+  capsys.readouterr()
+  again, _ = zoo.load_with_tokenizer("bpe300-tiny", **{**kw, "verbose": True})
+  assert "loaded bpe300-tiny" in capsys.readouterr().out  # not retrained
+  for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # An entry that lost its tokenizer is refused, not returned without it.
+  stored = os.path.join(entry, zoo.TOKENIZER_DIR)
+  os.rename(stored, stored + ".away")
+  try:
+    with pytest.raises(zoo.ZooError, match="no readable tokenizer"):
+      zoo.load_with_tokenizer("bpe300-tiny", **kw)
+  finally:
+    os.rename(stored + ".away", stored)
+  # A byte-level model's tokenizer is the byte tokenizer.
+  assert isinstance(zoo.tokenizer("tiny"), data.ByteTokenizer)
+
+
+def test_distilled_bpe_draft_shares_its_teachers_vocabulary(corpus, cache):
+  draft = zoo.load("distilled-bpe300-tiny@bpe300-tiny", cache_dir=cache,
+                   corpus=corpus, overrides=FAST, verbose=False)
+  assert draft.vocab_size == 300
+  with pytest.raises(ValueError, match="one vocabulary"):
+    zoo.parse_name("distilled-bpe300-tiny@tiny")
+  assert "distilled-bpe1024-draft-0.1m@bpe1024-target-3m" in zoo.names()
+  assert "bpe1024-target-3m" in zoo.names()
+
+
+def test_key_covers_the_tokenizer(corpus, cache):
+  kw = dict(cache_dir=cache, corpus=corpus, overrides=FAST)
+  r300, r320 = (zoo.recipe(f"bpe{v}-tiny", **kw) for v in (300, 320))
+  assert zoo.key(r300) != zoo.key(r320)
+  assert r300["tokenizer"]["vocab_size"] == 300
+  assert r300["tokenizer"]["sha256"] == zoo.tokenizer(
+      "bpe300", cache_dir=cache, corpus=corpus, verbose=False).fingerprint()
+  # Same vocabulary size, other merges (another corpus): another entry.
+  other = data.text_corpus(corpus.files[0].path.rsplit("/", 1)[0],
+                           heldout_fraction=0.5)
+  assert zoo.key(zoo.recipe("bpe300-tiny", cache_dir=cache, corpus=other,
+                            overrides=FAST)) != zoo.key(r300)
+  # The byte-level entry of the same size keeps its key's form.
+  assert "tokenizer" not in zoo.recipe("tiny", corpus=corpus, overrides=FAST)
+
+
+def test_bad_bpe_requests_are_refused(corpus, cache):
+  for bad in ("bpe100-tiny", "bpe0300-tiny", "bpe300-nosuch", "bpe70000"):
+    with pytest.raises(ValueError, match="Unknown"):
+      zoo.parse_name(bad)
+  with pytest.raises(ValueError, match="model.vocab_size"):
+    zoo.recipe("bpe300-tiny", cache_dir=cache, corpus=corpus,
+               overrides={**FAST, "model.vocab_size": 512})
+  tok = zoo.tokenizer("bpe300", cache_dir=cache, corpus=corpus, verbose=False)
+  with pytest.raises(ValueError, match="tokenized"):
+    zoo.recipe("bpe300-tiny", cache_dir=cache,
+               corpus=corpus.tokenized(tok), overrides=FAST)
+  with pytest.raises(ValueError, match="overrides do not apply"):
+    zoo.recipe("bpe300", corpus=corpus, overrides={"num_steps": 3})
+  with pytest.raises(ValueError, match="is a tokenizer"):
+    zoo.load_with_tokenizer("bpe300", cache_dir=cache, corpus=corpus)
+  with pytest.raises(TypeError, match="HFTokenizer"):
+    corpus.tokenized(data.ByteTokenizer())
+
+
+def test_bpe_save_load_keeps_the_fingerprint(corpus, tmp_path):
+  tok = bpe.train_bpe(corpus, 280)
+  bpe.save(tok, str(tmp_path))
+  back = bpe.load(str(tmp_path))
+  assert back.fingerprint() == tok.fingerprint() and back.name == "bpe280"
+  assert back.eos_ids == tok.eos_ids
+  assert bpe.train_bpe(corpus, 281).fingerprint() != tok.fingerprint()
+
+
+
+def test_text_prompts_are_the_same_text_for_every_tokenizer(corpus, cache):
+  texts = data.text_prompts(corpus, 6, 40, seed=1)
+  assert texts == data.text_prompts(corpus, 6, 40, seed=1)
+  assert all(len(t.encode()) == 40 for t in texts)
+  heldout = b"".join(open(f.path, "rb").read()
+                     for f in corpus.split_files("heldout"))
+  assert all(t.encode() in heldout for t in texts)
+  tok = zoo.tokenizer("bpe300", cache_dir=cache, corpus=corpus,
+                      verbose=False)
+  # A tokenized corpus gives the same text.
+  assert data.text_prompts(corpus.tokenized(tok), 6, 40, seed=1) == texts
+  prompts, lengths = data.encode_batch(tok, texts)
+  assert [tok.decode(p[:n]) for p, n in zip(prompts, lengths)] == texts
+  with pytest.raises(ValueError, match="shorter prompts"):
+    data.text_prompts(corpus, 2, 9_000)  # the files hold 8,000 bytes
