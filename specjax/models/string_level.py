@@ -329,44 +329,47 @@ class StringLevelDraft(struct.PyTreeNode):
     count, longest = self.sorted_bytes_NxL.shape
     steps = max(1, math.ceil(math.log2(count + 1)))
 
-    def first_at_least(lo_B, hi_B, column, value_B):
-      # The first n in [lo, hi) with sorted_bytes[n, column] >= value:
-      # within a prefix's range that column is sorted.
-      for _ in range(steps):
+    def first_at_least(lo_B, hi_B, column_N, value_B):
+      # The first n in [lo, hi) with column[n] >= value: within a prefix's
+      # range the next byte's column is sorted. (Loops, not unrolled: the
+      # walk sits inside the loop's scan and this draft's while loop.)
+      def halve(_, bounds):
+        lo_B, hi_B = bounds
         open_B = lo_B < hi_B
         mid_B = (lo_B + hi_B) // 2
-        less_B = self.sorted_bytes_NxL[jnp.minimum(mid_B, count - 1),
-                                       column] < value_B
-        lo_B, hi_B = (jnp.where(open_B & less_B, mid_B + 1, lo_B),
-                      jnp.where(open_B & ~less_B, mid_B, hi_B))
-      return lo_B
+        less_B = column_N[jnp.minimum(mid_B, count - 1)] < value_B
+        return (jnp.where(open_B & less_B, mid_B + 1, lo_B),
+                jnp.where(open_B & ~less_B, mid_B, hi_B))
+      return jax.lax.fori_loop(0, steps, halve, (lo_B, hi_B))[0]
 
-    lo_B = jnp.zeros((batch,), jnp.int32)
-    hi_B = jnp.full((batch,), count, jnp.int32)
-    token_B = jnp.full((batch,), -1, jnp.int32)
-    length_B = jnp.zeros((batch,), jnp.int32)
-    alive_B = jnp.ones((batch,), bool)
-    done_B = jnp.zeros((batch,), bool)
-    first_B = buffer_BxK[:, 0]
-    eos_B = (buffer_len_B > 0) & (first_B == EOS_SYMBOL)
-    for depth in range(longest):
+    def step(carry, depth):
+      lo_B, hi_B, token_B, length_B, alive_B, done_B = carry
       have_B = depth < buffer_len_B
-      c_B = buffer_BxK[:, depth]
-      start_B = first_at_least(lo_B, hi_B, depth, c_B)
-      stop_B = first_at_least(start_B, hi_B, depth, c_B + 1)
+      c_B = jnp.take_along_axis(buffer_BxK, jnp.full((batch, 1), depth),
+                                1)[:, 0]
+      column_N = jax.lax.dynamic_index_in_dim(self.sorted_bytes_NxL, depth,
+                                              1, keepdims=False)
+      start_B = first_at_least(lo_B, hi_B, column_N, c_B)
+      stop_B = first_at_least(start_B, hi_B, column_N, c_B + 1)
       step_B = alive_B & have_B & (start_B < stop_B)
       done_B |= alive_B & have_B & (start_B >= stop_B)
-      complete_B = step_B & (self.sorted_len_N[
-          jnp.minimum(start_B, count - 1)] == depth + 1)
-      token_B = jnp.where(complete_B, self.sorted_ids_N[
-          jnp.minimum(start_B, count - 1)], token_B)
+      at_B = jnp.minimum(start_B, count - 1)
+      complete_B = step_B & (self.sorted_len_N[at_B] == depth + 1)
+      token_B = jnp.where(complete_B, self.sorted_ids_N[at_B], token_B)
       length_B = jnp.where(complete_B, depth + 1, length_B)
       # A complete token alone in its range: nothing extends it.
       leaf_B = complete_B & (stop_B - start_B == 1)
-      done_B |= leaf_B
-      lo_B = jnp.where(step_B, start_B, lo_B)
-      hi_B = jnp.where(step_B, stop_B, hi_B)
-      alive_B = step_B & ~leaf_B
+      return (jnp.where(step_B, start_B, lo_B),
+              jnp.where(step_B, stop_B, hi_B), token_B, length_B,
+              step_B & ~leaf_B, done_B | leaf_B), None
+
+    zeros_B = jnp.zeros((batch,), jnp.int32)
+    (_, _, token_B, length_B, alive_B, done_B), _ = jax.lax.scan(
+        step, (zeros_B, jnp.full((batch,), count, jnp.int32), zeros_B - 1,
+               zeros_B, jnp.ones((batch,), bool), jnp.zeros((batch,), bool)),
+        jnp.arange(longest))
+    first_B = buffer_BxK[:, 0]
+    eos_B = (buffer_len_B > 0) & (first_B == EOS_SYMBOL)
     done_B |= alive_B  # walked the longest token's length
     # The draft's EOS proposes the target's; a buffer no token starts (a
     # byte the target cannot spell alone) proposes the first token, one
@@ -399,12 +402,9 @@ class StringLevelDraft(struct.PyTreeNode):
     size = self.buffer_size
     width = self.symbols_WxM.shape[1]
 
-    def unsettled(cache):
-      return ~self._walk(cache.buffer_BxK, cache.buffer_len_B)[2]
-
     def more(carry):
-      cache, steps = carry
-      need_B = unsettled(cache)
+      cache, _, _, done_B, steps = carry
+      need_B = ~done_B
       w_B = self._sample(cache, rows_B)
       # Append the token's symbols to the rows that need them.
       n_B = jnp.where(need_B, self.symbols_len_W[w_B], 0)
@@ -413,7 +413,7 @@ class StringLevelDraft(struct.PyTreeNode):
       start_B = cache.inner.lengths
       logits_Bx1xW, inner = self.draft(w_B[:, None], cache.inner)
       inner = inner.replace(lengths=jnp.where(need_B, start_B + 1, start_B))
-      return cache.replace(
+      cache = cache.replace(
           inner=inner,
           buffer_BxK=cache.buffer_BxK.at[rows_B[:, None], put_BxM].set(
               self.symbols_WxM[w_B], mode="drop"),
@@ -425,13 +425,15 @@ class StringLevelDraft(struct.PyTreeNode):
           logits_BxW=jnp.where(need_B[:, None],
                                logits_Bx1xW[:, 0].astype(jnp.float32),
                                cache.logits_BxW),
-          draws_B=cache.draws_B + need_B), steps + 1
+          draws_B=cache.draws_B + need_B)
+      return (cache, *self._walk(cache.buffer_BxK, cache.buffer_len_B),
+              steps + 1)
 
     # Each pass adds at least one symbol to every unsettled row, and a walk
     # settles within the longest token's length plus one.
     limit = self.sorted_bytes_NxL.shape[1] + 1
-    cache, _ = jax.lax.while_loop(
-        lambda c: jnp.any(unsettled(c[0])) & (c[1] < limit), more,
-        (cache, jnp.int32(0)))
-    token_B, length_B, _ = self._walk(cache.buffer_BxK, cache.buffer_len_B)
+    cache, token_B, length_B, _, _ = jax.lax.while_loop(
+        lambda c: jnp.any(~c[3]) & (c[4] < limit), more,
+        (cache, *self._walk(cache.buffer_BxK, cache.buffer_len_B),
+         jnp.int32(0)))
     return cache.replace(proposal_B=token_B, proposal_len_B=length_B)
