@@ -48,6 +48,8 @@ from specjax.data.tokenizer_protocol import encode_batch
 from specjax.harness import measure
 from specjax.harness import roofline
 from specjax.harness import zoo
+from specjax.models import StringLevelDraft
+from specjax.models import string_level
 from specjax.models import TokenIntersectionDraft
 
 _RESULTS_DIR = flags.DEFINE_string("results_dir", None,
@@ -96,14 +98,23 @@ def _tli(draft, draft_tok, target, target_tok, temperature):
                                       max_per_token=TLI_MAX_PER_TOKEN)
 
 
+def _slem(draft, draft_tok, target, target_tok, temperature):
+  del temperature  # the draft writes its most likely text at every T
+  return StringLevelDraft.build(draft, draft_tok, target_tok,
+                                target_vocab_size=target.vocab_size,
+                                max_per_token=TLI_MAX_PER_TOKEN)
+
+
 # (algorithm, target tokenizer, draft tokenizer, builder); "bpe" is the
 # zoo's bpe<V> of --bpe_vocab. A builder maps (draft, draft tokenizer,
 # target, target tokenizer, temperature) to a draft over the target's ids.
 DRAFTS = (
     ("same tokenizer", "bpe", "bpe", _same),
     ("TLI", "bpe", BYTE, _tli),
+    ("SLEM", "bpe", BYTE, _slem),
     ("same tokenizer", BYTE, BYTE, _same),
     ("TLI", BYTE, "bpe", _tli),
+    ("SLEM", BYTE, "bpe", _slem),
 )
 
 
@@ -153,10 +164,16 @@ def main(argv):
   models = _load(_BPE_VOCAB.value)
   texts = data.text_prompts(data.stdlib_corpus(), _ROWS.value,
                                _PROMPT_BYTES.value)
+  # How often SLEM's cut (longest match) is the BPE's own on the prompts.
+  agreement = string_level.longest_match_agreement(
+      texts, models["bpe"]["tokenizer"])
+  print(f"longest match cuts {agreement:.3f} of the BPE's own tokens of "
+        "the prompts")
   key = jax.random.key(0)
   setup = {"host": host, "rows": _ROWS.value,
            "prompt_bytes": _PROMPT_BYTES.value,
            "max_new_tokens": _MAX_NEW_TOKENS.value,
+           "longest_match_agreement": agreement,
            "repeats": _REPEATS.value,
            "models": {k: {"target": v["target_name"],
                           "draft": v["draft_name"],

@@ -13,6 +13,7 @@ from specjax.data.tokenizer_protocol import encode_batch
 from specjax.harness import drafts
 from specjax.harness import textgen
 from specjax.models import hf
+from specjax.models import string_level
 from specjax.models.string_level import EOS_SYMBOL
 from specjax.models.string_level import StringLevelDraft
 
@@ -233,3 +234,15 @@ def test_a_token_other_than_the_proposal_is_read_row_by_row():
   np.testing.assert_array_equal(np.asarray(mixed.inner.lengths),
                                 [int(consumed.inner.lengths[0]),
                                  int(fresh.inner.lengths[0])])
+
+
+def test_longest_match_agreement_counts_the_tokenizer_own_cuts():
+  class Tok(list):
+    def encode(self, text):  # "ab" as a, b: not the longest match
+      return [0 if c == "a" else 1 if c == "b" else 2 for c in text]
+  tok = Tok([b"a", b"b", b"c", b"ab"])
+  # "abc": longest match cuts ab, c; the tokenizer a, b, c: c alone agrees.
+  assert string_level.longest_match_agreement(["abc"], tok) == 1 / 3
+  assert string_level.longest_match_agreement(["cc"], tok) == 1.0
+  with pytest.raises(ValueError, match="no token with text"):
+    string_level.longest_match_agreement([""], tok)

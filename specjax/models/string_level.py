@@ -437,3 +437,37 @@ class StringLevelDraft(struct.PyTreeNode):
         (cache, *self._walk(cache.buffer_BxK, cache.buffer_len_B),
          jnp.int32(0)))
     return cache.replace(proposal_B=token_B, proposal_len_B=length_B)
+
+
+def longest_match_agreement(texts: list[str], tokenizer: Any,
+                            max_token_bytes: int = 16) -> float:
+  """The fraction of `tokenizer`'s own tokens of `texts` that greedy
+  longest match over its vocabulary (the cut `StringLevelDraft` makes)
+  also cuts, at the same offset: where the two differ, a proposal of the
+  right text is the wrong token."""
+  max_token_bytes = _checks.check_int("max_token_bytes", max_token_bytes,
+                                      low=1)
+  if not hasattr(tokenizer, "encode"):
+    raise TypeError("tokenizer must encode text (an HFTokenizer or "
+                    f"ByteTokenizer), got {type(tokenizer).__name__}.")
+  pieces = token_bytes(tokenizer)
+  index = {b: i for i, b in enumerate(pieces) if b and len(b) <
+           max_token_bytes + 1}
+  agree = total = 0
+  for text in texts:
+    cut, at = set(), 0
+    ids = token_intersection.longest_match(text.encode(), index,
+                                           max_token_bytes) or []
+    for i in ids:
+      cut.add((at, i))
+      at += len(pieces[i])
+    at = 0
+    for i in tokenizer.encode(text):
+      if pieces[i]:
+        agree += (at, i) in cut
+        total += 1
+        at += len(pieces[i])
+  if not total:
+    raise ValueError("texts hold no token with text.")
+  return agree / total
+

@@ -54,10 +54,11 @@ class IntersectionCache(struct.PyTreeNode):
   lengths: jax.Array
 
 
-def _segment(data: bytes, index: dict[bytes, int], longest: int
-             ) -> list[int] | None:
-  """Greedy longest-match segmentation of `data` into draft ids; None when
-  some byte has no draft token."""
+def longest_match(data: bytes, index: dict[bytes, int], longest: int
+                  ) -> list[int] | None:
+  """Greedy longest-match segmentation of `data` into the ids of `index`
+  (bytes -> id, tokens of at most `longest` bytes); None when some byte has
+  no token."""
   out, i = [], 0
   while i < len(data):
     for n in range(min(longest, len(data) - i), 0, -1):
@@ -121,7 +122,7 @@ def reading_tables(draft: Any, draft_tokenizer: Any, target_tokenizer: Any,
       if t in target_eos and draft_eos is not None:
         from_draft[t] = draft_eos
       continue
-    ids = _segment(b, index, longest)
+    ids = longest_match(b, index, longest)
     if ids is None:
       unreadable.append(t)
       to_draft[t, 0] = fallback
