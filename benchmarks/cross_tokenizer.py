@@ -66,6 +66,9 @@ _VERIFIERS = flags.DEFINE_list("verifiers", ["token", "block"],
                                "Chain verifiers.")
 _REPEATS = flags.DEFINE_integer("repeats", 2, "Timed calls per decoder.",
                                 lower_bound=1)
+_ALGORITHMS = flags.DEFINE_list(
+    "algorithms", None, "Run only these algorithms of DRAFTS (default: all);"
+    " the autoregressive baseline always runs.")
 _BPE_VOCAB = flags.DEFINE_integer("bpe_vocab", zoo.BPE_VOCABS[0],
                                   "The BPE's ids (the zoo's bpe<V>).",
                                   lower_bound=259, upper_bound=2**16)
@@ -105,6 +108,14 @@ def _slem(draft, draft_tok, target, target_tok, temperature):
                                 max_per_token=TLI_MAX_PER_TOKEN)
 
 
+def _slem_sampled(draft, draft_tok, target, target_tok, temperature):
+  # The draft samples its text at the target's temperature.
+  return StringLevelDraft.build(draft, draft_tok, target_tok,
+                                target_vocab_size=target.vocab_size,
+                                max_per_token=TLI_MAX_PER_TOKEN,
+                                draft_temperature=temperature)
+
+
 # (algorithm, target tokenizer, draft tokenizer, builder); "bpe" is the
 # zoo's bpe<V> of --bpe_vocab. A builder maps (draft, draft tokenizer,
 # target, target tokenizer, temperature) to a draft over the target's ids.
@@ -112,9 +123,11 @@ DRAFTS = (
     ("same tokenizer", "bpe", "bpe", _same),
     ("TLI", "bpe", BYTE, _tli),
     ("SLEM", "bpe", BYTE, _slem),
+    ("SLEM-T", "bpe", BYTE, _slem_sampled),
     ("same tokenizer", BYTE, BYTE, _same),
     ("TLI", BYTE, "bpe", _tli),
     ("SLEM", BYTE, "bpe", _slem),
+    ("SLEM-T", BYTE, "bpe", _slem_sampled),
 )
 
 
@@ -194,7 +207,8 @@ def main(argv):
           max_new_tokens=_MAX_NEW_TOKENS.value, sampling=sampling)}
       built = {}
       for algorithm, t_key, d_key, builder in DRAFTS:
-        if t_key != target_key:
+        if t_key != target_key or (_ALGORITHMS.value is not None
+                                   and algorithm not in _ALGORITHMS.value):
           continue
         draft = builder(models[d_key]["draft"], models[d_key]["tokenizer"],
                         target, target_tok, temperature)
