@@ -40,7 +40,7 @@ rollback returns to is after that draft token, so a later re-read may see
 a few bytes twice; this touches what the draft reads, not the output law.
 
 Cost. The draft's passes per proposal vary with the token's bytes (the
-loop's `draft_passes` counts calls, one per proposal). Trees are refused
+loop's `draft_calls` counts one per proposal). Trees are refused
 (no `tree_decode`).
 """
 
@@ -214,7 +214,7 @@ class StringLevelDraft(struct.PyTreeNode):
 
   @property
   def _margin(self) -> int:
-    # Look-ahead past the committed text, and a parked read (see __call__).
+    # Look-ahead past the committed text, and a parked read (`_mixed`).
     return self.buffer_size + self.max_per_token
 
   def init_cache(self, batch_size: int, max_len: int) -> StringLevelCache:
