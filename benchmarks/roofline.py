@@ -21,9 +21,18 @@ One run, for one target, one draft, batch and gamma:
   roofline on this host: prefills plus steps or rounds, each pass
   max(bytes / bandwidth, FLOPs / peak), from the analytic count (XLA's for
   a draft that has none: `roofline.has_analytic_count`);
+* each loop shape's round (generate's step; token, block and tree-wor
+  rounds; a stopping and a planned draft-length rule) counted three ways:
+  its passes, the same passes as XLA counts them, and XLA's cost analysis
+  of the compiled round (`roofline.round_counts`), with the gap;
+* where a step's or round's time goes: each pass timed alone beside its
+  roofline on this host, and the work outside the passes, against the
+  measured round;
 * the tokens/s the same counts predict on named accelerators
   (`roofline.ACCELERATORS`) with bfloat16 weights and cache, at the tokens
-  per round measured here. These are predictions, not measurements.
+  per round measured here, and the draft length gamma="auto" would plan for
+  each from its roofline (`autotune.roofline_goodput`). These are
+  predictions, not measurements.
 
 Weights are random (the roofline does not depend on them); the draft is a
 spec of the draft registry (`specjax.harness.drafts`), `self:N` or
@@ -48,6 +57,7 @@ import numpy as np
 import specjax as sj
 from specjax import stats
 from specjax.decode import loop
+from specjax.harness import autotune
 from specjax.harness import drafts
 from specjax.harness import measure
 from specjax.harness import roofline
@@ -72,6 +82,9 @@ _READ_MB = flags.DEFINE_integer("read_mb", 512,
                                 lower_bound=16)
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"],
                            "Compute and parameter dtype of both models.")
+_TREE = flags.DEFINE_string(
+    "tree", "2,1,1", "Branching of the tree round in the round-count table "
+    "(tree-wor:<tree>).")
 _RESULTS_DIR = flags.DEFINE_string(
     "results_dir", None,
     "Where roofline_<target>_<draft>.json goes (none: print only).")
@@ -138,6 +151,60 @@ def _seconds(device, prefill, round_, rounds):
           + rounds * roofline.round_seconds(round_, device))
 
 
+def _round_table(target, draft, *, batch, gamma, plen, new, sampling):
+  """Rows of the round-count table: each loop shape's round counted three
+  ways (`roofline.round_counts`), for a pair with analytic counts."""
+  shapes = {
+      "generate": dict(draft=None),
+      f"token, gamma {gamma}": dict(gamma=gamma),
+      f"block, gamma {gamma}": dict(gamma=gamma, verifier="block"),
+      f"tree-wor:{_TREE.value}": dict(verifier=f"tree-wor:{_TREE.value}"),
+      f"stopping rule, gamma_max {gamma}": dict(
+          draft_length=sj.Confidence(gamma_max=gamma, threshold=0.5)),
+      f"planned rule at width {gamma}": dict(
+          draft_length=sj.Goodput(c=0.1, r=(1.0,) * gamma, gamma_max=gamma),
+          width=gamma),
+  }
+  rows = []
+  for name, kw in shapes.items():
+    kw = {"draft": draft, **kw}
+    counts = roofline.round_counts(
+        target, kw.pop("draft"), batch_size=batch,
+        prompt_len=loop.prompt_bucket(plen), max_new_tokens=new,
+        sampling=sampling, **kw)
+    rows.append({"round": name,
+                 **{f"{k}_bytes": c.bytes for k, c in counts.items()},
+                 **{f"{k}_flops": c.flops for k, c in counts.items()},
+                 "gap": counts["xla"].bytes / counts["analytic_xla"].bytes - 1})
+  return rows
+
+
+def _time_parts(models, passes, *, batch, capacity, fill, shape, sampling,
+                host, repeats):
+  """Where a round's time goes: each distinct pass timed alone
+  (`measure.passes_seconds`) beside its roofline on this host, and the
+  round's work outside the passes (`measure.null_loop_seconds`)."""
+  parts = []
+  for role in ("draft", "target"):
+    mine = [(t, n) for r, t, n in passes if r == role]
+    if not mine:
+      continue
+    timed = measure.passes_seconds(
+        models[role], batch_size=batch, capacity=capacity,
+        passes=[(t, fill) for t, _ in mine], seconds=0.2, repeats=repeats)
+    for (t, n), sec in zip(mine, timed):
+      roof = host.seconds(_count(models[role], batch_size=batch, num_tokens=t,
+                                 capacity=capacity))
+      parts.append({"part": f"{role} T={t}", "count": n, "seconds": sec,
+                    "roofline_seconds": roof})
+  outside, _ = measure.null_loop_seconds(
+      models["target"], models.get("draft"), shape, sampling,
+      repeats=repeats)
+  parts.append({"part": "outside the passes", "count": 1,
+                "seconds": outside, "roofline_seconds": 0.0})
+  return parts
+
+
 def _bf16(model):
   """`model` with bfloat16 weights and cache (the counts read dtypes)."""
   if isinstance(model, TransformerLM):
@@ -189,6 +256,21 @@ def main(argv):
     print(f"  {r['pass']:14s} {r['count']:3d} {mb('analytic_bytes')} "
           f"{mb('xla_conventions_bytes')} {mb('xla_bytes')} {gap} {flops} "
           f"{r['xla_flops'] / 1e9:10.3f}")
+
+  round_rows = []
+  if all(roofline.has_analytic_count(m) for m in (target, draft)):
+    print("\nrounds of the compiled loop (MB; 'analytic' counts every pass "
+          "of the round, 'as XLA' counts them under XLA's conventions with "
+          "a loop body once, as XLA does; 'gap' is XLA's count over that: "
+          "the round's work outside its passes):")
+    print(f"  {'round':34s} {'analytic':>9s} {'as XLA':>9s} {'XLA':>9s} "
+          f"{'gap':>7s}")
+    round_rows = _round_table(target, draft, batch=batch, gamma=gamma,
+                              plen=plen, new=new, sampling=sampling)
+    for r in round_rows:
+      print(f"  {r['round']:34s} {r['analytic_bytes'] / 1e6:9.1f} "
+            f"{r['analytic_xla_bytes'] / 1e6:9.1f} {r['xla_bytes'] / 1e6:9.1f} "
+            f"{r['gap']:+7.1%}")
 
   ar = functools.partial(sj.generate, target, prompts, lengths, key,
                          max_new_tokens=new, sampling=sampling)
@@ -254,13 +336,56 @@ def main(argv):
         f"measured, {rows['speculative']['roofline_tokens_per_s'] / rows['generate']['roofline_tokens_per_s']:.2f}x "
         "by the roofline")
 
+  print("\nwhere a step's or round's time goes (ms): each pass timed alone "
+        "(the difference of n and 2n passes in one call) beside its roofline "
+        "on this host; the work outside the passes timed as the loop with "
+        "null models; their sum against the measured step or round (the "
+        "call's time over its rounds):")
+  print(f"  {'':12s} {'part':20s} {'x':>3s} {'timed':>8s} {'roofline':>9s} "
+        f"{'fraction':>9s}")
+  for name, passes in (("generate", ar_passes), ("speculative", spec_passes)):
+    speculative = name == "speculative"
+    shape = measure.LoopShape(batch, plen, new, gamma if speculative else 0)
+    parts = _time_parts(
+        models if speculative else {"target": target}, passes, batch=batch,
+        capacity=capacity, fill=shape.fill(target, gamma + 1), shape=shape,
+        sampling=sampling, host=host, repeats=_REPEATS.value)
+    for part in parts:
+      fraction = (part["roofline_seconds"] / part["seconds"]
+                  if part["seconds"] and part["roofline_seconds"] else None)
+      print(f"  {name:12s} {part['part']:20s} {part['count']:3d} "
+            f"{part['seconds'] * 1e3:8.3f} "
+            f"{part['roofline_seconds'] * 1e3:9.3f} "
+            + (f"{fraction:9.2f}" if fraction else f"{'-':>9s}"))
+    total = sum(p["seconds"] * p["count"] for p in parts)
+    measured = min(times[name]) / rows[name]["rounds"]
+    print(f"  {name:12s} {'sum of the parts':20s} {'':3s} {total * 1e3:8.3f}"
+          f"; measured {measured * 1e3:.3f} per step or round")
+    rows[name]["time_parts"] = parts
+    rows[name]["measured_seconds_per_round"] = measured
+
+  # gamma="auto" planned for each accelerator from its roofline
+  # (`autotune.roofline_goodput`), at the acceptance measured here.
+  alpha = float(summary["alpha_hat"])
+  plans = {}
+  for d in roofline.ACCELERATORS.values():
+    rule = autotune.roofline_goodput(
+        _bf16(target), _bf16(draft), d, batch_size=batch, prompt_len=plen,
+        max_new_tokens=new, gamma_max=autotune.AUTO_GAMMA_MAX)
+    rate = np.asarray(rule.expected_rate(np.array([alpha], np.float32)))[0]
+    plans[d.name] = {"c": rule.c, "r_max": rule.r[-1],
+                     "width": rule.min_width + int(np.argmax(rate))}
   print("\npredicted tokens/s with bfloat16 weights and cache (a prediction "
         "from the counts above at the tokens per round measured here, not a "
-        "measurement):")
-  print(f"  {'device':10s} {'generate':>9s} {'speculative':>12s}")
+        "measurement), and the draft length gamma=auto plans for the device "
+        f"from its roofline at the acceptance measured here ({alpha:.3f}; "
+        "c: a draft pass in target passes):")
+  print(f"  {'device':10s} {'generate':>9s} {'speculative':>12s} "
+        f"{'c':>6s} {'auto width':>11s}")
   for d in roofline.ACCELERATORS.values():
     print(f"  {d.name:10s} {rows['generate']['predicted_tokens_per_s'][d.name]:9.0f} "
-          f"{rows['speculative']['predicted_tokens_per_s'][d.name]:12.0f}")
+          f"{rows['speculative']['predicted_tokens_per_s'][d.name]:12.0f} "
+          f"{plans[d.name]['c']:6.3f} {plans[d.name]['width']:11d}")
   for d in roofline.ACCELERATORS.values():
     print(f"  {d.name}: {d.source}")
 
@@ -280,7 +405,8 @@ def main(argv):
                  "max_new_tokens": new, "capacity": capacity,
                  "temperature": sampling.temperature, "dtype": _DTYPE.value,
                  "device": jax.devices()[0].device_kind,
-                 "passes": table, "rows": rows,
+                 "passes": table, "rounds": round_rows, "rows": rows,
+                 "alpha_hat": alpha, "auto_plans": plans,
                  "accelerators": {d.name: d.source for d in
                                   roofline.ACCELERATORS.values()}},
                 fh, indent=1)

@@ -9,7 +9,8 @@ r"""Speculative text generation with Hugging Face checkpoints (absl entry point)
   --draft    a spec of the draft registry (specjax.harness.drafts): DIR |
              hf:<repo_id> | self:N | skip:I,J | bigram | unigram |
              prompt_lookup[:n] | truncated:N | random:<preset> | perturbed
-  --gamma    N | auto
+  --gamma    N | auto   (auto: timed here, or with --plan_device="H100 SXM"
+             priced from that accelerator's roofline)
   --regex PATTERN | --json_schema FILE   constrained decoding
 
 Prints each row's text, then alpha_hat, tokens per target call, tokens/s
@@ -31,6 +32,7 @@ from specjax import constraint as constraint_lib
 from specjax import distributed
 from specjax import sampling as sampling_lib
 from specjax.harness import drafts
+from specjax.harness import roofline
 from specjax.harness import textgen
 from specjax.harness import zoo
 from specjax.models import hf
@@ -53,6 +55,11 @@ _GAMMA = flags.DEFINE_string(
     "Goodput rule, each row's draft length chosen in the loop from its "
     "acceptance and costs measured on this machine first (about a minute "
     "on 2 CPU cores).")
+_PLAN_DEVICE = flags.DEFINE_string(
+    "plan_device", None, "With --gamma=auto: price the Goodput rule from "
+    "this accelerator's roofline (bytes and FLOPs of each pass at its "
+    "bandwidth and peak) instead of timing this machine: one of "
+    f"{', '.join(sorted(roofline.ACCELERATORS))}.")
 _TEMPERATURE = flags.DEFINE_float(
     "temperature", 0.0, "Sampling temperature (0 = greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
@@ -184,6 +191,15 @@ def main(argv):
     gamma = textgen.parse_gamma(_GAMMA.value)
   except ValueError as e:
     raise app.UsageError(f"--gamma: {e}") from None
+  plan_device = None
+  if _PLAN_DEVICE.value is not None:
+    if gamma != "auto":
+      raise app.UsageError("--plan_device prices --gamma=auto; pass "
+                           "--gamma=auto, or leave --plan_device out.")
+    try:
+      plan_device = roofline.get_device(_PLAN_DEVICE.value)
+    except ValueError as e:
+      raise app.UsageError(f"--plan_device: {e}") from None
   texts = _prompts()
   sampling = sampling_lib.SamplingConfig(
       temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value)
@@ -209,7 +225,7 @@ def main(argv):
                        max_new_tokens=_MAX_NEW_TOKENS.value,
                        sampling=sampling, seed=_SEED.value,
                        compare=_COMPARE.value, progress=print,
-                       constraint=constraint)
+                       constraint=constraint, plan_device=plan_device)
   for row, (prompt, text) in enumerate(zip(texts, result.texts)):
     print(f"--- row {row}: {prompt!r}\n{prompt}{text}")
   if constraint is not None:

@@ -159,3 +159,41 @@ def test_a_sliding_window_checkpoint_loads_with_max_positions(tmp_path):
   draft = drafts.make_draft(str(DATA / "mistral"), target, tokenizer=tok,
                             max_positions=10**6).model
   assert draft.max_positions == config["max_position_embeddings"]
+
+
+def test_plan_device_prices_gamma_auto_without_timing(monkeypatch):
+  """`run(gamma="auto", plan_device=...)` takes the roofline's rule and
+  times nothing; plan_device without gamma "auto" is refused first."""
+  with pytest.raises(ValueError, match="plan_device prices gamma='auto'"):
+    textgen.run(None, None, sj.data.ByteTokenizer(), ["hi"], gamma=3,
+                plan_device="TPU v6e")
+  monkeypatch.setattr(autotune, "measure_goodput", lambda *a, **k: (
+      pytest.fail("plan_device must not time this machine")))
+  target, tok = hf.load(DATA / "gpt2")
+  draft = drafts.make_draft("self:1", target).model
+  lines = []
+  auto = textgen.run(target, draft, tok, ["the quick"], gamma="auto",
+                     max_new_tokens=6, plan_device="H100 SXM",
+                     progress=lines.append)
+  plain = textgen.run(target, draft, tok, ["the quick"], gamma=2,
+                      max_new_tokens=6)
+  assert auto.texts == plain.texts  # greedy: the target's own text
+  assert len(lines) == 1 and "draft lengths" in lines[0], lines
+
+
+@pytest.mark.full
+def test_plan_device_flag(tmp_path):
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  run = lambda *flags: subprocess.run(
+      [sys.executable, "-m", "experiments.generate",
+       f"--target={DATA / 'gpt2'}", "--draft=self:1", "--prompt=the quick",
+       "--max_new_tokens=6", *flags],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  out = run("--gamma=auto", "--plan_device=TPU v5e")
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "draft lengths" in out.stdout and "timing" not in out.stdout
+  bad = run("--gamma=3", "--plan_device=TPU v5e")
+  assert bad.returncode != 0 and "--plan_device prices --gamma=auto" in (
+      bad.stderr)
+  bad = run("--gamma=auto", "--plan_device=A100")
+  assert bad.returncode != 0 and "H100 SXM" in bad.stderr

@@ -161,3 +161,75 @@ def test_the_benchmark_runs_and_writes_its_results(tmp_path):
     assert set(row["predicted_tokens_per_s"]) == set(roofline.ACCELERATORS)
   assert {p["pass"] for p in result["passes"]} == {
       "target T=1", "draft T=2", "draft T=1", "target T=5"}
+  assert len(result["rounds"]) == 6
+  for r in result["rounds"]:  # (the suite's XLA flags reach the benchmark)
+    assert 0.9 < r["xla_bytes"] / r["analytic_xla_bytes"] < 2
+  parts = result["rows"]["speculative"]["time_parts"]
+  assert [p["part"] for p in parts] == [
+      "draft T=2", "draft T=1", "target T=5", "outside the passes"]
+  assert set(result["auto_plans"]) == set(roofline.ACCELERATORS)
+
+
+_ROUNDS = {
+    "generate": dict(draft=False),
+    "token": dict(gamma=3),
+    "block": dict(gamma=3, verifier="block"),
+    "tree": dict(verifier="tree-wor:2,2,1"),
+    "traversal": dict(verifier="traversal:3,1"),
+    "stopping rule": dict(draft_length=sj.Confidence(gamma_max=3,
+                                                     threshold=0.5)),
+    "planned rule": dict(draft_length=sj.Goodput(c=0.2, r=(1.0,) * 3,
+                                                 gamma_max=3), width=2),
+    "shared cache": dict(gamma=3, shared=True),
+}
+
+
+@pytest.mark.parametrize("shape", [
+    s if s == "token" else pytest.param(s, marks=pytest.mark.full)
+    for s in _ROUNDS])
+def test_round_counts_for_every_loop_shape(shape):
+  """XLA's count of the compiled round against its passes': the passes,
+  counted as XLA counts them, are never more than XLA finds, the FLOPs
+  agree, and what XLA finds beyond them (sampling and verification on the
+  round's logits, the commit) grows with the vocabulary."""
+  kw = dict(_ROUNDS[shape])
+  with_draft, shared = kw.pop("draft", True), kw.pop("shared", False)
+  gaps = {}
+  for vocab in (259, 2048):
+    target = _model("gpt2", vocab_size=vocab, num_layers=3)
+    draft = None
+    if with_draft:
+      draft = (sj.SelfDraft(target, layers=(0,), share_cache=True) if shared
+               else _model("gpt2", vocab_size=vocab, num_layers=1))
+    counts = roofline.round_counts(
+        target, draft, batch_size=1, prompt_len=16, max_new_tokens=16,
+        compiler_options=_AS_USERS_RUN, **kw)
+    xla, once = counts["xla"], counts["analytic_xla"]
+    np.testing.assert_allclose(once.flops, xla.flops, rtol=0.15)
+    assert once.bytes <= xla.bytes
+    gaps[vocab] = xla.bytes - once.bytes
+    if vocab == 259:  # the weights dominate the round
+      assert xla.bytes <= 1.6 * once.bytes, counts
+  assert gaps[2048] > gaps[259], gaps
+
+
+def test_round_passes():
+  draft = _model("gpt2", num_layers=1)
+  assert roofline.round_passes(None) == [("target", 1, 1)]
+  assert roofline.round_passes(draft, gamma=3) == roofline.chain_round(3)
+  shared = sj.SelfDraft(_model("gpt2", num_layers=2), layers=(0,),
+                        share_cache=True)
+  assert roofline.round_passes(shared, gamma=2) == [
+      ("draft", 1, 1), ("draft", 1, 1), ("target", 3, 1)]
+  # 2,2,1: the root, then 2 nodes with children, then 4; 2 + 4 + 4 nodes.
+  assert roofline.round_passes(draft, verifier="tree:2,2,1") == [
+      ("draft", 2, 1), ("draft", 2, 1), ("draft", 4, 1), ("target", 11, 1)]
+  rule = sj.Goodput(c=0.2, r=(1.0,) * 4, gamma_max=4)
+  assert roofline.round_passes(draft, draft_length=rule, width=2) == (
+      roofline.chain_round(2))
+  assert roofline.as_xla_counts(roofline.chain_round(4)) == [
+      ("draft", 2, 1), ("draft", 1, 1), ("target", 5, 1)]
+  with pytest.raises(ValueError, match="width"):
+    roofline.xla_round_cost(_model("gpt2"), draft, batch_size=1,
+                            prompt_len=16, max_new_tokens=8, gamma=2,
+                            width=1)

@@ -431,6 +431,38 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
   logits at each row's automaton state."""
   if draft_length_values is not None:
     draft_length = draft_length_lib.join(draft_length, draft_length_values)
+  state = _start(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B,
+                 gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                 verifier=verifier, draft_length=draft_length,
+                 constraint=constraint)
+  round_fn = functools.partial(_round, target=target, draft=draft, gamma=gamma,
+                               max_new_tokens=max_new_tokens, sampling=sampling,
+                               eos_id=eos_id, coupling_rule=coupling_rule,
+                               verifier=verifier, draft_length=draft_length,
+                               constraint=constraint)
+  # Every active row commits >= 1 token a round, so max_new_tokens rounds
+  # always suffice; the loop usually exits much earlier.
+  going = lambda s: (s.round < max_new_tokens) & jnp.any(~s.done)
+  if draft_length is not None and not draft_length.stops_early:
+    state = _planned_loop(state, round_fn, going, draft_length,
+                          max_new_tokens, draft)
+  else:
+    body = lambda s: sharding.constrain_decode_state(round_fn(s))
+    state = jax.lax.while_loop(going, body, state)
+  generated_B = state.generated
+  cols_N = jnp.arange(max_new_tokens)
+  out_BxN = jnp.take_along_axis(
+      state.tokens, state.prompt_lengths[:, None] + cols_N[None, :], axis=1)
+  out_BxN = jnp.where(cols_N < generated_B[:, None], out_BxN, pad_id)
+  return sharding.constrain_replicated(state_lib.GenerationResult(
+      tokens=out_BxN, lengths=generated_B, stats=state.stats))
+
+
+def _start(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
+           gamma, max_new_tokens, sampling, verifier, draft_length,
+           constraint):
+  """The loop's state before its first round: the prompts in the token
+  buffer and both models prefilled (`_generate`'s arguments)."""
   batch, width = prompts_BxP.shape
   buffer_len = _buffer_len(width, max_new_tokens, gamma, verifier)
   tokens_BxS = jnp.zeros((batch, buffer_len), jnp.int32).at[:, :width].set(
@@ -473,28 +505,7 @@ def _generate(target, draft, prompts_BxP, prompt_lengths_B, row_keys_B, *,
           constraint.initial, (batch,))))
   # Under a mesh (`mesh=`), the carry is pinned to the rules' shardings
   # (batch on `data`, kv heads on `model`); without one these are no-ops.
-  state = sharding.constrain_decode_state(state)
-  round_fn = functools.partial(_round, target=target, draft=draft, gamma=gamma,
-                               max_new_tokens=max_new_tokens, sampling=sampling,
-                               eos_id=eos_id, coupling_rule=coupling_rule,
-                               verifier=verifier, draft_length=draft_length,
-                               constraint=constraint)
-  # Every active row commits >= 1 token a round, so max_new_tokens rounds
-  # always suffice; the loop usually exits much earlier.
-  going = lambda s: (s.round < max_new_tokens) & jnp.any(~s.done)
-  if draft_length is not None and not draft_length.stops_early:
-    state = _planned_loop(state, round_fn, going, draft_length,
-                          max_new_tokens, draft)
-  else:
-    body = lambda s: sharding.constrain_decode_state(round_fn(s))
-    state = jax.lax.while_loop(going, body, state)
-  generated_B = state.generated
-  cols_N = jnp.arange(max_new_tokens)
-  out_BxN = jnp.take_along_axis(
-      state.tokens, state.prompt_lengths[:, None] + cols_N[None, :], axis=1)
-  out_BxN = jnp.where(cols_N < generated_B[:, None], out_BxN, pad_id)
-  return sharding.constrain_replicated(state_lib.GenerationResult(
-      tokens=out_BxN, lengths=generated_B, stats=state.stats))
+  return sharding.constrain_decode_state(state)
 
 
 def _planned_loop(state, round_fn, going, rule, max_new_tokens, draft):

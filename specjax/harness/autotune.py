@@ -15,6 +15,11 @@ passes as `gamma=`:
 line (`experiments.generate --gamma=auto`): `measure_goodput` at the call's
 batch size and shapes, planning `doubling_widths(AUTO_GAMMA_MAX)`. Both
 memoise per process: a second call at the same shapes measures nothing.
+
+For a device this host cannot time, `roofline_goodput` (and `auto_rule(...,
+device=...)`, `experiments.generate --gamma=auto --plan_device=...`) prices
+the same rule from the roofline of each pass (`specjax.harness.roofline`)
+instead: bytes and FLOPs at the device's bandwidth and peak.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from specjax.decode import validation
 from specjax.decode import verifiers as verifiers_lib
 from specjax.decode.draft_length import Goodput
 from specjax.harness import measure
+from specjax.harness import roofline
 
 # gamma="auto": the rule's largest draft length. It plans widths 1, 2, 4,
 # ... up to it (`doubling_widths`).
@@ -236,11 +242,99 @@ def _target_passes(timed, attempts: int = 3) -> list[float]:
   return seconds
 
 
+def _roofline_seconds(model, device, *, batch_size: int, num_tokens: int,
+                      capacity: int) -> float:
+  """The roofline time on `device` of one pass of `model`: the analytic
+  count where there is one (`roofline.has_analytic_count`), else XLA's
+  cost analysis of the pass on this host."""
+  counter = (roofline.pass_cost if roofline.has_analytic_count(model)
+             else roofline.xla_pass_cost)
+  try:
+    cost = counter(model, batch_size=batch_size, num_tokens=num_tokens,
+                   capacity=capacity)
+  except (TypeError, ValueError) as e:
+    raise ValueError(
+        f"roofline_goodput cannot count a pass of {type(model).__name__} "
+        f"({e}); plan this pair with measure_goodput on a machine that "
+        f"runs it, or pass an int gamma.") from e
+  return device.seconds(cost)
+
+
+def roofline_goodput(target, draft, device: roofline.Device | str, *,
+                     batch_size: int, gamma_max: int = 8,
+                     prompt_len: int = 64, max_new_tokens: int = 128,
+                     threshold: float | None = None,
+                     overhead_seconds: float = 0.0,
+                     widths: Any = None) -> Goodput:
+  """A `Goodput` rule priced by the roofline of `device`, timing nothing.
+
+  For a device this host cannot time (a GPU or TPU named in
+  `roofline.ACCELERATORS`, or any `roofline.Device`): every pass the rule
+  prices is its bytes and FLOPs (`roofline.pass_cost`, or XLA's count for a
+  model without an analytic one) at the shapes `speculative_generate`
+  builds for `batch_size` rows of `prompt_len` tokens and `max_new_tokens`
+  new ones, at `device`'s read bandwidth and peak
+  (`roofline.Device.seconds`). Costs are in units of the target's 1-token
+  pass, as `measure_goodput`'s are: c and c_first are the draft's 1-token
+  pass and its first pass (2 tokens, or 1 when it shares the target's
+  cache), r[g - 1] the target's pass on g + 1 tokens, and `overhead` is
+  `overhead_seconds` (a round's work outside the passes, on `device`; 0
+  unless you know it) over the target's 1-token pass.
+
+  The bytes are those of the models as given (their own dtype): to plan a
+  bfloat16 deployment, pass bfloat16 models. A roofline is a lower bound
+  on each pass, and a pass far from its bound (a tiny model, where fixed
+  per-pass costs dominate) is priced as cheaper than it is.
+
+  Args:
+    target, draft: the pair the rule is for.
+    device: a `roofline.Device`, or a name in `roofline.ACCELERATORS`.
+    batch_size, gamma_max, prompt_len, max_new_tokens, threshold, widths:
+      as `measure_goodput`.
+    overhead_seconds: a round's work outside the model passes on `device`
+      (>= 0).
+  """
+  # pylint: disable=protected-access
+  validation.check_pair(target, draft)
+  device = roofline.get_device(device)
+  batch_size = _checks.check_int("batch_size", batch_size, low=1)
+  gamma_max = draft_length._check_gamma_max(gamma_max)
+  widths = draft_length._check_widths(widths, gamma_max)
+  threshold = draft_length._check_threshold(threshold)
+  # pylint: enable=protected-access
+  if (isinstance(overhead_seconds, bool)
+      or not isinstance(overhead_seconds, (int, float))
+      or not math.isfinite(overhead_seconds) or overhead_seconds < 0):
+    raise ValueError(f"overhead_seconds must be a finite number >= 0 (a "
+                     f"round's work outside the passes, in seconds), got "
+                     f"{overhead_seconds!r}.")
+  shape = measure.LoopShape(batch_size, prompt_len, max_new_tokens, gamma_max)
+
+  def seconds(model, num_tokens):
+    return _roofline_seconds(model, device, batch_size=batch_size,
+                             num_tokens=num_tokens,
+                             capacity=shape.capacity(model))
+  base = seconds(target, 1)
+  r = [seconds(target, g + 1) / base for g in range(1, gamma_max + 1)]
+  c = max(seconds(draft, 1) / base, 1e-3)  # as measure_goodput floors it
+  shares = bool(getattr(draft, "reads_target_cache", False))
+  c_first = c if shares else max(seconds(draft, 2) / base, c)
+  overhead = overhead_seconds / base
+  return Goodput(
+      r=tuple(r), gamma_max=gamma_max, threshold=threshold, c=c,
+      c_first=c_first, overhead=overhead, widths=widths,
+      probe=None if threshold is not None else c_first + 1.0 + overhead,
+      **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
+      **({"probe_every": 1}
+         if getattr(draft, "reads_target_features", False) else {}))
+
+
 def auto_rule(target, draft, prompts, prompt_lengths, *,
               max_new_tokens: int,
               sampling: sampling_lib.SamplingConfig | None = None,
               verifier: str | verifiers_lib.Verifier = "token",
-              gamma_max: int | None = None) -> Goodput:
+              gamma_max: int | None = None,
+              device: roofline.Device | str | None = None) -> Goodput:
   """What gamma="auto" means: a `Goodput` rule for these prompts, priced
   on this machine, to pass as `speculative_generate(..., gamma=rule)`.
 
@@ -256,6 +350,9 @@ def auto_rule(target, draft, prompts, prompt_lengths, *,
     target, draft, prompts, prompt_lengths, max_new_tokens, sampling,
       verifier: as the `speculative_generate` call the rule is for.
     gamma_max: the rule's largest draft length (None: `AUTO_GAMMA_MAX`).
+    device: None to time this machine (`measure_goodput`), or a device to
+      plan for from its roofline without timing (`roofline_goodput`): a
+      `roofline.Device` or a name in `roofline.ACCELERATORS`.
   """
   verifier = verifiers_lib.get_verifier(verifier)
   if not verifier.supports_draft_length:
@@ -273,10 +370,14 @@ def auto_rule(target, draft, prompts, prompt_lengths, *,
   if lengths.shape != prompts.shape[:1] or not lengths.size:
     raise ValueError(f"prompt_lengths must be int [B] with B = "
                      f"{prompts.shape[0]} rows, got shape {lengths.shape}.")
-  rule = measure_goodput(
-      target, draft, batch_size=prompts.shape[0], gamma_max=gamma_max,
-      prompt_len=int(np.max(lengths)), max_new_tokens=max_new_tokens,
-      sampling=sampling, widths=doubling_widths(gamma_max))
+  shapes = dict(batch_size=prompts.shape[0], gamma_max=gamma_max,
+                prompt_len=int(np.max(lengths)),
+                max_new_tokens=max_new_tokens,
+                widths=doubling_widths(gamma_max))
+  if device is None:
+    rule = measure_goodput(target, draft, sampling=sampling, **shapes)
+  else:
+    rule = roofline_goodput(target, draft, device, **shapes)
   if not verifier.keeps_with_overlap:
     rule = dataclasses.replace(rule, estimator="accepted")
   return rule

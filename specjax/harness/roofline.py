@@ -49,11 +49,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import _checks
+from specjax import coupling
 from specjax import sampling as sampling_lib
 from specjax.decode import loop
 from specjax.decode import verifiers as verifiers_lib
 from specjax.harness import measure
 from specjax.models import TransformerLM
+from specjax.models import protocol
 from specjax.models.self_draft import SelfDraft
 
 
@@ -120,6 +122,22 @@ ACCELERATORS: dict[str, Device] = {
         "Google Cloud TPU v6e documentation: 1638 GBps HBM; 918 TFLOPs "
         "bf16 per chip"),
 }
+
+
+def get_device(device: Device | str) -> Device:
+  """`device` itself, or the named entry of `ACCELERATORS` (case and spaces
+  ignored: "h100 sxm", "H100SXM" and "H100 SXM" are one device)."""
+  if isinstance(device, Device):
+    return device
+  if isinstance(device, str):
+    wanted = device.replace(" ", "").lower()
+    for name, known in ACCELERATORS.items():
+      if name.replace(" ", "").lower() == wanted:
+        return known
+  raise ValueError(
+      f"device must be a specjax.harness.roofline.Device or one of "
+      f"{sorted(ACCELERATORS)}, got {device!r}; for another device, pass "
+      f"Device(name, bytes_per_s, flops_per_s, source).")
 
 
 def cpu_model() -> str:
@@ -288,19 +306,87 @@ def xla_pass_cost(model, *, batch_size: int, num_tokens: int,
   return Cost(float(analysis["bytes accessed"]), float(analysis["flops"]))
 
 
+def xla_round_cost(target, draft=None, *, batch_size: int, prompt_len: int,
+                   max_new_tokens: int, gamma: int = 0,
+                   verifier: Any = "token",
+                   sampling: sampling_lib.SamplingConfig = (
+                       sampling_lib.SamplingConfig()),
+                   draft_length: Any = None, width: int | None = None,
+                   compiler_options: dict[str, Any] | None = None) -> Cost:
+  """XLA's cost analysis of one round of the compiled decode loop.
+
+  The round is the one `speculative_generate(target, draft, ...)` runs for
+  int prompts `[batch_size, prompt_len]` (`generate`'s step with draft
+  None): gamma drafts under `verifier`, a tree's round under a tree
+  verifier (gamma is then its depth), or a `draft_length` rule's round
+  (gamma is then its gamma_max; a rule that plans, rather than stops,
+  runs its round at `width`, 1..gamma_max, as `_planned_loop` does).
+  It is compiled as the body of a loop that carries the decode state, as
+  the real loop runs it, with XLA's conventions (see the module
+  docstring): a nested loop's body (the draft's one-token steps of a
+  chain round) is counted once, whatever its trip count.
+  `analytic_round(..., xla_conventions=True)` counts the passes of the
+  same round the same way, so the difference is the round's work outside
+  the model passes (sampling, verification, the commit) and any copy.
+  """
+  batch_size = _checks.check_int("batch_size", batch_size, low=1)
+  prompt_len = _checks.check_int("prompt_len", prompt_len, low=1)
+  max_new_tokens = _checks.check_int("max_new_tokens", max_new_tokens, low=1)
+  verifier = None if draft is None else verifiers_lib.get_verifier(verifier)
+  if draft is None:
+    gamma = 0
+  elif isinstance(verifier, verifiers_lib.TreeVerifier):
+    gamma = verifier.depth
+  elif draft_length is not None:
+    gamma = draft_length.gamma_max
+  else:
+    gamma = _checks.check_int("gamma", gamma, low=1)
+  if draft_length is not None and not draft_length.stops_early:
+    width = _checks.check_int("width", width, low=1,
+                              high=draft_length.gamma_max)
+  elif width is not None:
+    raise ValueError("width is the round of a draft-length rule that plans; "
+                     "leave it out for this round.")
+  prompts_BxP = jnp.zeros((batch_size, prompt_len), jnp.int32)
+  lengths_B = jnp.full((batch_size,), prompt_len, jnp.int32)
+  keys_B = jax.random.split(jax.random.key(0), batch_size)
+  static = dict(gamma=gamma, max_new_tokens=max_new_tokens, sampling=sampling,
+                verifier=verifier, draft_length=draft_length, constraint=None)
+  # pylint: disable=protected-access
+  state = jax.eval_shape(
+      lambda t, d: loop._start(t, d, prompts_BxP, lengths_B, keys_B,
+                               **static), target, draft)
+
+  def run(target, draft, state, n):
+    round_ = lambda _, s: loop._round(
+        s, target=target, draft=draft, eos_id=None,
+        coupling_rule=coupling._coupling,
+        **({"width": width} if width is not None else {}), **static)
+    return jax.lax.fori_loop(0, n, round_, state)
+  # pylint: enable=protected-access
+  compiled = jax.jit(run, donate_argnums=2).lower(
+      target, draft, state, 2).compile(compiler_options)
+  analysis = compiled.cost_analysis()
+  if isinstance(analysis, (list, tuple)):  # older jax: one dict per program
+    analysis = analysis[0]
+  return Cost(float(analysis["bytes accessed"]), float(analysis["flops"]))
+
+
 def ar_step() -> list[tuple[str, int, int]]:
   """`generate`'s step: one target pass on one token. Entries are
   (model role, tokens, passes)."""
   return [("target", 1, 1)]
 
 
-def chain_round(gamma: int) -> list[tuple[str, int, int]]:
+def chain_round(gamma: int, first_tokens: int = 2
+                ) -> list[tuple[str, int, int]]:
   """A chain round of width gamma (token or block verification): the
-  draft's two-token window, gamma - 1 one-token steps, and the target's
-  verify pass on gamma + 1 tokens. Entries are (model role, tokens,
-  passes)."""
+  draft's first pass (its two-token window; 1 token for a draft on the
+  target's cache), gamma - 1 one-token steps, and the target's verify pass
+  on gamma + 1 tokens. Entries are (model role, tokens, passes)."""
   gamma = _checks.check_int("gamma", gamma, low=1)
-  round_ = [("draft", 2, 1)]
+  first_tokens = _checks.check_int("first_tokens", first_tokens, low=1)
+  round_ = [("draft", first_tokens, 1)]
   if gamma > 1:
     round_.append(("draft", 1, gamma - 1))
   return round_ + [("target", gamma + 1, 1)]
@@ -323,6 +409,41 @@ def tree_round(branching: Sequence[int]) -> list[tuple[str, int, int]]:
   return round_ + [("target", nodes + 1, 1)]
 
 
+def round_passes(draft: Any = None, *, gamma: int = 0,
+                 verifier: Any = "token", draft_length: Any = None,
+                 width: int | None = None) -> list[tuple[str, int, int]]:
+  """The passes of one round of the loop `speculative_generate` runs for
+  `draft` (draft None: `generate`'s step): a chain round of gamma drafts
+  (`chain_round`); a draft-length rule's, at `width` for a rule that
+  plans, else at its gamma_max (the most it drafts); or a tree verifier's
+  round, its draft scoring the root (as a chain's first pass) and then, at
+  each depth, the nodes that have children, in one pass. Entries are
+  (model role, tokens, passes)."""
+  if draft is None:
+    return ar_step()
+  first = 1 if getattr(draft, "reads_target_cache", False) else 2
+  verifier = verifiers_lib.get_verifier(verifier)
+  if isinstance(verifier, verifiers_lib.TreeVerifier):
+    topology = verifier.topology
+    # Nodes with children, per depth (the root's, depth 0, is the first).
+    parents = sorted({p for p in topology.parents if p >= 0})
+    internal = np.bincount(np.asarray(topology.depth, int)[parents],
+                           minlength=topology.max_depth + 1)
+    return ([("draft", first, 1)]
+            + [("draft", int(n), 1) for n in internal[1:] if n]
+            + [("target", topology.num_nodes + 1, 1)])
+  if draft_length is not None:
+    gamma = draft_length.gamma_max if width is None else width
+  return chain_round(gamma, first)
+
+
+def as_xla_counts(passes) -> list[tuple[str, int, int]]:
+  """`passes` as XLA's cost analysis counts a compiled round: a loop
+  body once, whatever its trip count, so each entry at most once (a chain
+  round's one-token draft steps are one loop)."""
+  return [(role, tokens, min(count, 1)) for role, tokens, count in passes]
+
+
 def round_cost(passes, models: dict[str, Any], *, batch_size: int,
                capacity: int, counter=None) -> dict[str, Cost]:
   """The cost of each entry of a round (`ar_step`, `chain_round`,
@@ -343,6 +464,64 @@ def round_cost(passes, models: dict[str, Any], *, batch_size: int,
     total = total + one * count
   costs["round"] = total
   return costs
+
+
+def round_counts(target, draft=None, *, batch_size: int, prompt_len: int,
+                 max_new_tokens: int, gamma: int = 0, verifier: Any = "token",
+                 sampling: sampling_lib.SamplingConfig = (
+                     sampling_lib.SamplingConfig()),
+                 draft_length: Any = None, width: int | None = None,
+                 compiler_options: dict[str, Any] | None = None
+                 ) -> dict[str, Cost]:
+  """One round of the compiled loop, counted three ways (arguments as
+  `xla_round_cost`; `prompt_len` on a bucket boundary, as the loop pads
+  prompts to one, `loop.prompt_bucket`):
+
+    "analytic": its passes (`round_passes`), each counted by `pass_cost`;
+    "analytic_xla": the same under XLA's conventions (`pass_cost(...,
+      xla_conventions=True)`, each loop body once: `as_xla_counts`);
+    "xla": XLA's cost analysis of the compiled round (`xla_round_cost`).
+
+  "xla" less "analytic_xla" is what the round moves outside its model
+  passes: the sampling and verification work on the [B, T, V] logits, the
+  commit, and any copy. Needs an analytic count of both models
+  (`has_analytic_count`).
+  """
+  verifier_ = None if draft is None else verifiers_lib.get_verifier(verifier)
+  if isinstance(verifier_, verifiers_lib.TreeVerifier):
+    gamma = verifier_.depth
+  elif draft is not None and draft_length is not None:
+    gamma = draft_length.gamma_max
+  for role, model in (("target", target), ("draft", draft)):
+    if model is not None and not has_analytic_count(model):
+      raise TypeError(f"round_counts counts a TransformerLM or a SelfDraft; "
+                      f"the {role} is a {type(model).__name__}. Use "
+                      f"xla_round_cost for it.")
+  xla = xla_round_cost(target, draft, batch_size=batch_size,
+                       prompt_len=prompt_len, max_new_tokens=max_new_tokens,
+                       gamma=gamma, verifier=verifier, sampling=sampling,
+                       draft_length=draft_length, width=width,
+                       compiler_options=compiler_options)
+  # pylint: disable=protected-access
+  buffer_len = loop._buffer_len(loop.prompt_bucket(prompt_len),
+                                max_new_tokens, gamma if draft else 0,
+                                verifier_)
+  # pylint: enable=protected-access
+  passes = round_passes(draft, gamma=gamma, verifier=verifier,
+                        draft_length=draft_length, width=width)
+  models = {"target": target, "draft": draft}
+  out = {}
+  for name, counted, conventions in (("analytic", passes, False),
+                                     ("analytic_xla", as_xla_counts(passes),
+                                      True)):
+    out[name] = Cost(0.0, 0.0)
+    for role, tokens, count in counted:
+      out[name] = out[name] + count * pass_cost(
+          models[role], batch_size=batch_size, num_tokens=tokens,
+          capacity=protocol.cache_length(models[role], buffer_len),
+          xla_conventions=conventions)
+  out["xla"] = xla
+  return out
 
 
 def round_seconds(costs: dict[str, Cost], device: Device) -> float:

@@ -179,7 +179,7 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
         seed: int = 0, add_bos: bool | None = None,
         compare: bool = False,
         progress: Callable[[str], None] | None = None,
-        constraint: Any = None) -> TextRun:
+        constraint: Any = None, plan_device: Any = None) -> TextRun:
   """Generates a continuation of each text, speculating with `draft`.
 
   Args:
@@ -197,6 +197,9 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
       measures (it takes a while), e.g. `print`.
     constraint: a `specjax.constraint.Constraint` for both calls (compiled
       with `tokenizer`); not with gamma "auto".
+    plan_device: with gamma "auto", price the rule from this device's
+      roofline instead of timing this machine (`auto_rule(device=...)`: a
+      `roofline.Device` or a name in `roofline.ACCELERATORS`).
 
   Returns:
     A `TextRun`; each call is compiled by a first, untimed run.
@@ -209,6 +212,9 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
   if isinstance(gamma, str) and gamma != "auto":
     raise ValueError(f"gamma must be an int >= 1, 'auto' or a draft-length "
                      f"rule, got {gamma!r}.")
+  if plan_device is not None and gamma != "auto":
+    raise ValueError(f"plan_device prices gamma='auto'; got gamma={gamma!r}. "
+                     "Pass gamma='auto', or leave plan_device out.")
   check_context(target, draft, tokenizer, texts, gamma=gamma,
                 max_new_tokens=max_new_tokens, add_bos=add_bos)
   prompts, lengths = encode_batch(tokenizer, list(texts), add_bos=add_bos)
@@ -219,13 +225,13 @@ def run(target, draft, tokenizer, texts: Sequence[str], *,
     if constraint is not None:
       raise ValueError("gamma='auto' prices a draft-length rule, which "
                        "constraint= does not run with; pass an int gamma.")
-    if progress is not None:
+    if progress is not None and plan_device is None:
       progress("gamma=auto: timing the loop's passes and rounds on this "
                "machine to price a Goodput rule (once per process and "
                "shape) ...")
     gamma = autotune.auto_rule(target, draft, prompts, lengths,
                                max_new_tokens=max_new_tokens,
-                               sampling=sampling)
+                               sampling=sampling, device=plan_device)
     if progress is not None:
       progress(f"gamma=auto: draft lengths {gamma.planned_widths}, a draft "
                f"pass costing {gamma.c:.2f} target passes.")
