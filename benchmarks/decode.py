@@ -31,7 +31,10 @@ the `--mesh` table's tokens/s from their median):
   draft's and verify's in-loop times from the same loop with a null draft);
 * the rate at which autoregressive decoding streams the target's weights
   (param bytes * target steps/s) against the machine's memory copy bandwidth
-  and against the fastest XLA reads those weights (a sum over them).
+  and against the fastest XLA reads those weights (a sum over them);
+* each call as a fraction of its roofline on this host (`roofline.call_costs`
+  priced at the read bandwidth and matmul FLOP/s probed beside the calls;
+  `benchmarks.roofline` has the whole report).
 
 With `--mesh` (repeatable), instead: for each mesh, `generate` and
 `speculative_generate` compiled with the models sharded by
@@ -87,6 +90,7 @@ from specjax import stats
 from specjax.harness import drafts
 from specjax.harness import figures
 from specjax.harness import measure
+from specjax.harness import roofline
 from specjax.models import TransformerConfig
 from specjax.models import TransformerLM
 from benchmarks import sharded
@@ -234,7 +238,8 @@ def single(target, draft, draft_desc, sampling):
   # The fastest XLA reads the target's weights: a sum over every array.
   params = jax.tree.leaves(target.state)
   read_all = jax.jit(lambda leaves: sum(jnp.sum(x) for x in leaves))
-  extra = {**copy_fns, "read weights": lambda: read_all(params)}
+  probes, host_device = roofline.host_probes(_COPY_MB.value)
+  extra = {**copy_fns, "read weights": lambda: read_all(params), **probes}
   load_before = os.getloadavg()[0]
   row, times, spec_out = measure_batch(target, draft, batch, sampling,
                                        memo={}, split_round=True, extra=extra)
@@ -251,6 +256,19 @@ def single(target, draft, draft_desc, sampling):
   bandwidth = {k: copy_bytes / t[f"copy {k}"] for k in ("numpy", "XLA")}
   copy_bw = max(bandwidth.values())
   cap = measure.LoopShape(batch, _PROMPT_LEN.value, new, gamma).capacity(target)
+  # Each call against its roofline on this host: prefills plus steps or
+  # rounds, every pass at max(bytes / read bandwidth, FLOPs / peak).
+  host = host_device(times)
+  fraction = {}
+  for name, models, passes, rounds in (
+      ("generate", {"target": target}, roofline.ar_step(), new),
+      ("speculative", {"target": target, "draft": draft},
+       roofline.round_passes(draft, gamma=gamma), s["loop_rounds"])):
+    prefill, round_ = roofline.call_costs(passes, models, batch_size=batch,
+                                          capacity=cap,
+                                          prompt_len=_PROMPT_LEN.value)
+    fraction[name] = roofline.call_seconds(prefill, round_, rounds,
+                                           host) / t[name]
   factors = ", ".join(f"{k} {row[f'factor_{k}']:.3f}"
                       for k in ("acceptance", "draft", "verify", "baseline"))
   _print([
@@ -320,6 +338,12 @@ def single(target, draft, draft_desc, sampling):
       ("weight read bandwidth", f"{read_bw / 1e9:.1f} GB/s (XLA sum over the "
                                 "target's params); the stream is "
                                 f"{stream / read_bw:.0%} of it"),
+      ("fraction of roofline", f"generate {fraction['generate']:.2f}, "
+                               f"speculative {fraction['speculative']:.2f} "
+                               f"(host: {roofline.cpu_model()}, read "
+                               f"{host.bytes_per_s / 1e9:.1f} GB/s, matmul "
+                               f"{host.flops_per_s / 1e9:.0f} GFLOP/s; "
+                               "benchmarks.roofline has the whole report)"),
   ])
 
 

@@ -46,12 +46,10 @@ import functools
 import json
 import os
 import sys
-from typing import Any
 
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import specjax as sj
@@ -90,32 +88,6 @@ _RESULTS_DIR = flags.DEFINE_string(
     "Where roofline_<target>_<draft>.json goes (none: print only).")
 
 
-def host_probes(read_mb: int) -> tuple[dict, Any]:
-  """Calls that probe this host's read bandwidth (a jitted `jnp.sum` over
-  `read_mb` MB) and matmul FLOP/s (a 2048^3 float32 matmul), to be timed
-  beside the decodes; and the function that turns their times into this
-  host's roofline `Device` (from the fastest call of each)."""
-  read, read_bytes = roofline.read_probe(read_mb)
-  a = jnp.ones((2048, 2048), jnp.float32)
-  matmul = jax.jit(lambda a: a @ a)
-
-  def device(times):
-    return roofline.Device(
-        jax.devices()[0].device_kind, read_bytes / min(times["read probe"]),
-        2 * 2048**3 / min(times["matmul probe"]),
-        f"measured beside the decodes: jnp.sum over {read_mb} MB, a "
-        "2048^3 float32 matmul")
-
-  return {"read probe": read, "matmul probe": lambda: matmul(a)}, device
-
-
-def _count(model, **shape):
-  """The analytic count where there is one, else XLA's."""
-  if roofline.has_analytic_count(model):
-    return roofline.pass_cost(model, **shape)
-  return roofline.xla_pass_cost(model, **shape)
-
-
 def _table(models, passes, batch, capacity):
   """Rows of the per-pass table: analytic, under XLA's conventions, XLA."""
   rows = []
@@ -133,22 +105,6 @@ def _table(models, passes, batch, capacity):
                  gap=xla.bytes / conventions.bytes - 1)
     rows.append(row)
   return rows
-
-
-def _call_cost(models, passes, batch, capacity, prompt_len, draft_prefill):
-  """Costs of one call: its prefills (the target's, and the draft's when
-  it keeps a cache of its own), and one step or round (`round_cost`)."""
-  prefill = [("target", prompt_len, 1)]
-  if draft_prefill:
-    prefill.append(("draft", prompt_len, 1))
-  shape = dict(batch_size=batch, capacity=capacity, counter=_count)
-  return (roofline.round_cost(prefill, models, **shape),
-          roofline.round_cost(passes, models, **shape))
-
-
-def _seconds(device, prefill, round_, rounds):
-  return (roofline.round_seconds(prefill, device)
-          + rounds * roofline.round_seconds(round_, device))
 
 
 def _round_table(target, draft, *, batch, gamma, plen, new, sampling):
@@ -193,8 +149,8 @@ def _time_parts(models, passes, *, batch, capacity, fill, shape, sampling,
         models[role], batch_size=batch, capacity=capacity,
         passes=[(t, fill) for t, _ in mine], seconds=0.2, repeats=repeats)
     for (t, n), sec in zip(mine, timed):
-      roof = host.seconds(_count(models[role], batch_size=batch, num_tokens=t,
-                                 capacity=capacity))
+      roof = host.seconds(roofline.count(
+          models[role], batch_size=batch, num_tokens=t, capacity=capacity))
       parts.append({"part": f"{role} T={t}", "count": n, "seconds": sec,
                     "roofline_seconds": roof})
   outside, _ = measure.null_loop_seconds(
@@ -225,8 +181,7 @@ def main(argv):
       _TARGET.value, dtype=_DTYPE.value, param_dtype=_DTYPE.value), 0)
   made = drafts.make_draft(_DRAFT.value, target, seed=0)
   draft = made.model
-  own_draft_cache = not getattr(draft, "reads_target_cache", False)
-  probes, host_device = host_probes(_READ_MB.value)
+  probes, host_device = roofline.host_probes(_READ_MB.value)
   print(f"target {_TARGET.value} ({target.param_count() / 1e6:.1f}M params), "
         f"draft {made.description} ({made.params / 1e6:.1f}M params); batch "
         f"{batch}, gamma {gamma}, prompt {plen}, {new} new tokens, "
@@ -239,7 +194,8 @@ def main(argv):
   key = jax.random.key(0)
   capacity = measure.LoopShape(batch, plen, new, gamma).capacity(target)
   models = {"target": target, "draft": draft}
-  ar_passes, spec_passes = roofline.ar_step(), roofline.chain_round(gamma)
+  ar_passes, spec_passes = roofline.ar_step(), roofline.round_passes(
+      draft, gamma=gamma)
 
   print(f"\npasses at cache capacity {capacity} (MB read + written; "
         "'XLA conv.' counts the cache write as its whole buffer read and "
@@ -298,14 +254,12 @@ def main(argv):
       ("speculative", spec_passes, summary["loop_rounds"])):
     speculative = name == "speculative"
     cost_models = models if speculative else {"target": target}
-    draft_prefill = own_draft_cache and speculative
-    prefill, round_ = _call_cost(cost_models, passes, batch, capacity, plen,
-                                 draft_prefill)
-    predicted_s = _seconds(host, prefill, round_, rounds)
+    shape = dict(batch_size=batch, capacity=capacity, prompt_len=plen)
+    prefill, round_ = roofline.call_costs(passes, cost_models, **shape)
+    predicted_s = roofline.call_seconds(prefill, round_, rounds, host)
     measured_s = min(times[name])
     bf16 = {role: _bf16(m) for role, m in cost_models.items()}
-    prefill16, round16 = _call_cost(bf16, passes, batch, capacity, plen,
-                                    draft_prefill)
+    prefill16, round16 = roofline.call_costs(passes, bf16, **shape)
     rows[name] = {
         "tokens_per_s": generated / measured_s,
         "roofline_tokens_per_s": generated / predicted_s,
@@ -317,7 +271,8 @@ def main(argv):
         "round_flops": round_["round"].flops,
         "loop_body_cache_copies": copies[name],
         "predicted_tokens_per_s": {
-            d.name: generated / _seconds(d, prefill16, round16, rounds)
+            d.name: generated / roofline.call_seconds(prefill16, round16,
+                                                      rounds, d)
             for d in roofline.ACCELERATORS.values()},
     }
 

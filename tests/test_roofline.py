@@ -233,3 +233,15 @@ def test_round_passes():
     roofline.xla_round_cost(_model("gpt2"), draft, batch_size=1,
                             prompt_len=16, max_new_tokens=8, gamma=2,
                             width=1)
+
+
+@pytest.mark.full
+def test_the_decode_benchmark_prints_the_roofline_fractions():
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks.decode", "--target=byte-3m",
+       "--draft=truncated:1", "--batch=1", "--gamma=2", "--prompt_len=8",
+       "--max_new_tokens=8", "--repeats=1", "--copy_mb=16"],
+      check=True, capture_output=True, text=True)
+  (line,) = [l for l in out.stdout.splitlines()
+             if l.startswith("fraction of roofline")]
+  assert "generate" in line and "speculative" in line and "GB/s" in line

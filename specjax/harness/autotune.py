@@ -247,11 +247,9 @@ def _roofline_seconds(model, device, *, batch_size: int, num_tokens: int,
   """The roofline time on `device` of one pass of `model`: the analytic
   count where there is one (`roofline.has_analytic_count`), else XLA's
   cost analysis of the pass on this host."""
-  counter = (roofline.pass_cost if roofline.has_analytic_count(model)
-             else roofline.xla_pass_cost)
   try:
-    cost = counter(model, batch_size=batch_size, num_tokens=num_tokens,
-                   capacity=capacity)
+    cost = roofline.count(model, batch_size=batch_size,
+                          num_tokens=num_tokens, capacity=capacity)
   except (TypeError, ValueError) as e:
     raise ValueError(
         f"roofline_goodput cannot count a pass of {type(model).__name__} "

@@ -372,6 +372,14 @@ def xla_round_cost(target, draft=None, *, batch_size: int, prompt_len: int,
   return Cost(float(analysis["bytes accessed"]), float(analysis["flops"]))
 
 
+def count(model, *, batch_size: int, num_tokens: int, capacity: int) -> Cost:
+  """A pass's cost: the analytic count where there is one
+  (`has_analytic_count`), else XLA's (`xla_pass_cost`)."""
+  counter = pass_cost if has_analytic_count(model) else xla_pass_cost
+  return counter(model, batch_size=batch_size, num_tokens=num_tokens,
+                 capacity=capacity)
+
+
 def ar_step() -> list[tuple[str, int, int]]:
   """`generate`'s step: one target pass on one token. Entries are
   (model role, tokens, passes)."""
@@ -529,6 +537,52 @@ def round_seconds(costs: dict[str, Cost], device: Device) -> float:
   passes run one after another)."""
   return sum(device.seconds(c) for name, c in costs.items()
              if name != "round")
+
+
+def call_costs(passes, models: dict[str, Any], *, batch_size: int,
+               capacity: int, prompt_len: int
+               ) -> tuple[dict[str, Cost], dict[str, Cost]]:
+  """(prefill costs, round costs) of one decode call: `generate`'s (models
+  holds only the target) or `speculative_generate`'s, whose draft
+  prefills too unless it reads the target's cache; a round is `passes`
+  (`ar_step`, `round_passes`). Each pass is counted by `count`."""
+  prefill = [("target", prompt_len, 1)]
+  draft = models.get("draft")
+  if draft is not None and not getattr(draft, "reads_target_cache", False):
+    prefill.append(("draft", prompt_len, 1))
+  shape = dict(batch_size=batch_size, capacity=capacity, counter=count)
+  return (round_cost(prefill, models, **shape),
+          round_cost(passes, models, **shape))
+
+
+def call_seconds(prefill: dict[str, Cost], round_: dict[str, Cost],
+                 rounds: float, device: Device) -> float:
+  """Roofline seconds of a call: its prefills and `rounds` rounds
+  (`call_costs`) on `device`."""
+  return (round_seconds(prefill, device)
+          + rounds * round_seconds(round_, device))
+
+
+def host_probes(read_mb: int) -> tuple[dict[str, Callable[[], Any]],
+                                       Callable[[dict], Device]]:
+  """Calls that probe this host's read bandwidth (`read_probe` over
+  `read_mb` MB) and matmul FLOP/s (a 2048^3 float32 matmul), to be timed
+  beside the decodes (`measure.interleaved_times`), and the function that
+  turns their times into this host's roofline `Device` (from the fastest
+  call of each)."""
+  read, read_bytes = read_probe(read_mb)
+  a = jnp.ones((2048, 2048), jnp.float32)
+  matmul = jax.jit(lambda a: a @ a)
+  matmul(a).block_until_ready()
+
+  def device(times):
+    return Device(
+        jax.devices()[0].device_kind, read_bytes / min(times["read probe"]),
+        2 * 2048**3 / min(times["matmul probe"]),
+        f"measured beside the decodes: jnp.sum over {read_mb} MB, a "
+        "2048^3 float32 matmul")
+
+  return {"read probe": read, "matmul probe": lambda: matmul(a)}, device
 
 
 # ----------------------------------------------------- whole-buffer copies --
