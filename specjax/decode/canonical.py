@@ -214,51 +214,35 @@ def canonical_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     the final token at num_accepted (and at D); num_accepted_B int32
     `[B]`).
   """
-  if control not in (None, True):
-    raise ValueError(f"control must be None (exact) or True (the negative "
-                     f"control), got {control!r}.")
+  tree_lib.check_control(control)
   tree_lib.check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
                            valid_BxN)
   check_topology(topology)
   check_vocab(p_BxN1xV.shape[-1])
-  batch = tokens_BxN.shape[0]
-  table_np = topology.children_table()  # [N + 1, K], K <= 2
-  table = jnp.asarray(table_np)
-  width = table_np.shape[1]
   # Static: the depths (0: the root) with a node of two children, the only
   # levels of the walk that need q_Z (a row at level d is at depth d).
   depth_T = topology.depth_with_root()
   pair_depths = {int(depth_T[u + 1]) for u in range(-1, topology.num_nodes)
                  if len(topology.children(u)) == 2}
-  rows_B = jnp.arange(batch)
-  node_B = -jnp.ones((batch,), jnp.int32)  # current node (-1: the root)
-  alive_B = jnp.ones((batch,), bool)       # still descending
-  depth = topology.max_depth
-  path, emitted = [], []
-  final_B = jnp.zeros((batch,), jnp.int32)
-  for level in range(depth + 1):
-    p_BxV = p_BxN1xV[rows_B, node_B + 1]
-    q_BxV = q_BxN1xV[rows_B, node_B + 1]
-    kids_BxK = table[node_B + 1]
-    safe_BxK = jnp.maximum(kids_BxK, 0)
-    ok_BxK = (kids_BxK >= 0) & jnp.take_along_axis(valid_BxN, safe_BxK, 1)
-    x_BxK = jnp.take_along_axis(tokens_BxN, safe_BxK, axis=1)
+
+  def judge(view):
+    p_BxV, q_BxV, ok_BxK = view.p_BxV, view.q_BxV, view.valid_BxK
+    kids_BxK, x_BxK = view.kids_BxK, view.tokens_BxK
+    rows_B = jnp.arange(kids_BxK.shape[0])
     k_B = jnp.sum(ok_BxK, axis=1)
     # The first and the last valid child (the same one where k = 1).
     first_B = jnp.argmax(ok_BxK, axis=1)
-    last_B = width - 1 - jnp.argmax(ok_BxK[:, ::-1], axis=1)
-    kid1_B, kid2_B = kids_BxK[rows_B, first_B], kids_BxK[rows_B, last_B]
+    last_B = kids_BxK.shape[1] - 1 - jnp.argmax(ok_BxK[:, ::-1], axis=1)
     x1_B, x2_B = x_BxK[rows_B, first_B], x_BxK[rows_B, last_B]
-    if level in pair_depths:
+    if view.level in pair_depths:
       lw_BxV = log_weight(p_BxV, q_BxV)
       r12_B = pair_selection(lw_BxV[rows_B, x1_B], lw_BxV[rows_B, x2_B])
-      pick_first_B = (k_B < 2) | (
-          u_BxNx2[rows_B, jnp.maximum(kid1_B, 0), 0] < r12_B)
+      pick_first_B = (k_B < 2) | (view.u_BxK[rows_B, first_B] < r12_B)
       # The selected draft's law: q_Z with two children, q with one.
       law_BxV = q_BxV if control else jnp.where(
           (k_B == 2)[:, None], selected_law(p_BxV, q_BxV), q_BxV)
     else:  # no node of this depth has two children: token-level
-      pick_first_B = jnp.ones((batch,), bool)
+      pick_first_B = jnp.ones(k_B.shape, bool)
       law_BxV = q_BxV
     z_B = jnp.where(pick_first_B, x1_B, x2_B)
     q_z_B = law_BxV[rows_B, z_B]
@@ -266,27 +250,17 @@ def canonical_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     # from it) leaves the node to p.
     has_B = (k_B > 0) & (q_z_B > 0)
     # u < min(1, p / q_Z) without dividing.
-    keep_B = has_B & (u_BxNx2[rows_B, jnp.maximum(kid2_B, 0), 0] * q_z_B
-                      < p_BxV[rows_B, z_B])
+    keep_B = has_B & (view.u_BxK[rows_B, last_B] * q_z_B < p_BxV[rows_B, z_B])
     judged_BxV = jnp.where(has_B[:, None], law_BxV, 0.0)
-    excess_BxV = jnp.maximum(p_BxV - judged_BxV, 0.0)
-    excess_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
-    r_BxV = jnp.where(excess_B1 > 0,
-                      excess_BxV / jnp.where(excess_B1 > 0, excess_B1, 1.0),
-                      p_BxV)
-    y_B = jnp.where(keep_B, z_B, sample(u_BxNx2[rows_B, node_B + 1, 1],
-                                        r_BxV).astype(jnp.int32))
+    r_BxV = tree_lib.residual(jnp.maximum(p_BxV - judged_BxV, 0.0), p_BxV)
+    y_B = jnp.where(keep_B, z_B,
+                    sample(view.u_final_B, r_BxV).astype(jnp.int32))
     # Y is the node's token, whichever way it came: a residual token equal
     # to the other child's descends into it (exact: that child's subtree
     # was drafted given its token alone). Two children of one token: the
     # first, as the greedy walk.
-    match_BxK = ok_BxK & (x_BxK == y_B[:, None])
-    chosen_B = jnp.where(
-        jnp.any(match_BxK, axis=1),
-        jnp.take_along_axis(kids_BxK, jnp.argmax(match_BxK, axis=1)[:, None],
-                            axis=1)[:, 0], -1)
-    node_B, alive_B, final_B = tree_lib.walk_step(
-        chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2, tokens_BxN,
-        sample, path, emitted, drawn_B=y_B)
-  return tree_lib._finish_walk(  # pylint: disable=protected-access
-      path, emitted, final_B, depth)
+    chosen_B = tree_lib.first_child(kids_BxK, ok_BxK & (x_BxK == y_B[:, None]))
+    return chosen_B, r_BxV, y_B
+
+  return tree_lib.walk(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
+                       topology, sample, judge)

@@ -86,36 +86,20 @@ def greedy_draft_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     the final token at num_accepted (and at D); num_accepted_B int32
     `[B]`).
   """
-  if control not in (None, True):
-    raise ValueError(f"control must be None (exact) or True (the negative "
-                     f"control), got {control!r}.")
-  tree_lib.check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
-                           valid_BxN)
-  batch = tokens_BxN.shape[0]
-  table = jnp.asarray(topology.children_table())  # [N + 1, K]
-  slot_K = jnp.arange(table.shape[1])
-  rows_B = jnp.arange(batch)
-  node_B = -jnp.ones((batch,), jnp.int32)  # current node (-1: the root)
-  alive_B = jnp.ones((batch,), bool)       # still descending
-  depth = topology.max_depth
-  path, emitted = [], []
-  final_B = jnp.zeros((batch,), jnp.int32)
-  for _ in range(depth + 1):
-    p_BxV = p_BxN1xV[rows_B, node_B + 1]
-    q_BxV = q_BxN1xV[rows_B, node_B + 1]
-    kids_BxK = table[node_B + 1]  # a node's children fill its first slots
-    count_B = jnp.sum(kids_BxK >= 0, axis=1)
-    safe_BxK = jnp.maximum(kids_BxK, 0)
-    x_BxK = jnp.take_along_axis(tokens_BxN, safe_BxK, axis=1)
-    ok_BxK = (kids_BxK >= 0) & jnp.take_along_axis(valid_BxN, safe_BxK, 1)
-    in_t_BxK = slot_K < count_B[:, None] - 1
+  tree_lib.check_control(control)
+
+  def judge(view):
+    p_BxV, q_BxV, kids_BxK = view.p_BxV, view.q_BxV, view.kids_BxK
+    rows_B = jnp.arange(kids_BxK.shape[0])
+    count_B = jnp.sum(kids_BxK >= 0, axis=1)  # children fill the first slots
+    x_BxK = view.tokens_BxK
+    in_t_BxK = jnp.arange(kids_BxK.shape[1]) < count_B[:, None] - 1
     # q' = q without T: T's tokens whatever their validity, as the draft
     # drew the last child without them.
     in_t_BxV = jnp.zeros(q_BxV.shape, jnp.float32).at[
         rows_B[:, None], x_BxK].add(in_t_BxK.astype(jnp.float32)) > 0
-    rest_BxV = jnp.where(in_t_BxV, 0.0, q_BxV)
-    mass_B1 = jnp.sum(rest_BxV, axis=-1, keepdims=True)
-    q_last_BxV = rest_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0)
+    q_last_BxV = tree_lib.residual(jnp.where(in_t_BxV, 0.0, q_BxV),
+                                   jnp.zeros_like(q_BxV))
     last_B = jnp.maximum(count_B - 1, 0)
     last_kid_B = jnp.where(count_B > 0, kids_BxK[rows_B, last_B], -1)
     x_B = x_BxK[rows_B, last_B]
@@ -123,36 +107,27 @@ def greedy_draft_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     # The last child exists only where it was drafted: a leaf has none, an
     # empty slot (no mass outside T) is invalid, and a token of q' = 0 was
     # never drawn from q'.
-    has_B = (count_B > 0) & ok_BxK[rows_B, last_B] & (q_x_B > 0)
+    has_B = (count_B > 0) & view.valid_BxK[rows_B, last_B] & (q_x_B > 0)
     # u < min(1, p / q') without dividing.
-    keep_B = has_B & (u_BxNx2[rows_B, jnp.maximum(last_kid_B, 0), 0] * q_x_B
-                      < p_BxV[rows_B, x_B])
+    keep_B = has_B & (view.u_BxK[rows_B, last_B] * q_x_B < p_BxV[rows_B, x_B])
     # The residual: p minus what the last child emits (nothing where it
     # was not drafted: then p itself).
     judged_BxV = jnp.where(has_B[:, None], q_last_BxV, 0.0)
     excess_BxV = jnp.maximum(p_BxV - judged_BxV, 0.0)
     if control:
       excess_BxV = jnp.where(in_t_BxV, 0.0, excess_BxV)
-    excess_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
-    r_BxV = jnp.where(excess_B1 > 0,
-                      excess_BxV / jnp.where(excess_B1 > 0, excess_B1, 1.0),
-                      p_BxV)
-    y_B = sample(u_BxNx2[rows_B, node_B + 1, 1], r_BxV).astype(jnp.int32)
+    r_BxV = tree_lib.residual(excess_BxV, p_BxV)
+    y_B = sample(view.u_final_B, r_BxV).astype(jnp.int32)
     # A residual token in T is that child's: descend into it (T's tokens
     # are distinct, and the last child's is outside T). The last child's
     # own token is matched too: the exact residual never emits it after
     # rejecting it ((p - q')+ is 0 there), but the control's fallback to p
     # can, and emitting a child's token is reaching that child.
-    match_BxK = ok_BxK & (x_BxK == y_B[:, None])
-    hit_B = jnp.where(
-        jnp.any(match_BxK, axis=1),
-        jnp.take_along_axis(kids_BxK, jnp.argmax(match_BxK, axis=1)[:, None],
-                            axis=1)[:, 0], -1)
-    chosen_B = jnp.where(keep_B, last_kid_B, hit_B)
-    # The walk's step and layout are `tree_verify`'s; y is the final token
-    # of a row that descends nowhere.
-    node_B, alive_B, final_B = tree_lib.walk_step(
-        chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2, tokens_BxN,
-        sample, path, emitted, drawn_B=y_B)
-  return tree_lib._finish_walk(  # pylint: disable=protected-access
-      path, emitted, final_B, depth)
+    hit_B = tree_lib.first_child(kids_BxK,
+                                 view.valid_BxK & (x_BxK == y_B[:, None]))
+    # y is the final token of a row that descends nowhere.
+    return jnp.where(keep_B, last_kid_B, hit_B), r_BxV, y_B
+
+  # The walk's step and layout are `tree_verify`'s.
+  return tree_lib.walk(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
+                       topology, sample, judge)

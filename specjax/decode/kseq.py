@@ -120,39 +120,19 @@ def kseq_tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
     the final token at num_accepted (and at D); num_accepted_B int32
     `[B]`).
   """
-  if control not in (None, True):
-    raise ValueError(f"control must be None (exact) or True (the negative "
-                     f"control), got {control!r}.")
-  tree_lib.check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
-                           valid_BxN)
-  batch = tokens_BxN.shape[0]
-  table = jnp.asarray(topology.children_table())  # [N + 1, K]
-  rows_B = jnp.arange(batch)
-  node_B = -jnp.ones((batch,), jnp.int32)  # current node (-1: the root)
-  alive_B = jnp.ones((batch,), bool)       # still descending
-  depth = topology.max_depth
-  path, emitted = [], []
-  final_B = jnp.zeros((batch,), jnp.int32)
-  for _ in range(depth + 1):
-    p_BxV = p_BxN1xV[rows_B, node_B + 1]
-    q_BxV = q_BxN1xV[rows_B, node_B + 1]
-    kids_BxK = table[node_B + 1]
-    safe_BxK = jnp.maximum(kids_BxK, 0)
-    has_BxK = (kids_BxK >= 0) & jnp.take_along_axis(valid_BxN, safe_BxK, 1)
-    k_B = jnp.sum(has_BxK, axis=1)
+  tree_lib.check_control(control)
+
+  def judge(view):
+    p_BxV, q_BxV = view.p_BxV, view.q_BxV
+    k_B = jnp.sum(view.valid_BxK, axis=1)
     rho_B = kseq_rho(p_BxV, q_BxV, k_B)
-    x_BxK = jnp.take_along_axis(tokens_BxN, safe_BxK, axis=1)
-    p_x_BxK = jnp.take_along_axis(p_BxV, x_BxK, axis=1)
-    q_x_BxK = jnp.take_along_axis(q_BxV, x_BxK, axis=1)
-    u_BxK = jnp.take_along_axis(u_BxNx2[:, :, 0], safe_BxK, axis=1)
+    p_x_BxK = jnp.take_along_axis(p_BxV, view.tokens_BxK, axis=1)
+    q_x_BxK = jnp.take_along_axis(q_BxV, view.tokens_BxK, axis=1)
     # u < min(1, p / (rho q)) without dividing; p(x) = 0 never keeps x.
     # Rejections change nothing, so every child is judged at once and the
     # first kept one wins.
-    keep_BxK = has_BxK & (u_BxK * rho_B[:, None] * q_x_BxK < p_x_BxK)
-    chosen_B = jnp.where(
-        jnp.any(keep_BxK, axis=1),
-        jnp.take_along_axis(kids_BxK, jnp.argmax(keep_BxK, axis=1)[:, None],
-                            axis=1)[:, 0], -1)
+    keep_BxK = view.valid_BxK & (
+        view.u_BxK * rho_B[:, None] * q_x_BxK < p_x_BxK)
     # The residual: p minus the mass the k children emit (0 at a leaf).
     single_BxV = jnp.minimum(q_BxV, p_BxV / rho_B[:, None])
     beta_B = jnp.sum(single_BxV, axis=-1)
@@ -161,13 +141,10 @@ def kseq_tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
         / jnp.where(beta_B > 0, beta_B, 1.0), 0.0)
     if control:
       factor_B = jnp.where(k_B > 0, 1.0, 0.0)
-    excess_BxV = jnp.maximum(p_BxV - single_BxV * factor_B[:, None], 0.0)
-    mass_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
-    r_BxV = jnp.where(mass_B1 > 0,
-                      excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0), p_BxV)
-    # The walk's step and layout are `tree_verify`'s.
-    node_B, alive_B, final_B = tree_lib.walk_step(
-        chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2, tokens_BxN,
-        sample, path, emitted)
-  return tree_lib._finish_walk(  # pylint: disable=protected-access
-      path, emitted, final_B, depth)
+    r_BxV = tree_lib.residual(
+        jnp.maximum(p_BxV - single_BxV * factor_B[:, None], 0.0), p_BxV)
+    return tree_lib.first_child(view.kids_BxK, keep_BxK), r_BxV, None
+
+  # The walk's step and layout are `tree_verify`'s.
+  return tree_lib.walk(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
+                       topology, sample, judge)

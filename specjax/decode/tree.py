@@ -309,77 +309,49 @@ def tree_verify(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
      num_accepted_B int32 `[B]`).
   """
   mode = check_mode(mode)
-  if not isinstance(topology, TreeTopology):
-    raise TypeError("topology must be a TreeTopology (e.g. "
-                    "TreeTopology.from_branching((2, 1))), got "
-                    f"{type(topology).__name__}.")
-  if tokens_BxN.shape[1] != topology.num_nodes or p_BxN1xV.shape[1] != (
-      topology.num_nodes + 1):
-    raise ValueError(f"tokens {tuple(tokens_BxN.shape)} and p "
-                     f"{tuple(p_BxN1xV.shape)} must be [B, N] and "
-                     f"[B, N + 1, V] for the topology's N = "
-                     f"{topology.num_nodes} nodes.")
-  batch = tokens_BxN.shape[0]
-  table = jnp.asarray(topology.children_table())  # [N + 1, K]
-  rows = jnp.arange(batch)
   vocab_V = jnp.arange(q_BxN1xV.shape[-1])
-  node_B = -jnp.ones((batch,), jnp.int32)  # current node (-1: root)
-  alive_B = jnp.ones((batch,), bool)       # still descending
-  depth = topology.max_depth
-  path, emitted = [], []
-  final_B = jnp.zeros((batch,), jnp.int32)
 
-  def judge_child(j, carry, kids_BxK, q_BxV):
-    """Judges child slot j of each row's current node (the chain of
-    rejections that recursive rejection sampling runs)."""
-    r_BxV, taken_BxV, chosen_B = carry
-    kid_B = kids_BxK[:, j]
-    has_B = (kid_B >= 0) & (chosen_B < 0)
-    safe_kid_B = jnp.maximum(kid_B, 0)
-    x_B = tokens_BxN[rows, safe_kid_B]
-    if mode == "wor":
-      q_j_BxV = jnp.where(taken_BxV, 0.0, q_BxV)
-      mass_B1 = jnp.sum(q_j_BxV, axis=-1, keepdims=True)
-      q_j_BxV = q_j_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0)
-    else:
-      q_j_BxV = q_BxV
-    has_B = has_B & valid_BxN[rows, safe_kid_B]
-    q_x_B = q_j_BxV[rows, x_B]
-    r_x_B = r_BxV[rows, x_B]
-    keep_B = has_B & (u_BxNx2[rows, safe_kid_B, 0] * q_x_B < r_x_B)
-    chosen_B = jnp.where(keep_B, kid_B, chosen_B)
-    reject_B = has_B & ~keep_B
-    excess_BxV = jnp.maximum(r_BxV - q_j_BxV, 0.0)
-    mass_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
-    new_r_BxV = jnp.where(mass_B1 > 0,
-                          excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0),
-                          r_BxV)
-    if update_residual:
-      r_BxV = jnp.where(reject_B[:, None], new_r_BxV, r_BxV)
-    if mode == "wor":
-      taken_BxV = taken_BxV | (reject_B[:, None]
-                               & (vocab_V == x_B[:, None]))
-    return r_BxV, taken_BxV, chosen_B
+  def judge(view):
+    width = view.kids_BxK.shape[1]
 
-  for _ in range(depth + 1):
-    r_BxV = p_BxN1xV[rows, node_B + 1]
-    q_BxV = q_BxN1xV[rows, node_B + 1]
-    kids_BxK = table[node_B + 1]
-    judge = functools.partial(judge_child, kids_BxK=kids_BxK, q_BxV=q_BxV)
-    carry = (r_BxV, jnp.zeros(q_BxV.shape, bool),
-             -jnp.ones((batch,), jnp.int32))
-    if table.shape[1] <= _UNROLL_CHILDREN:
-      for j in range(table.shape[1]):
-        carry = judge(j, carry)
+    def judge_child(j, carry):
+      """Judges child slot j of each row's node (the chain of rejections
+      that recursive rejection sampling runs)."""
+      r_BxV, taken_BxV, chosen_B = carry
+      x_B = view.tokens_BxK[:, j]
+      if mode == "wor":
+        q_j_BxV = residual(jnp.where(taken_BxV, 0.0, view.q_BxV),
+                           jnp.zeros_like(view.q_BxV))
+      else:
+        q_j_BxV = view.q_BxV
+      has_B = view.valid_BxK[:, j] & (chosen_B < 0)
+      q_x_B = jnp.take_along_axis(q_j_BxV, x_B[:, None], axis=1)[:, 0]
+      r_x_B = jnp.take_along_axis(r_BxV, x_B[:, None], axis=1)[:, 0]
+      keep_B = has_B & (view.u_BxK[:, j] * q_x_B < r_x_B)
+      chosen_B = jnp.where(keep_B, view.kids_BxK[:, j], chosen_B)
+      reject_B = has_B & ~keep_B
+      if update_residual:
+        new_r_BxV = residual(jnp.maximum(r_BxV - q_j_BxV, 0.0), r_BxV)
+        r_BxV = jnp.where(reject_B[:, None], new_r_BxV, r_BxV)
+      if mode == "wor":
+        taken_BxV = taken_BxV | (reject_B[:, None]
+                                 & (vocab_V == x_B[:, None]))
+      return r_BxV, taken_BxV, chosen_B
+
+    carry = (view.p_BxV, jnp.zeros(view.q_BxV.shape, bool),
+             -jnp.ones(view.node_B.shape, jnp.int32))
+    if width <= _UNROLL_CHILDREN:
+      for j in range(width):
+        carry = judge_child(j, carry)
     else:
       # Traced once and looped: unrolled, XLA's compile time grows as the
       # square of a node's children.
-      carry = jax.lax.fori_loop(0, table.shape[1], judge, carry)
+      carry = jax.lax.fori_loop(0, width, judge_child, carry)
     r_BxV, _, chosen_B = carry
-    node_B, alive_B, final_B = walk_step(
-        chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2, tokens_BxN,
-        sample, path, emitted)
-  return _finish_walk(path, emitted, final_B, depth)
+    return chosen_B, r_BxV, None
+
+  return walk(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN, topology,
+              sample, judge)
 
 
 def check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
@@ -402,6 +374,96 @@ def check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
         f"p {tuple(p_BxN1xV.shape)}, q {tuple(q_BxN1xV.shape)} and u "
         f"{tuple(u_BxNx2.shape)} must be [B, N], [B, N], [B, N + 1, V] "
         f"(twice) and [B, N + 1, 2] for the topology's N = {n} nodes.")
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+  """One level of a walk down the tree, seen from each row's current node:
+  what a node rule (`walk`'s `judge`) decides from.
+
+  Attributes:
+    level: static int, the level (0: the root's children are judged).
+    node_B: int32 `[B]`, the current node (-1: the root).
+    p_BxV, q_BxV: float32 `[B, V]`, the target's and the draft's laws after
+      it.
+    kids_BxK: int32 `[B, K]`, its children in node order, -1 past them.
+    tokens_BxK: int32 `[B, K]`, their tokens (node 0's past them).
+    valid_BxK: bool `[B, K]`, the children that exist and are valid.
+    u_BxK: float32 `[B, K]`, each child's judging uniform
+      (`u_BxNx2[:, child, 0]`).
+    u_final_B: float32 `[B]`, the uniform of the token drawn where the node
+      keeps no child (`u_BxNx2[:, node + 1, 1]`).
+  """
+  level: int
+  node_B: jax.Array
+  p_BxV: jax.Array
+  q_BxV: jax.Array
+  kids_BxK: jax.Array
+  tokens_BxK: jax.Array
+  valid_BxK: jax.Array
+  u_BxK: jax.Array
+  u_final_B: jax.Array
+
+
+def walk(u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN, valid_BxN,
+         topology: TreeTopology, sample, judge):
+  """A walk down a static tree from the root, vectorised over rows: at
+  each level, `judge(view)` (a `NodeView` of each row's node) returns
+  `(chosen_B, r_BxV, drawn_B)`: the kept child (-1: none), the law of the
+  final token, and that token where the rule drew it itself (else None:
+  `walk_step` draws it). Arguments as `tree_verify`'s; returns its
+  outputs."""
+  check_walk_args(topology, u_BxNx2, p_BxN1xV, q_BxN1xV, tokens_BxN,
+                  valid_BxN)
+  batch = tokens_BxN.shape[0]
+  table = jnp.asarray(topology.children_table())  # [N + 1, K]
+  rows_B = jnp.arange(batch)
+  node_B = -jnp.ones((batch,), jnp.int32)  # current node (-1: the root)
+  alive_B = jnp.ones((batch,), bool)       # still descending
+  depth = topology.max_depth
+  path, emitted = [], []
+  final_B = jnp.zeros((batch,), jnp.int32)
+  for level in range(depth + 1):
+    kids_BxK = table[node_B + 1]
+    safe_BxK = jnp.maximum(kids_BxK, 0)
+    view = NodeView(
+        level=level, node_B=node_B,
+        p_BxV=p_BxN1xV[rows_B, node_B + 1],
+        q_BxV=q_BxN1xV[rows_B, node_B + 1], kids_BxK=kids_BxK,
+        tokens_BxK=jnp.take_along_axis(tokens_BxN, safe_BxK, axis=1),
+        valid_BxK=(kids_BxK >= 0) & jnp.take_along_axis(valid_BxN, safe_BxK,
+                                                        axis=1),
+        u_BxK=jnp.take_along_axis(u_BxNx2[:, :, 0], safe_BxK, axis=1),
+        u_final_B=u_BxNx2[rows_B, node_B + 1, 1])
+    chosen_B, r_BxV, drawn_B = judge(view)
+    node_B, alive_B, final_B = walk_step(
+        chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2, tokens_BxN,
+        sample, path, emitted, drawn_B)
+  return _finish_walk(path, emitted, final_B, depth)
+
+
+def check_control(control) -> None:
+  """A walk rule's `control`: None (the exact rule) or True (its negative
+  control)."""
+  if control not in (None, True):
+    raise ValueError(f"control must be None (exact) or True (the negative "
+                     f"control), got {control!r}.")
+
+
+def first_child(kids_BxK, match_BxK):
+  """int32 `[B]`: the first child whose `match_BxK` holds, -1 where none."""
+  return jnp.where(
+      jnp.any(match_BxK, axis=1),
+      jnp.take_along_axis(kids_BxK, jnp.argmax(match_BxK, axis=1)[:, None],
+                          axis=1)[:, 0], -1)
+
+
+def residual(excess_BxV, fallback_BxV):
+  """`excess_BxV` normalised, or `fallback_BxV` where it has no mass."""
+  mass_B1 = jnp.sum(excess_BxV, axis=-1, keepdims=True)
+  return jnp.where(mass_B1 > 0,
+                   excess_BxV / jnp.where(mass_B1 > 0, mass_B1, 1.0),
+                   fallback_BxV)
 
 
 def walk_step(chosen_B, r_BxV, node_B, alive_B, final_B, u_BxNx2,
