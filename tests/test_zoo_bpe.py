@@ -9,6 +9,7 @@ import pytest
 import specjax as sj
 from specjax import data
 from specjax.data import bpe
+from specjax import models
 from specjax.harness import zoo
 
 pytest.importorskip("tokenizers")
@@ -150,3 +151,34 @@ def test_text_prompts_are_the_same_text_for_every_tokenizer(corpus, cache):
   assert [tok.decode(p[:n]) for p, n in zip(prompts, lengths)] == texts
   with pytest.raises(ValueError, match="shorter prompts"):
     data.text_prompts(corpus, 2, 9_000)  # the files hold 8,000 bytes
+
+
+def test_the_registry_reads_a_bpe_zoo_draft_with_its_tokenizer(
+    corpus, cache, monkeypatch):
+  """A BPE zoo draft for a byte-level target: token-level intersection
+  with the target's tokenizer, refused without one, and `string:` cuts its
+  text read with its own BPE (not the byte tokenizer)."""
+  from specjax import cache_dir  # pylint: disable=import-outside-toplevel
+  from specjax.harness import drafts  # pylint: disable=import-outside-toplevel
+  from specjax.harness import textgen  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv(cache_dir.CACHE_ENV, cache)
+  target = zoo.load("tiny", corpus=corpus, overrides=FAST, verbose=False)
+  kw = dict(corpus=corpus, overrides=FAST)
+  made = drafts.make_draft("bpe300-tiny", target,
+                           tokenizer=data.ByteTokenizer(), **kw)
+  assert isinstance(made.model, models.TokenIntersectionDraft)
+  assert "token-level intersection" in made.description
+  with pytest.raises(ValueError, match="another tokenizer"):
+    drafts.make_draft("bpe300-tiny", target, **kw)
+  made = drafts.make_draft("string:bpe300-tiny", target,
+                           tokenizer=data.ByteTokenizer(), **kw)
+  assert isinstance(made.model, models.StringLevelDraft)
+  # The byte target's own zoo drafts are not wrapped.
+  same = drafts.make_draft("tiny", target, tokenizer=data.ByteTokenizer(),
+                           **kw)
+  assert isinstance(same.model, sj.TransformerLM)
+  # A zoo target comes with its own tokenizer.
+  monkeypatch.setattr(zoo, "load_with_tokenizer",
+                      lambda name: (name, "its tokenizer"))
+  assert textgen.load_target("zoo:bpe300-tiny") == ("bpe300-tiny",
+                                                    "its tokenizer")

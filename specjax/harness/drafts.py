@@ -58,7 +58,6 @@ import numpy as np
 
 from specjax import _checks
 from specjax.data.hf_tokenizer import read_json
-from specjax.data.tokenizer import ByteTokenizer
 from specjax.decode import validation
 from specjax.harness import zoo
 from specjax.models import derived
@@ -376,12 +375,43 @@ def _parse_zoo(spec):
   return _ZOO_KINDS[zoo_kind], size, teacher
 
 
-def _build_zoo(args, target, ctx):
-  del target
+def _zoo_draft(args, ctx):
+  """(model, its tokenizer, its zoo name) of a zoo draft spec: a BPE
+  model's tokenizer is the zoo's BPE, any other's the `ByteTokenizer`; an
+  EAGLE head has its target's (None)."""
   kind, size, teacher = args
   name = (size if kind == "transformer" else f"eagle-head@{teacher}"
           if kind == "eagle" else f"distilled-{size}@{teacher}")
-  model = _zoo(name, ctx, *_recipe(name, teacher, ctx))
+  overrides, teacher_overrides = _recipe(name, teacher, ctx)
+  model = _zoo(name, ctx, overrides, teacher_overrides)
+  tokenizer = (None if kind == "eagle" else zoo.tokenizer(
+      name, cache_dir=None if ctx.config is None else ctx.config.get(
+          "cache_dir"), overrides=overrides, corpus=ctx.corpus,
+      verbose=False))
+  return model, tokenizer, name
+
+
+def _build_zoo(args, target, ctx):
+  model, draft_tok, name = _zoo_draft(args, ctx)
+  if draft_tok is None:  # an EAGLE head reads its target's own features
+    return model, f"the zoo's {name}"
+  if ctx.tokenizer is None:
+    if model.vocab_size != target.vocab_size:
+      raise ValueError(
+          f"draft {name!r} has {model.vocab_size} ids and the target "
+          f"{target.vocab_size}: it has another tokenizer. Pass the "
+          "target's tokenizer (tokenizer=...) to speculate through "
+          "token-level intersection, or use string:" + name + ".")
+    return model, f"the zoo's {name}"
+  try:
+    vocab.check_same_tokenizer(ctx.tokenizer, draft_tok)
+  except (ValueError, TypeError):
+    # Another tokenizer: as a checkpoint of another tokenizer is.
+    model = TokenIntersectionDraft.build(
+        model, draft_tok, ctx.tokenizer, target_vocab_size=target.vocab_size)
+    return model, (f"the zoo's {name}, of another tokenizer, through "
+                   f"token-level intersection ({model.num_shared} shared "
+                   "tokens)")
   return model, f"the zoo's {name}"
 
 
@@ -469,8 +499,12 @@ def _build_string(args, target, ctx):
                      "the target's tokens: pass the target's tokenizer "
                      "(tokenizer=...).")
   if entry.zoo:
-    draft, what = entry.build(inner_args, target, ctx)
-    draft_tok = ByteTokenizer()
+    draft, draft_tok, name = _zoo_draft(inner_args, ctx)
+    if draft_tok is None:
+      raise ValueError(f"draft {_STRING}{inner!r}: an EAGLE head reads its "
+                       "target's features and shares its tokenizer; use "
+                       f"{inner!r} itself.")
+    what = f"the zoo's {name}"
   else:
     draft, draft_tok = _load_checkpoint(inner, ctx)
     what = "a checkpoint"

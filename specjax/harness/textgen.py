@@ -28,7 +28,6 @@ from specjax import _checks
 from specjax import _moved
 from specjax import sampling as sampling_lib
 from specjax import constraint as constraint_lib
-from specjax.data import tokenizer as byte_tokenizer
 from specjax.data.tokenizer_protocol import encode_batch
 from specjax.decode import loop
 from specjax.harness import autotune
@@ -40,14 +39,14 @@ from specjax.models import hf
 def load_target(spec: str, *, dtype: Any = None,
                 max_positions: int | None = None):
   """`(model, tokenizer)` of a checkpoint directory or `hf:<repo_id>`;
-  `max_positions` caps its context (`hf.load`). `zoo:<name>` is a
-  byte-level model of the zoo (`specjax.harness.zoo`, trained on first
-  use) with its `ByteTokenizer`."""
+  `max_positions` caps its context (`hf.load`). `zoo:<name>` is a model of
+  the zoo (`specjax.harness.zoo`, trained on first use) with its tokenizer:
+  the zoo's BPE for a BPE model, else the `ByteTokenizer`."""
   if isinstance(spec, str) and spec.startswith("zoo:"):
     if dtype is not None or max_positions is not None:
       raise ValueError("a zoo target loads as trained: no dtype or "
                        "max_positions.")
-    return zoo.load(spec[len("zoo:"):]), byte_tokenizer.ByteTokenizer()
+    return zoo.load_with_tokenizer(spec[len("zoo:"):])
   model, tok = hf.load(spec, dtype=dtype, max_positions=max_positions)
   if tok is None:
     raise FileNotFoundError(f"{spec} has no tokenizer.json; text generation "
