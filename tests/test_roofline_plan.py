@@ -1,6 +1,5 @@
 """Goodput rules priced from a device's roofline: no timer, exact ratios."""
 
-import jax
 import numpy as np
 import pytest
 
@@ -82,10 +81,6 @@ def test_auto_rule_with_a_device_times_nothing(monkeypatch):
       target, draft, roofline.ACCELERATORS["H100 SXM"], batch_size=2,
       gamma_max=autotune.AUTO_GAMMA_MAX, prompt_len=9, max_new_tokens=24,
       widths=autotune.doubling_widths(autotune.AUTO_GAMMA_MAX))
-  out = sj.speculative_generate(target, draft, prompts, lengths,
-                                jax.random.key(0), gamma=rule,
-                                max_new_tokens=24)
-  assert out.tokens.shape == (2, 24)
 
 
 def test_drafts_without_an_analytic_count():
