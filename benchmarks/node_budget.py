@@ -17,7 +17,8 @@ interval over rows (`specjax.stats.paired_ratio_gain`), and tokens/s (the
 fastest of `--repeats` calls, all decoders of a budget taking turns)
 beside it.
 
-With `--results_dir`, writes node_budget.json there.
+With `--results_dir`, writes node_budget.json and its tables (tables.md)
+there, after every budget.
 """
 
 from __future__ import annotations
@@ -155,7 +156,30 @@ def _write(host, prompts, rows):
                "prompt_len": _PROMPT_LEN.value,
                "max_new_tokens": _MAX_NEW_TOKENS.value, "results": rows},
               f, indent=1)
-  print(f"wrote {path}")
+  tables = os.path.join(_RESULTS_DIR.value, "tables.md")
+  with open(tables, "w") as f:
+    f.write(_markdown(host, rows))
+  print(f"wrote {path} and {tables}")
+
+
+def _markdown(host, rows) -> str:
+  """The rows as one markdown table per (temperature, budget)."""
+  out = [f"Host: {host['cpu']}, {host['cores']} cores, read "
+         f"{host['read_gb_per_s']:.1f} GB/s.\n"]
+  groups = {}
+  for r in rows:
+    groups.setdefault((r["temperature"], r["nodes"]), []).append(r)
+  for (temperature, nodes), group in groups.items():
+    out += [f"\n### T = {temperature:g}, {nodes} draft nodes per target "
+            "pass\n",
+            "| decoder | tokens per target call | vs tree-wor (same tree) | "
+            "95% interval | tokens/s |",
+            "| --- | --- | --- | --- | --- |"]
+    out += [f"| {r['decoder']} | {r['tokens_per_target_call']:.3f} | "
+            f"{100 * r['gain_vs_baseline']:+.1f}% ({r['baseline']}) | "
+            f"[{100 * r['gain_low']:+.1f}%, {100 * r['gain_high']:+.1f}%] | "
+            f"{r['tokens_per_s']:.0f} |" for r in group]
+  return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
