@@ -110,8 +110,6 @@ def test_rounds_and_the_roofline():
   assert roofline.chain_round(4) == [("draft", 2, 1), ("draft", 1, 3),
                                      ("target", 5, 1)]
   assert roofline.chain_round(1) == [("draft", 2, 1), ("target", 2, 1)]
-  assert roofline.tree_round((2, 2)) == [("draft", 1, 1), ("draft", 2, 1),
-                                         ("target", 7, 1)]
   model = _model("gpt2")
   costs = roofline.round_cost(roofline.chain_round(2),
                               {"target": model, "draft": model},
@@ -136,8 +134,12 @@ def test_bad_inputs_are_refused_by_name():
     roofline.pass_cost(object(), batch_size=1, num_tokens=1, capacity=8)
   with pytest.raises(ValueError, match="gamma"):
     roofline.chain_round(0)
-  with pytest.raises(ValueError, match="branching is empty"):
-    roofline.tree_round(())
+  with pytest.raises(TypeError, match="draft_length must be"):
+    roofline.xla_round_cost(model, model, batch_size=1, prompt_len=8,
+                            max_new_tokens=8, draft_length=3)
+  with pytest.raises(ValueError, match="no draft-length rule"):
+    roofline.xla_round_cost(model, None, batch_size=1, prompt_len=8,
+                            max_new_tokens=8, width=2)
   with pytest.raises(ValueError, match="'draft' model"):
     roofline.round_cost(roofline.chain_round(2), {"target": model},
                         batch_size=1, capacity=8)

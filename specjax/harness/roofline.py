@@ -32,8 +32,9 @@ physical count by twice the KV cache and the tables even with no copy;
 counts the whole-buffer copies themselves in the optimized HLO of the
 compiled generation.
 
-A round (`chain_round`, `tree_round`, `ar_step`) is a list of named passes;
-`round_seconds` sums their roofline times.
+A round (`ar_step`, `chain_round`, `round_passes` for any loop shape) is a
+list of named passes; `round_seconds` sums their roofline times, and
+`round_counts` sets a compiled round's XLA count beside them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ import numpy as np
 from specjax import _checks
 from specjax import coupling
 from specjax import sampling as sampling_lib
+from specjax.decode import draft_length as draft_length_lib
 from specjax.decode import loop
 from specjax.decode import verifiers as verifiers_lib
 from specjax.harness import measure
@@ -306,6 +308,39 @@ def xla_pass_cost(model, *, batch_size: int, num_tokens: int,
   return Cost(float(analysis["bytes accessed"]), float(analysis["flops"]))
 
 
+def _check_round(draft, gamma, verifier, sampling, draft_length, width):
+  """(verifier, gamma, width) of the round `xla_round_cost` compiles, each
+  checked: the verifier (None for `generate`'s step), the loop's gamma (a
+  tree's depth, a rule's gamma_max) and a planning rule's width."""
+  if not isinstance(sampling, sampling_lib.SamplingConfig):
+    raise TypeError(f"sampling must be a specjax.SamplingConfig, got "
+                    f"{sampling!r}.")
+  if draft_length is not None and not isinstance(draft_length,
+                                                 draft_length_lib.Rule):
+    raise TypeError(f"draft_length must be a draft-length rule "
+                    f"(specjax.Confidence, specjax.Goodput), got "
+                    f"{draft_length!r}.")
+  if draft is None:
+    if draft_length is not None or width is not None:
+      raise ValueError("generate's step (draft None) has no draft-length "
+                       "rule or width.")
+    return None, 0, None
+  verifier = verifiers_lib.get_verifier(verifier)
+  if isinstance(verifier, verifiers_lib.TreeVerifier):
+    gamma = verifier.depth
+  elif draft_length is not None:
+    gamma = draft_length.gamma_max
+  else:
+    gamma = _checks.check_int("gamma", gamma, low=1)
+  if draft_length is not None and not draft_length.stops_early:
+    width = _checks.check_int("width", width, low=1,
+                              high=draft_length.gamma_max)
+  elif width is not None:
+    raise ValueError("width is the round of a draft-length rule that plans; "
+                     "leave it out for this round.")
+  return verifier, gamma, width
+
+
 def xla_round_cost(target, draft=None, *, batch_size: int, prompt_len: int,
                    max_new_tokens: int, gamma: int = 0,
                    verifier: Any = "token",
@@ -325,28 +360,15 @@ def xla_round_cost(target, draft=None, *, batch_size: int, prompt_len: int,
   the real loop runs it, with XLA's conventions (see the module
   docstring): a nested loop's body (the draft's one-token steps of a
   chain round) is counted once, whatever its trip count.
-  `analytic_round(..., xla_conventions=True)` counts the passes of the
-  same round the same way, so the difference is the round's work outside
-  the model passes (sampling, verification, the commit) and any copy.
+  `round_counts` counts the passes of the same round the same way
+  ("analytic_xla"), so the difference is the round's work outside the
+  model passes (sampling, verification, the commit) and any copy.
   """
   batch_size = _checks.check_int("batch_size", batch_size, low=1)
   prompt_len = _checks.check_int("prompt_len", prompt_len, low=1)
   max_new_tokens = _checks.check_int("max_new_tokens", max_new_tokens, low=1)
-  verifier = None if draft is None else verifiers_lib.get_verifier(verifier)
-  if draft is None:
-    gamma = 0
-  elif isinstance(verifier, verifiers_lib.TreeVerifier):
-    gamma = verifier.depth
-  elif draft_length is not None:
-    gamma = draft_length.gamma_max
-  else:
-    gamma = _checks.check_int("gamma", gamma, low=1)
-  if draft_length is not None and not draft_length.stops_early:
-    width = _checks.check_int("width", width, low=1,
-                              high=draft_length.gamma_max)
-  elif width is not None:
-    raise ValueError("width is the round of a draft-length rule that plans; "
-                     "leave it out for this round.")
+  verifier, gamma, width = _check_round(draft, gamma, verifier, sampling,
+                                        draft_length, width)
   prompts_BxP = jnp.zeros((batch_size, prompt_len), jnp.int32)
   lengths_B = jnp.full((batch_size,), prompt_len, jnp.int32)
   keys_B = jax.random.split(jax.random.key(0), batch_size)
@@ -400,23 +422,6 @@ def chain_round(gamma: int, first_tokens: int = 2
   return round_ + [("target", gamma + 1, 1)]
 
 
-def tree_round(branching: Sequence[int]) -> list[tuple[str, int, int]]:
-  """A static draft tree's round (`tree:<k1>,<k2>,...`): the draft scores
-  each level's nodes in one pass, the target the root and every node in
-  one. Entries are (model role, tokens, passes)."""
-  branching = tuple(_checks.check_int("branching[i]", k, low=1)
-                    for k in branching)
-  if not branching:
-    raise ValueError("branching is empty: give the children per level, "
-                     "e.g. (4, 2).")
-  round_, width = [], 1
-  for k in branching:
-    round_.append(("draft", width, 1))  # the level's parents, one pass
-    width *= k
-  nodes = int(np.sum(np.cumprod(branching)))
-  return round_ + [("target", nodes + 1, 1)]
-
-
 def round_passes(draft: Any = None, *, gamma: int = 0,
                  verifier: Any = "token", draft_length: Any = None,
                  width: int | None = None) -> list[tuple[str, int, int]]:
@@ -455,7 +460,7 @@ def as_xla_counts(passes) -> list[tuple[str, int, int]]:
 def round_cost(passes, models: dict[str, Any], *, batch_size: int,
                capacity: int, counter=None) -> dict[str, Cost]:
   """The cost of each entry of a round (`ar_step`, `chain_round`,
-  `tree_round`) and their sum under 'round'.
+  `round_passes`) and their sum under 'round'.
 
   `models` maps the roles ('target', 'draft') to models; `counter` is
   `pass_cost` (default) or `xla_pass_cost`.
@@ -495,11 +500,8 @@ def round_counts(target, draft=None, *, batch_size: int, prompt_len: int,
   commit, and any copy. Needs an analytic count of both models
   (`has_analytic_count`).
   """
-  verifier_ = None if draft is None else verifiers_lib.get_verifier(verifier)
-  if isinstance(verifier_, verifiers_lib.TreeVerifier):
-    gamma = verifier_.depth
-  elif draft is not None and draft_length is not None:
-    gamma = draft_length.gamma_max
+  verifier_, gamma, width = _check_round(draft, gamma, verifier, sampling,
+                                         draft_length, width)
   for role, model in (("target", target), ("draft", draft)):
     if model is not None and not has_analytic_count(model):
       raise TypeError(f"round_counts counts a TransformerLM or a SelfDraft; "
@@ -512,8 +514,7 @@ def round_counts(target, draft=None, *, batch_size: int, prompt_len: int,
                        compiler_options=compiler_options)
   # pylint: disable=protected-access
   buffer_len = loop._buffer_len(loop.prompt_bucket(prompt_len),
-                                max_new_tokens, gamma if draft else 0,
-                                verifier_)
+                                max_new_tokens, gamma, verifier_)
   # pylint: enable=protected-access
   passes = round_passes(draft, gamma=gamma, verifier=verifier,
                         draft_length=draft_length, width=width)
