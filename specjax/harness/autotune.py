@@ -146,15 +146,10 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
          draft_length._check_threshold(threshold), sampling, calibrate, widths)
   # pylint: enable=protected-access
   if key not in _MEASURED:
-    def measured(*, r, probe, **costs):
+    def measured(**costs):
       """The rule at these costs, with the structure of this measurement."""
-      return Goodput(
-          r=tuple(r), gamma_max=gamma_max, threshold=threshold,
-          probe=None if threshold is not None else probe, widths=widths,
-          **costs,
-          **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
-          **({"probe_every": 1}
-             if getattr(draft, "reads_target_features", False) else {}))
+      return _rule(draft, batch_size=batch_size, gamma_max=gamma_max,
+                   threshold=threshold, widths=widths, **costs)
 
     def times(model, widths):
       # Interleaved: every width sees the same spells of a noisy machine.
@@ -208,6 +203,20 @@ def measure_goodput(target, draft, *, batch_size: int, gamma_max: int = 8,
     _MEASURED[key] = measured(c=c, r=r[1:], c_first=c_first,
                               overhead=overhead, probe=probe)
   return _MEASURED[key]
+
+
+def _rule(draft, *, batch_size, gamma_max, threshold, widths, r, probe,
+          **costs) -> Goodput:
+  """A priced `Goodput` rule for `draft` at `batch_size`: probe rounds only
+  without a threshold, `BATCHED_HYSTERESIS` above one row, and a probe
+  every off round for a draft that reads the target's features."""
+  return Goodput(
+      r=tuple(r), gamma_max=gamma_max, threshold=threshold,
+      probe=None if threshold is not None else probe, widths=widths,
+      **costs,
+      **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
+      **({"probe_every": 1}
+         if getattr(draft, "reads_target_features", False) else {}))
 
 
 def _target_passes(timed, attempts: int = 3) -> list[float]:
@@ -318,13 +327,9 @@ def roofline_goodput(target, draft, device: roofline.Device | str, *,
   shares = bool(getattr(draft, "reads_target_cache", False))
   c_first = c if shares else max(seconds(draft, 2) / base, c)
   overhead = overhead_seconds / base
-  return Goodput(
-      r=tuple(r), gamma_max=gamma_max, threshold=threshold, c=c,
-      c_first=c_first, overhead=overhead, widths=widths,
-      probe=None if threshold is not None else c_first + 1.0 + overhead,
-      **({"hysteresis": BATCHED_HYSTERESIS} if batch_size > 1 else {}),
-      **({"probe_every": 1}
-         if getattr(draft, "reads_target_features", False) else {}))
+  return _rule(draft, batch_size=batch_size, gamma_max=gamma_max,
+               threshold=threshold, widths=widths, r=r, c=c, c_first=c_first,
+               overhead=overhead, probe=c_first + 1.0 + overhead)
 
 
 def auto_rule(target, draft, prompts, prompt_lengths, *,
@@ -334,7 +339,8 @@ def auto_rule(target, draft, prompts, prompt_lengths, *,
               gamma_max: int | None = None,
               device: roofline.Device | str | None = None) -> Goodput:
   """What gamma="auto" means: a `Goodput` rule for these prompts, priced
-  on this machine, to pass as `speculative_generate(..., gamma=rule)`.
+  on this machine (or from `device`'s roofline), to pass as
+  `speculative_generate(..., gamma=rule)`.
 
   `measure_goodput` at the batch's size, its longest prompt and
   `max_new_tokens`, planning `doubling_widths(gamma_max)` (default
