@@ -8,7 +8,10 @@ One run, for one target, one draft, batch and gamma:
 * the host: CPU model, read bandwidth (a jitted `jnp.sum` over
   `--read_mb` MB) and float32 matmul FLOP/s (a 2048^3 matmul), each timed
   interleaved with the decodes below, so that both see the same machine:
-  this host's roofline device;
+  this host's roofline device; and the fraction of that bandwidth its
+  matrix products reach on 1, 2 and gamma + 1 rows
+  (`roofline.rows_probe`), what a step's and a verify pass's products can
+  reach;
 * every pass of `generate`'s step and of a speculative round: the analytic
   bytes and FLOPs (`specjax.harness.roofline.pass_cost`; for a
   `TransformerLM` or a `SelfDraft`), the same count under XLA's
@@ -182,6 +185,12 @@ def main(argv):
   made = drafts.make_draft(_DRAFT.value, target, seed=0)
   draft = made.model
   probes, host_device = roofline.host_probes(_READ_MB.value)
+  # Matrix products on 1, 2 and gamma + 1 rows (GPT-2's block shapes),
+  # timed with the rest: what a verify pass's products reach.
+  row_counts = sorted({1, 2, gamma + 1})
+  row_bytes = {}
+  for rows in row_counts:
+    probes[f"{rows}-row products"], row_bytes[rows] = roofline.rows_probe(rows)
   print(f"target {_TARGET.value} ({target.param_count() / 1e6:.1f}M params), "
         f"draft {made.description} ({made.params / 1e6:.1f}M params); batch "
         f"{batch}, gamma {gamma}, prompt {plen}, {new} new tokens, "
@@ -279,6 +288,13 @@ def main(argv):
   print(f"\nhost: {roofline.cpu_model()}, {os.cpu_count()} CPUs; read bandwidth "
         f"{host.bytes_per_s / 1e9:.1f} GB/s; float32 matmul "
         f"{host.flops_per_s / 1e9:.0f} GFLOP/s ({host.source})")
+  row_fractions = {
+      rows: row_bytes[rows] / min(times[f"{rows}-row products"])
+      / host.bytes_per_s for rows in row_counts}
+  print("  matrix products, as a fraction of the read bandwidth (rows x "
+        "[768, 3072] float32, 12 matrices): " + ", ".join(
+            f"{rows} row{'s' * (rows > 1)} {f:.2f}"
+            for rows, f in row_fractions.items()))
   print(f"  {'':12s} {'tokens/s':>9s} {'roofline':>9s} {'fraction':>9s} "
         f"{'tok/call':>9s} {'MB/round':>9s} {'copies':>7s}")
   for name, r in rows.items():
@@ -362,6 +378,7 @@ def main(argv):
                  "device": jax.devices()[0].device_kind,
                  "passes": table, "rounds": round_rows, "rows": rows,
                  "alpha_hat": alpha, "auto_plans": plans,
+                 "row_product_fractions": row_fractions,
                  "accelerators": {d.name: d.source for d in
                                   roofline.ACCELERATORS.values()}},
                 fh, indent=1)

@@ -170,6 +170,7 @@ def test_the_benchmark_runs_and_writes_its_results(tmp_path):
   assert [p["part"] for p in parts] == [
       "draft T=2", "draft T=1", "target T=5", "outside the passes"]
   assert set(result["auto_plans"]) == set(roofline.ACCELERATORS)
+  assert set(result["row_product_fractions"]) == {"1", "2", "5"}
 
 
 _ROUNDS = {

@@ -166,6 +166,27 @@ def read_probe(megabytes: int) -> tuple[Callable[[], Any], int]:
   return (lambda: total(x)), x.nbytes
 
 
+def rows_probe(rows: int, *, d_in: int = 768, d_out: int = 3072,
+               layers: int = 12) -> tuple[Callable[[], Any], int]:
+  """A call that multiplies `rows` rows by each of `layers` distinct
+  float32 `[d_in, d_out]` matrices, as a decode pass on `rows` tokens
+  multiplies them by its weights, and the bytes of the matrices it reads.
+  Timed beside `read_probe`, it shows how much of the read bandwidth the
+  device's matrix products reach at that many rows (a verify pass scores
+  gamma + 1 tokens, a decode step one)."""
+  rows = _checks.check_int("rows", rows, low=1)
+  weights = [jnp.full((d_in, d_out), 1e-3 * (i + 1), jnp.float32)
+             for i in range(_checks.check_int("layers", layers, low=1))]
+  x_RxD = jnp.ones((rows, d_in), jnp.float32)
+
+  @jax.jit
+  def products(weights, x_RxD):
+    return sum(x_RxD @ w for w in weights)  # each matrix read once
+
+  products(weights, x_RxD).block_until_ready()
+  return (lambda: products(weights, x_RxD)), sum(w.nbytes for w in weights)
+
+
 def host_reading(megabytes: int = 256, calls: int = 10) -> dict[str, Any]:
   """The host a timing table ran on: its CPU model, cores, and read
   bandwidth (GB/s, the fastest of `calls` turns of `read_probe`)."""
