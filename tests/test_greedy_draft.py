@@ -317,6 +317,7 @@ def _greedy_tree(topology, q_BxN1xV, key):
   return tokens_BxN, valid_BxN
 
 
+@pytest.mark.full  # 1024 rows of every tree shape: about 9 s
 def test_one_hot_p_gives_the_greedy_tree_walk():
   """With p one-hot on the argmax, the rule keeps what the greedy walk
   keeps (so the loop's greedy fast path is its own), on greedy trees drawn
