@@ -153,6 +153,7 @@ def test_text_prompts_are_the_same_text_for_every_tokenizer(corpus, cache):
     data.text_prompts(corpus, 2, 9_000)  # the files hold 8,000 bytes
 
 
+@pytest.mark.full  # trains two tiny zoo models
 def test_the_registry_reads_a_bpe_zoo_draft_with_its_tokenizer(
     corpus, cache, monkeypatch):
   """A BPE zoo draft for a byte-level target: token-level intersection
