@@ -32,6 +32,7 @@ stopped early keeps what it measured.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -101,19 +102,18 @@ def _tli(draft, draft_tok, target, target_tok, temperature):
                                       max_per_token=TLI_MAX_PER_TOKEN)
 
 
-def _slem(draft, draft_tok, target, target_tok, temperature):
-  del temperature  # the draft writes its most likely text at every T
-  return StringLevelDraft.build(draft, draft_tok, target_tok,
-                                target_vocab_size=target.vocab_size,
-                                max_per_token=TLI_MAX_PER_TOKEN)
-
-
-def _slem_sampled(draft, draft_tok, target, target_tok, temperature):
-  # The draft samples its text at the target's temperature.
+def _slem(draft, draft_tok, target, target_tok, temperature,
+          sampled=False):
+  # SLEM: the draft writes its most likely text at every T; SLEM-T
+  # (sampled): it samples its text at the target's temperature.
   return StringLevelDraft.build(draft, draft_tok, target_tok,
                                 target_vocab_size=target.vocab_size,
                                 max_per_token=TLI_MAX_PER_TOKEN,
-                                draft_temperature=temperature)
+                                draft_temperature=temperature if sampled
+                                else 0.0)
+
+
+_slem_sampled = functools.partial(_slem, sampled=True)
 
 
 # (algorithm, target tokenizer, draft tokenizer, builder); "bpe" is the
