@@ -91,10 +91,20 @@ _RESULTS_DIR = flags.DEFINE_string(
     "Where roofline_<target>_<draft>.json goes (none: print only).")
 
 
+def _distinct(passes):
+  """`passes` with the entries of one (role, tokens) merged, their counts
+  summed, in order: a draft on the target's cache reads one token in its
+  first pass and in its steps, one pass to count and to time."""
+  counts = {}
+  for role, tokens, count in passes:
+    counts[role, tokens] = counts.get((role, tokens), 0) + count
+  return [(role, tokens, count) for (role, tokens), count in counts.items()]
+
+
 def _table(models, passes, batch, capacity):
   """Rows of the per-pass table: analytic, under XLA's conventions, XLA."""
   rows = []
-  for role, tokens, count in passes:
+  for role, tokens, count in _distinct(passes):
     model = models[role]
     shape = dict(batch_size=batch, num_tokens=tokens, capacity=capacity)
     xla = roofline.xla_pass_cost(model, **shape)
@@ -145,7 +155,7 @@ def _time_parts(models, passes, *, batch, capacity, fill, shape, sampling,
   round's work outside the passes (`measure.null_loop_seconds`)."""
   parts = []
   for role in ("draft", "target"):
-    mine = [(t, n) for r, t, n in passes if r == role]
+    mine = [(t, n) for r, t, n in _distinct(passes) if r == role]
     if not mine:
       continue
     timed = measure.passes_seconds(
