@@ -106,6 +106,45 @@ def test_real_loop_with_a_draft_of_another_tokenizer_is_exact(
 
 
 @pytest.mark.big_batch
+@pytest.mark.parametrize("spec", [
+    "tree:2,1",
+    pytest.param("traversal:parents=-1,-1,0,0,1", marks=pytest.mark.full),
+    pytest.param("greedy-draft:2,2", marks=pytest.mark.full)])
+def test_real_loop_with_a_tree_of_another_tokenizer_is_exact(cross_loop,
+                                                             spec):
+  """Trees of shared tokens: each node is one draft token, scored below
+  the root as the draft's own tree; the first 2 (depth + 1) tokens of 10^5
+  ragged rows follow the target's law."""
+  depth = sj.get_verifier(spec).depth
+  result, out = _run_loop(cross_loop, spec, depth, EOS)
+  assert result.passed, f"{spec}: {result}"
+  assert out.summary()["alpha_hat"] > 0.1
+
+
+def test_a_tree_level_is_the_draft_own_tree_below_the_root():
+  """The kept path moves into place: after a tree round the next read
+  starts where the kept nodes' draft tokens end."""
+  _, _, draft, wrapped = _lab_pair()
+  # The target's "ab" "bc" read as the draft's "a b b c"; the root is "bc".
+  _, cache = wrapped(jnp.array([[3, 4]]), wrapped.init_cache(1, 16))
+  cache = cache.replace(lengths=jnp.array([1]))
+  depth, ancestor = np.array([0, 1, 1, 2]), np.array(
+      [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], bool)
+  logits, cache = wrapped.tree_decode(jnp.array([[0, 2]]), cache, depth,
+                                      ancestor, nodes=(1, 2))
+  own, _ = draft(jnp.array([[0, 1, 1, 2, 0]]), draft.init_cache(1, 8))
+  np.testing.assert_allclose(np.asarray(logits[0, 0, :3]),
+                             np.asarray(own[0, 4, :3]), rtol=1e-6)
+  assert int(cache.lengths[0]) == 1 and int(cache.inner.lengths[0]) == 4
+  # Keep node 1 ("a", target slot 2): the target's third token ends at
+  # draft position 5.
+  cache = cache.move(jnp.array([[2]]), jnp.array([[2]]))
+  assert int(cache.draft_len_BxS[0, 3]) == 5
+  with pytest.raises(ValueError, match="below its root"):
+    wrapped.tree_decode(jnp.array([[3, 0, 2]]), cache, depth, ancestor)
+
+
+@pytest.mark.big_batch
 def test_real_loop_check_rejects_a_control_with_that_draft(cross_loop):
   result, _ = _run_loop(cross_loop, "wrong_fallback", 2, EOS)
   assert not result.passed, str(result)

@@ -19,9 +19,10 @@ a draft model so that it is a `CausalLM` over the TARGET's ids:
 The loop samples the draft's proposals from these logits and judges them
 with the same law, so every chain verifier, draft-length rule, sampling
 transform and constraint runs unchanged and the output stays an exact
-sample of the target (trees need a `tree_decode` this wrapper does not
-have). A proposal is always a shared token, one draft token long: a
-one-token call (the loop's drafting steps) feeds one draft position.
+sample of the target. A proposal is always a shared token, one draft
+token long: a one-token call (the loop's drafting steps) feeds one draft
+position, and a draft tree's nodes are a tree of draft tokens (where the
+draft runs trees), scored below the root the last call read.
 """
 
 from __future__ import annotations
@@ -52,6 +53,26 @@ class IntersectionCache(struct.PyTreeNode):
   inner: Any
   draft_len_BxS: jax.Array
   lengths: jax.Array
+
+  def move(self, src_BxK: jax.Array, dst_BxK: jax.Array
+           ) -> "IntersectionCache":
+    """`KVCache.move` in target slots, after a draft tree: the tree region
+    starts after the root (target slot `lengths`) and each node is one
+    draft token, so target slot `lengths + 1 + u` is draft slot
+    `draft_len_BxS[lengths + 1] + u`. A pair with a destination outside
+    the target's slots is dropped."""
+    rows_B = jnp.arange(self.lengths.shape[0])
+    start_B = self.draft_len_BxS[rows_B, self.lengths + 1]
+    offset_Bx1 = (start_B - self.lengths - 1)[:, None]
+    valid_BxK = (dst_BxK >= 0) & (dst_BxK < self.draft_len_BxS.shape[1] - 1)
+    inner = self.inner.move(src_BxK + offset_Bx1,
+                            jnp.where(valid_BxK, dst_BxK + offset_Bx1, -1))
+    # A kept node at target slot P ends the first P + 1 target tokens.
+    draft_len = self.draft_len_BxS.at[
+        rows_B[:, None], jnp.where(valid_BxK, dst_BxK + 1,
+                                   self.draft_len_BxS.shape[1])].set(
+                                       dst_BxK + offset_Bx1 + 1, mode="drop")
+    return self.replace(inner=inner, draft_len_BxS=draft_len)
 
 
 def longest_match(data: bytes, index: dict[bytes, int], longest: int
@@ -210,6 +231,53 @@ class TokenIntersectionDraft(struct.PyTreeNode):
     return getattr(self.draft, "one_hot_q", False)
 
   @property
+  def tree_decode(self):
+    """Draft trees, where the draft has them (None otherwise, so
+    `protocol.supports_trees` refuses): `_tree_decode`."""
+    if not callable(getattr(self.draft, "tree_decode", None)):
+      return None
+    return self._tree_decode
+
+  def _tree_decode(self, tokens_BxL: jax.Array, cache: IntersectionCache,
+                   depth_T, ancestor_TxT, nodes=None
+                   ) -> tuple[jax.Array, IntersectionCache]:
+    """Scores a level of a draft tree (`TransformerLM.tree_decode`'s
+    layout: node 0 is the root, the last committed token at target slot
+    `cache.lengths`, which `__call__` has read).
+
+    Every other node is a shared token, one draft token (q has no mass
+    elsewhere), so the draft scores the tree without its root: node u at
+    draft slot `draft_len_BxS[lengths + 1] + u - 1` and depth
+    `depth_T[u] - 1`. Returns logits float32 `[B, L, V]` over the target's
+    ids and the cache, `lengths` unchanged.
+    """
+    depth_T = np.asarray(depth_T, np.int32)
+    ancestor_TxT = np.asarray(ancestor_TxT, bool)
+    if nodes is None or 0 in tuple(nodes) or depth_T[0] != 0 or not (
+        ancestor_TxT[:, 0].all()):
+      raise ValueError(
+          "a TokenIntersectionDraft scores a tree's levels below its root "
+          "(nodes without 0, node 0 the root at depth 0): the root is the "
+          "last committed token, which the draft reads by a call.")
+    rows_B = jnp.arange(tokens_BxL.shape[0])
+    ids_BxL = jnp.take_along_axis(
+        self.to_draft_VxL[tokens_BxL],
+        (self.to_draft_len_V[tokens_BxL] - 1)[..., None], -1)[..., 0]
+    start_B = cache.draft_len_BxS[rows_B, cache.lengths + 1]
+    logits_BxLxW, inner = self.draft.tree_decode(
+        ids_BxL, cache.inner.replace(lengths=start_B), depth_T[1:] - 1,
+        ancestor_TxT[1:, 1:], nodes=tuple(int(u) - 1 for u in nodes))
+    return self._on_target(logits_BxLxW.astype(jnp.float32)), cache.replace(
+        inner=inner)
+
+  def _on_target(self, logits_BxTxW: jax.Array) -> jax.Array:
+    """The draft's logits as logits over the target's ids `[B, T, V]`."""
+    shared_V = self.from_draft_V >= 0
+    return jnp.where(shared_V,
+                     logits_BxTxW[..., jnp.maximum(self.from_draft_V, 0)],
+                     MASKED_LOGIT)
+
+  @property
   def max_positions(self) -> int | None:
     """Target positions that surely fit the draft's context: each may take
     `max_per_token` draft positions."""
@@ -235,11 +303,7 @@ class TokenIntersectionDraft(struct.PyTreeNode):
     # token each.
     logits_BxTxW, cache = read(self, tokens_BxT, cache,
                                last_only=tokens_BxT.shape[1] == 1)
-    shared_V = self.from_draft_V >= 0
-    logits_BxTxV = jnp.where(
-        shared_V, logits_BxTxW[..., jnp.maximum(self.from_draft_V, 0)],
-        MASKED_LOGIT)
-    return logits_BxTxV, cache
+    return self._on_target(logits_BxTxW), cache
 
 
 def read(tables: Any, tokens_BxT: jax.Array, cache: Any, last_only=False
