@@ -183,3 +183,26 @@ def test_the_registry_reads_a_bpe_zoo_draft_with_its_tokenizer(
                       lambda name: (name, "its tokenizer"))
   assert textgen.load_target("zoo:bpe300-tiny") == ("bpe300-tiny",
                                                     "its tokenizer")
+
+
+@pytest.mark.full  # trains two tiny zoo models
+def test_slrs_of_a_byte_zoo_draft_gives_the_bpe_target_own_greedy_text(
+    corpus, cache, monkeypatch):
+  """`slrs:<byte zoo model>` for a BPE zoo target (the embedded pair's
+  kind, tiny recipes): text in, text out, the target's own greedy text."""
+  from specjax import cache_dir  # pylint: disable=import-outside-toplevel
+  from specjax.harness import drafts  # pylint: disable=import-outside-toplevel
+  from specjax.harness import textgen  # pylint: disable=import-outside-toplevel
+  monkeypatch.setenv(cache_dir.CACHE_ENV, cache)
+  kw = dict(corpus=corpus, overrides=FAST)
+  target, tok = zoo.load_with_tokenizer("bpe300-tiny", cache_dir=cache,
+                                        verbose=False, **kw)
+  # Room for the trie's nodes beside the text in the draft's context.
+  made = drafts.make_draft("slrs:tiny", target, tokenizer=tok,
+                           corpus=corpus, overrides={
+                               **FAST, "model.max_positions": 512})
+  assert isinstance(made.model, models.StringRejectionDraft)
+  assert "string-level rejection sampling" in made.description
+  result = textgen.run(made.target, made.model, tok, [TEXT[:24], "import"],
+                       gamma=3, max_new_tokens=16, compare=True)
+  assert result.texts == result.baseline_texts

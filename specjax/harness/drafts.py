@@ -35,6 +35,11 @@ every one of them is resolved here:
                       (byte-level) of another tokenizer writing text, cut
                       into the target's tokens (`models.StringLevelDraft`,
                       string-level exact match)
+  slrs:<draft>        a byte-level checkpoint or zoo model of another
+                      tokenizer, proposing the target's tokens by the law
+                      of its text's first token
+                      (`models.StringRejectionDraft`, string-level
+                      rejection sampling)
 
 A config (`configs/reproduce.py`) supplies a zoo draft's recipe (its
 entry in `config.drafts`, by name), the target that distilled drafts, EAGLE
@@ -69,6 +74,7 @@ from specjax.models.ngram import NGramLM
 from specjax.models.prompt_lookup import PromptLookupDraft
 from specjax.models.self_draft import SelfDraft
 from specjax.models.string_level import StringLevelDraft
+from specjax.models.string_rejection import StringRejectionDraft
 from specjax.models.token_intersection import TokenIntersectionDraft
 from specjax.models.transformer import TransformerConfig
 from specjax.models.transformer import TransformerLM
@@ -478,36 +484,52 @@ def _build_checkpoint(spec, target, ctx):
 
 
 _STRING = "string:"
+_SLRS = "slrs:"
 
 
-def _parse_string(spec):
-  if not spec.startswith(_STRING):
-    return None
-  inner = spec[len(_STRING):]
-  entry, args = _resolve(inner)
-  if not (entry.zoo or entry.parse is _parse_checkpoint):
-    raise ValueError(f"draft {spec!r}: {_STRING}<draft> wraps a model of "
-                     "another tokenizer, a checkpoint (DIR, hf:<repo_id>) or "
-                     f"a zoo model (byte-level), not {inner!r}.")
-  return inner, entry, args
+def _text_prefix(prefix):
+  """The parse of `<prefix><draft>`: a model of another tokenizer whose
+  text is read in the target's tokens."""
+  def parse(spec):
+    if not spec.startswith(prefix):
+      return None
+    inner = spec[len(prefix):]
+    entry, args = _resolve(inner)
+    if not (entry.zoo or entry.parse is _parse_checkpoint):
+      raise ValueError(f"draft {spec!r}: {prefix}<draft> wraps a model of "
+                       "another tokenizer, a checkpoint (DIR, hf:<repo_id>) "
+                       f"or a zoo model (byte-level), not {inner!r}.")
+    return prefix, inner, entry, args
+  return parse
 
 
-def _build_string(args, target, ctx):
-  inner, entry, inner_args = args
+def _build_text(args, target, ctx):
+  prefix, inner, entry, inner_args = args
   if ctx.tokenizer is None:
-    raise ValueError(f"draft {_STRING}{inner!r} cuts the draft's text into "
+    raise ValueError(f"draft {prefix}{inner!r} cuts the draft's text into "
                      "the target's tokens: pass the target's tokenizer "
                      "(tokenizer=...).")
   if entry.zoo:
     draft, draft_tok, name = _zoo_draft(inner_args, ctx)
     if draft_tok is None:
-      raise ValueError(f"draft {_STRING}{inner!r}: an EAGLE head reads its "
+      raise ValueError(f"draft {prefix}{inner!r}: an EAGLE head reads its "
                        "target's features and shares its tokenizer; use "
                        f"{inner!r} itself.")
     what = f"the zoo's {name}"
   else:
     draft, draft_tok = _load_checkpoint(inner, ctx)
     what = "a checkpoint"
+  if prefix == _SLRS:
+    # A byte-level draft reads a target token as its last 8 bytes, and
+    # the trie's nodes take at most a quarter of its context.
+    limit = getattr(draft, "max_positions", None)
+    model = StringRejectionDraft.build(
+        draft, draft_tok, ctx.tokenizer, target_vocab_size=target.vocab_size,
+        max_per_token=8,
+        max_nodes=128 if limit is None else min(128, limit // 4))
+    return model, (f"{what}, proposing the target's tokens by the law of "
+                   "its text's first token (string-level rejection "
+                   "sampling)")
   model = StringLevelDraft.build(draft, draft_tok, ctx.tokenizer,
                                  target_vocab_size=target.vocab_size)
   return model, (f"{what}, its text cut into the target's tokens "
@@ -532,8 +554,10 @@ _KINDS = (
     _Kind("<zoo name>", _parse_zoo, lambda a: a[0], _build_zoo, zoo=True),
     _Kind("DIR | hf:<repo_id>", _parse_checkpoint, lambda a: "transformer",
           _build_checkpoint),
-    _Kind("string:<DIR | hf:<repo_id> | zoo name>", _parse_string,
-          lambda a: a[1].kind(a[2]), _build_string),
+    _Kind("string:<DIR | hf:<repo_id> | zoo name>", _text_prefix(_STRING),
+          lambda a: a[2].kind(a[3]), _build_text),
+    _Kind("slrs:<DIR | hf:<repo_id> | zoo name>", _text_prefix(_SLRS),
+          lambda a: a[2].kind(a[3]), _build_text),
 )
 
 SYNTAX = tuple(k.syntax for k in _KINDS)
