@@ -23,7 +23,9 @@ Per row: alpha (accepted / verified drafts, with its standard error over
 rows, `stats.clustered_alpha`), tokens per target call with a 95%
 bootstrap interval over rows (its ratio to the same rows' autoregressive
 tokens per call, 1 when no row stops early, `stats.paired_ratio_gain`),
-tokens/s, and the speedup over the target's own autoregressive tokens/s.
+tokens/s, and the speedup over the target's own autoregressive tokens/s;
+at T = 0, whether the decoder's tokens are the target's own greedy tokens
+(`greedy_equal`).
 
 With `--results_dir`, writes cross_tokenizer.json and table.md (the
 README's table) there, after each target and temperature, so a long run
@@ -50,6 +52,7 @@ from specjax.harness import measure
 from specjax.harness import roofline
 from specjax.harness import zoo
 from specjax.models import StringLevelDraft
+from specjax.models import StringRejectionDraft
 from specjax.models import string_level
 from specjax.models import TokenIntersectionDraft
 
@@ -74,8 +77,15 @@ _BPE_VOCAB = flags.DEFINE_integer("bpe_vocab", zoo.BPE_VOCABS[0],
                                   "The BPE's ids (the zoo's bpe<V>).",
                                   lower_bound=259, upper_bound=2**16)
 
+_SLRS_NODES = flags.DEFINE_integer(
+    "slrs_nodes", 128, "Trie nodes SLRS scores per proposal.", lower_bound=0)
+_SLRS_SPLIT = flags.DEFINE_bool(
+    "slrs_split_whitespace", True,
+    "SLRS's cut follows GPT-2's whitespace-run split (the BPE's own).")
+
 BYTE = "byte"
 TLI_MAX_PER_TOKEN = 8
+SLRS_MAX_PER_TOKEN = 7
 
 
 def _names(vocab: int) -> dict[str, tuple[str, str]]:
@@ -116,6 +126,17 @@ def _slem(draft, draft_tok, target, target_tok, temperature,
 _slem_sampled = functools.partial(_slem, sampled=True)
 
 
+def _slrs(draft, draft_tok, target, target_tok, temperature):
+  del temperature
+  # 7 bytes per target token, not TLI's 8: the draft's 1,024 positions
+  # then hold the tree's 128 trie nodes beside 128 target tokens.
+  return StringRejectionDraft.build(draft, draft_tok, target_tok,
+                                    target_vocab_size=target.vocab_size,
+                                    max_per_token=SLRS_MAX_PER_TOKEN,
+                                    max_nodes=_SLRS_NODES.value,
+                                    split_whitespace=_SLRS_SPLIT.value)
+
+
 # (algorithm, target tokenizer, draft tokenizer, builder); "bpe" is the
 # zoo's bpe<V> of --bpe_vocab. A builder maps (draft, draft tokenizer,
 # target, target tokenizer, temperature) to a draft over the target's ids.
@@ -124,6 +145,7 @@ DRAFTS = (
     ("TLI", "bpe", BYTE, _tli),
     ("SLEM", "bpe", BYTE, _slem),
     ("SLEM-T", "bpe", BYTE, _slem_sampled),
+    ("SLRS", "bpe", BYTE, _slrs),
     ("same tokenizer", BYTE, BYTE, _same),
     ("TLI", BYTE, "bpe", _tli),
     ("SLEM", BYTE, "bpe", _slem),
@@ -239,6 +261,9 @@ def main(argv):
                    min(times[label]), ar_seconds)
         algorithm, d_key, verifier, gamma = built.get(
             label, ("autoregressive", None, None, None))
+        if temperature == 0.0:  # greedy: the target's own tokens
+          row["greedy_equal"] = bool(np.array_equal(
+              np.asarray(out.tokens), np.asarray(ar_out.tokens)))
         row.update(target=models[target_key]["target_name"],
                    target_tokenizer=target_tok.name,
                    temperature=temperature, algorithm=algorithm,
@@ -251,7 +276,10 @@ def main(argv):
               f"{row['tokens_per_target_call']:.2f} tokens per target call "
               f"[{row['tpc_low']:.2f}, {row['tpc_high']:.2f}], "
               f"{row['tokens_per_s']:.0f} tokens/s, "
-              f"x{row['speedup']:.2f}")
+              f"x{row['speedup']:.2f}"
+              + {None: "", True: ", the target's own greedy tokens",
+                 False: ", NOT the target's greedy tokens"}[
+                     row.get("greedy_equal")])
       if _RESULTS_DIR.value:
         _write(setup)
 
