@@ -35,6 +35,9 @@ from specjax import sharding
 from specjax import testing
 from specjax.decode import loop
 from specjax.decode.verifiers import controls
+from specjax.models import StringLevelDraft
+from specjax.models import StringRejectionDraft
+from specjax.models import TokenIntersectionDraft
 
 # 4x2 is not among them: 2x4 already splits both axes, and the train
 # section restores a checkpoint onto 4x2 (colab/sharded_decoding.ipynb
@@ -294,6 +297,33 @@ def multiproc(process_id, port):
 
 # -- every draft kind, verifier and draft-length rule on 2x4 (opt-in) ---------
 
+def _cross_tokenizer_drafts():
+  """A byte-level draft (a..z, EOS at 26) for the kinds' 64-id target, read
+  as text: ids 0..25 the letters (5 is the EOS), 26..63 letter pairs."""
+  letters = [bytes([97 + i]) for i in range(26)]
+  target_tok = letters + [bytes([97 + i % 26, 97 + (7 * i) % 26])
+                          for i in range(26, 64)]
+  target_tok[5] = None
+  target_tok = _Tok(target_tok, 5)
+  draft_tok = _Tok(letters + [None], 26)
+  byte = testing.toy_transformer(27, 2, d_model=16, num_layers=1,
+                                 num_heads=2, max_positions=128)
+  return {
+      "TLI": TokenIntersectionDraft.build(byte, draft_tok, target_tok,
+                                             min_shared=8),
+      "SLEM": StringLevelDraft.build(byte, draft_tok, target_tok,
+                                        draft_temperature=1.0),
+      "SLRS": StringRejectionDraft.build(byte, draft_tok, target_tok)}
+
+
+class _Tok(list):
+  """Each id's bytes, with the EOS id the mappings pair."""
+
+  def __init__(self, pieces, eos):
+    super().__init__(pieces)
+    self.eos_id, self.eos_ids, self.bos_id = eos, (eos,), None
+
+
 def kinds(spec="data:2,model:4"):
   """{case: True if the mesh `spec` gave the unmeshed tokens (and greedy,
   `generate`'s)} for every draft kind x verifier / draft-length rule, at
@@ -316,6 +346,7 @@ def kinds(spec="data:2,model:4"):
       "transformer": small,
       "bigram": sj.NGramLM.fit(corpus, 64, order=2),
       "prompt lookup": sj.PromptLookupDraft(64, max_ngram=2),
+      **_cross_tokenizer_drafts(),
   }
   rules = {"token": ("token", 3),
            "confidence": ("token", sj.Confidence(threshold=0.5, gamma_max=4)),
@@ -329,7 +360,8 @@ def kinds(spec="data:2,model:4"):
   res = {}
   for (name, draft), (rule, (verifier, gamma)), t in itertools.product(
       drafts.items(), rules.items(), (0.0, 1.0)):
-    if name == "prompt lookup" and verifier.startswith("tree"):
+    if name in ("prompt lookup", "SLEM", "SLRS") and verifier.startswith(
+        "tree"):
       continue  # no tree_decode: refused with a clear error
     kw = dict(gamma=gamma, verifier=verifier, max_new_tokens=10, eos_id=5,
               sampling=sj.SamplingConfig(t))
