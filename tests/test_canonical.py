@@ -311,7 +311,8 @@ def _jax_node_laws(settings, k, width=None, control=None, steps=30):
   return out
 
 
-@pytest.mark.parametrize("k,width", [(1, 1), (1, 2), (2, 2)])
+@pytest.mark.parametrize("k,width", [
+    (1, 1), (1, 2), pytest.param(2, 2, marks=pytest.mark.full)])
 def test_jax_node_law_is_the_lab_law(k, width):
   """On a depth-1 tree over every lab setting: the JAX walk's law is the
   lab's `canonical_law(p, q, k)` (p itself) and its acceptance the lab's,

@@ -161,6 +161,7 @@ def test_a_sliding_window_checkpoint_loads_with_max_positions(tmp_path):
   assert draft.max_positions == config["max_position_embeddings"]
 
 
+@pytest.mark.full
 def test_plan_device_prices_gamma_auto_without_timing(monkeypatch):
   """`run(gamma="auto", plan_device=...)` takes the roofline's rule and
   times nothing; plan_device without gamma "auto" is refused first."""

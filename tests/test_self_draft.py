@@ -216,10 +216,11 @@ class _EarlyViewSelfDraft(SelfDraft):
 @pytest.mark.parametrize("layers, share, adapter, verifier", [
     pytest.param(1, False, False, "token", marks=pytest.mark.slow),
     pytest.param(1, True, False, "token", marks=pytest.mark.slow),
-    # The default run's cases: sharing and an adapter together (each alone is
+    # The full tier's cases: sharing and an adapter together (each alone is
     # in the slow cases, and in tests/test_greedy.py), and a tree drafted on the
-    # target's cache (on the draft's own cache it is any draft's tree).
-    (1, True, True, "token"),
+    # target's cache (on the draft's own cache it is any draft's tree). The
+    # fast tier's self-drafts are tests/test_exactness.py's.
+    pytest.param(1, True, True, "token", marks=pytest.mark.full),
     pytest.param(1, True, False, "tree:2,1", marks=pytest.mark.full),
     # A skip set (SelfDraft.skipping(target, skip=[0])): blocks that are
     # not a prefix, so the draft keeps a cache of its own. The perturbed

@@ -208,6 +208,7 @@ def test_the_registry_refuses_string_of_a_draft_without_text():
                       target)
 
 
+@pytest.mark.full
 def test_a_token_other_than_the_proposal_is_read_row_by_row():
   """A row fed another token than its proposal (a constraint may overrule
   one) reads it; a row fed its own proposal in the same call consumes it,

@@ -104,6 +104,7 @@ def test_the_law_is_the_cut_law_of_the_lab_draft_text():
     assert abs(psi.sum() - 1) < 1e-6
 
 
+@pytest.mark.full  # a compile per trie node for the reference
 @pytest.mark.parametrize("split", [False, True])
 def test_the_law_of_a_transformer_draft_is_scored_in_one_tree_pass(split):
   """A real byte-level Transformer: the tree pass over the trie gives each
