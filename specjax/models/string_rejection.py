@@ -322,14 +322,8 @@ class StringRejectionDraft(struct.PyTreeNode):
     return max(1, (limit - self.num_nodes) // self.max_per_token)
 
   def init_cache(self, batch_size: int, max_len: int) -> IntersectionCache:
-    inner_len = max_len * self.max_per_token + self.num_nodes
-    limit = getattr(self.draft, "max_positions", None)
-    if limit is not None:
-      inner_len = min(inner_len, limit)
-    return IntersectionCache(
-        inner=self.draft.init_cache(batch_size, inner_len),
-        draft_len_BxS=jnp.zeros((batch_size, max_len + 1), jnp.int32),
-        lengths=jnp.zeros((batch_size,), jnp.int32))
+    return IntersectionCache.create(self.draft, batch_size, max_len,
+                                    self.max_per_token, margin=self.num_nodes)
 
   def __call__(self, tokens_BxT: jax.Array, cache: IntersectionCache
                ) -> tuple[jax.Array, IntersectionCache]:

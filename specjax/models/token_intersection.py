@@ -54,6 +54,20 @@ class IntersectionCache(struct.PyTreeNode):
   draft_len_BxS: jax.Array
   lengths: jax.Array
 
+  @classmethod
+  def create(cls, draft: Any, batch_size: int, max_len: int,
+             max_per_token: int, margin: int = 0) -> "IntersectionCache":
+    """An empty cache for `max_len` target positions, each up to
+    `max_per_token` draft positions, plus `margin` draft slots past them;
+    capped at the draft's `max_positions`."""
+    inner_len = max_len * max_per_token + margin
+    limit = getattr(draft, "max_positions", None)
+    if limit is not None:
+      inner_len = min(inner_len, limit)
+    return cls(inner=draft.init_cache(batch_size, inner_len),
+               draft_len_BxS=jnp.zeros((batch_size, max_len + 1), jnp.int32),
+               lengths=jnp.zeros((batch_size,), jnp.int32))
+
   def move(self, src_BxK: jax.Array, dst_BxK: jax.Array
            ) -> "IntersectionCache":
     """`KVCache.move` in target slots, after a draft tree: the tree region
@@ -285,14 +299,8 @@ class TokenIntersectionDraft(struct.PyTreeNode):
     return None if limit is None else max(1, limit // self.max_per_token)
 
   def init_cache(self, batch_size: int, max_len: int) -> IntersectionCache:
-    inner_len = max_len * self.max_per_token
-    limit = getattr(self.draft, "max_positions", None)
-    if limit is not None:
-      inner_len = min(inner_len, limit)
-    return IntersectionCache(
-        inner=self.draft.init_cache(batch_size, inner_len),
-        draft_len_BxS=jnp.zeros((batch_size, max_len + 1), jnp.int32),
-        lengths=jnp.zeros((batch_size,), jnp.int32))
+    return IntersectionCache.create(self.draft, batch_size, max_len,
+                                    self.max_per_token)
 
   def __call__(self, tokens_BxT: jax.Array, cache: IntersectionCache
                ) -> tuple[jax.Array, IntersectionCache]:
